@@ -1,0 +1,54 @@
+# Playhead: `make serve` and `make test` are the two commands a fresh machine needs.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# torch is pinned: on this kind of machine 2.13.0 resolves to a local CPU wheel, while an
+# unpinned torch pulls a multi-GB CUDA build.
+TORCH := torch==2.13.0
+
+.PHONY: install serve serve-sim test test-fast lint format bench bench-voice sim micro clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip
+	$(BIN)/pip install $(TORCH)
+	$(BIN)/pip install -e '.[dev]'
+	touch $(STAMP)
+
+serve: $(STAMP)
+	$(BIN)/playhead serve --config configs/default.yaml --host 127.0.0.1 --port 8000
+
+serve-sim: $(STAMP)
+	$(BIN)/playhead serve --config configs/sim.yaml --host 127.0.0.1 --port 8000
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m 'not slow'
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+micro: $(STAMP)
+	$(BIN)/python benchmarks/scheduler_micro.py
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks.bench
+
+bench-voice: $(STAMP)
+	$(BIN)/python -m benchmarks.voice
+
+sim: $(STAMP)
+	$(BIN)/python -m benchmarks.simulate
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

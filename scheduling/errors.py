@@ -1,0 +1,7 @@
+"""Errors raised by scheduling/."""
+
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the field."""
