@@ -1,0 +1,212 @@
+"""The codec layer under app/audio.py: s16le (pcm, wav) and PyAV muxer + encoder pairs.
+
+A codec takes float32 mono PCM in [-1, 1] already at its own rate and returns the bytes
+that are ready: `write(pcm) -> bytes`, `flush() -> bytes` (the rest plus the container's
+trailer), `close()` (idempotent, discards anything pending).
+
+PyAV writes into `_ByteSink`, a file object with `write` only: libavformat then treats the
+output as non-seekable and never goes back to patch a header (FLAC STREAMINFO keeps
+"total samples unknown", mp3 gets no Xing frame), and `flush_packets` makes every muxed
+packet reach the sink at once instead of waiting in the 4 KiB AVIO buffer.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import av
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+MP3_RATES_HZ = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)
+OPUS_RATES_HZ = (8000, 12000, 16000, 24000, 48000)
+AAC_RATES_HZ = (
+    7350, 8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000, 64000, 88200, 96000
+)  # fmt: skip
+
+_CAP_SMALL_LAST_FRAME = 1 << 6  # AV_CODEC_CAP_SMALL_LAST_FRAME
+_CAP_VARIABLE_FRAME_SIZE = 1 << 16  # AV_CODEC_CAP_VARIABLE_FRAME_SIZE
+_FALLBACK_FRAME_SAMPLES = 1024  # for codecs that take any frame size
+_AVIO_BUFFER_BYTES = 4096
+_S16_SCALE = 32767.0
+
+
+class RateRule(enum.Enum):
+    EXACT = "exact"  # any rate in range
+    NEAREST = "nearest"  # the nearest supported rate, ties go up
+    AT_LEAST = "at_least"  # the smallest supported rate >= requested, else the highest
+
+
+@dataclass(frozen=True)
+class CodecSpec:
+    container: str  # libavformat muxer name
+    codec: str  # libavcodec encoder name
+    sample_format: str  # PyAV sample format the encoder is fed
+    bit_rate_bps: int | None  # None: the codec's own (lossless)
+    rates_hz: tuple[int, ...] = ()
+    rate_rule: RateRule = RateRule.EXACT
+    container_options: Mapping[str, str] = field(default_factory=dict)
+    codec_options: Mapping[str, str] = field(default_factory=dict)
+
+
+AV_SPECS: Mapping[str, CodecSpec] = MappingProxyType(
+    {
+        "mp3": CodecSpec(
+            "mp3", "libmp3lame", "fltp", 64_000, MP3_RATES_HZ, RateRule.NEAREST,
+            # Bare MPEG frames: no ID3v2 tag (the Xing frame needs a seekable sink anyway).
+            container_options={"id3v2_version": "0", "write_xing": "0"},
+        ),
+        "opus": CodecSpec(
+            "ogg", "libopus", "flt", 32_000, OPUS_RATES_HZ, RateRule.AT_LEAST,
+            # ~20 ms Ogg pages (default 1 s): a page leaves as soon as the next one starts.
+            # Costs ~25% more bytes than 1 s pages; lag behind the input ~70 ms.
+            container_options={"page_duration": "20000"},
+        ),
+        "aac": CodecSpec("adts", "aac", "fltp", 64_000, AAC_RATES_HZ, RateRule.NEAREST),
+        "flac": CodecSpec(
+            "flac", "flac", "s16", None,
+            # No 8 KiB PADDING block: the header is never rewritten on a non-seekable sink.
+            container_options={"metadata_header_padding": "0"},
+        ),
+    }
+)  # fmt: skip
+
+
+def wav_stream_header(rate_hz: int) -> bytes:
+    """RIFF/WAVE header for s16le mono of unknown length: RIFF and data sizes 0xFFFFFFFF."""
+    block_align = 2
+    return b"".join(
+        (
+            b"RIFF", struct.pack("<I", 0xFFFFFFFF), b"WAVE",
+            b"fmt ", struct.pack("<IHHIIHH", 16, 1, 1, rate_hz, rate_hz * block_align,
+                                 block_align, 16),
+            b"data", struct.pack("<I", 0xFFFFFFFF),
+        )
+    )  # fmt: skip
+
+
+def _to_s16(pcm: np.ndarray) -> np.ndarray:
+    return np.rint(pcm * _S16_SCALE).astype("<i2")
+
+
+class RawCodec:
+    """pcm and wav: s16le samples; wav's streaming header goes before the first sample."""
+
+    def __init__(self, header: bytes) -> None:
+        self._header = header
+
+    def _take_header(self) -> bytes:
+        header, self._header = self._header, b""
+        return header
+
+    def write(self, pcm: np.ndarray) -> bytes:
+        if pcm.size == 0:
+            return b""
+        return self._take_header() + _to_s16(pcm).tobytes()
+
+    def flush(self) -> bytes:
+        return self._take_header()  # an empty wav is still a wav
+
+    def close(self) -> None:
+        pass
+
+
+class _ByteSink:
+    """A write-only, non-seekable file for PyAV: collects bytes until drained."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def write(self, data: bytes) -> int:
+        self._buffer += data
+        return len(data)
+
+    def drain(self) -> bytes:
+        data = bytes(self._buffer)
+        self._buffer.clear()
+        return data
+
+
+class AvCodec:
+    """A PyAV muxer + encoder fed whole codec frames; returns the muxed bytes per call."""
+
+    def __init__(self, spec: CodecSpec, rate_hz: int) -> None:
+        self._spec = spec
+        self._rate_hz = rate_hz
+        self._sink = _ByteSink()
+        self._container = av.open(
+            self._sink,
+            "w",
+            format=spec.container,
+            container_options={"flush_packets": "1", **spec.container_options},
+            buffer_size=_AVIO_BUFFER_BYTES,
+        )
+        try:
+            self._stream = self._container.add_stream(spec.codec, rate=rate_hz, layout="mono")
+            ctx = self._stream.codec_context
+            ctx.format = spec.sample_format
+            if spec.bit_rate_bps is not None:
+                ctx.bit_rate = spec.bit_rate_bps
+            ctx.options = dict(spec.codec_options)
+            ctx.open()
+        except BaseException:
+            self._container.close()
+            raise
+        capabilities = ctx.codec.capabilities
+        self._frame_samples = (
+            _FALLBACK_FRAME_SAMPLES
+            if ctx.frame_size == 0 or capabilities & _CAP_VARIABLE_FRAME_SIZE
+            else ctx.frame_size
+        )
+        self._pad_last_frame = not capabilities & _CAP_SMALL_LAST_FRAME
+        self._pending = np.zeros(0, dtype=np.float32)  # always < one codec frame
+        self._pts = 0
+
+    def _encode_frame(self, samples: np.ndarray) -> None:
+        if self._spec.sample_format == "s16":
+            array = _to_s16(samples)
+        else:
+            array = np.ascontiguousarray(samples, dtype=np.float32)
+        frame = av.AudioFrame.from_ndarray(
+            array.reshape(1, -1), format=self._spec.sample_format, layout="mono"
+        )
+        frame.sample_rate = self._rate_hz
+        frame.pts = self._pts
+        self._pts += samples.size
+        self._container.mux(self._stream.encode(frame))
+
+    def write(self, pcm: np.ndarray) -> bytes:
+        if self._pending.size:
+            pcm = np.concatenate((self._pending, pcm))
+        n = self._frame_samples
+        whole = pcm.size - pcm.size % n
+        for start in range(0, whole, n):
+            self._encode_frame(pcm[start : start + n])
+        self._pending = pcm[whole:].copy()
+        return self._sink.drain()
+
+    def flush(self) -> bytes:
+        if self._pending.size:
+            last = self._pending
+            if self._pad_last_frame:
+                last = np.pad(last, (0, self._frame_samples - last.size))
+            self._pending = np.zeros(0, dtype=np.float32)
+            self._encode_frame(last)
+        self._container.mux(self._stream.encode(None))
+        self._container.close()  # writes the trailer (Ogg: the last page, with EOS)
+        return self._sink.drain()
+
+    def close(self) -> None:
+        try:
+            # Frees the muxer (the codec context goes with the last reference to this
+            # object). After an abort the trailer it writes is simply dropped.
+            self._container.close()
+        except av.FFmpegError as exc:
+            log.debug("closing an aborted %s encoder: %s", self._spec.codec, exc)
+        self._sink.drain()
