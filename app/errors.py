@@ -1,0 +1,197 @@
+"""Typed API errors and the one handler that turns any error into OpenAI's envelope.
+
+    ApiError                    status, type, param, code, headers
+     ├── InvalidRequest         400 invalid_request_error
+     ├── Unauthorized           401 invalid_request_error / invalid_api_key
+     ├── NotFound               404 invalid_request_error (model_not_found, not_found)
+     ├── MethodNotAllowed       405 invalid_request_error
+     ├── RateLimited            429 rate_limit_error, with an integer Retry-After
+     └── ServiceUnavailable     503 server_error (model loading, engine not ready)
+
+Foreign errors (FastAPI's RequestValidationError, Starlette's HTTPException, anything
+unexpected) are translated into an ApiError in `to_api_error`, so the envelope is built in
+exactly one place, `error_response`. Pydantic's 422 never reaches a client.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+
+class ApiError(Exception):
+    status_code = 500
+    error_type = "server_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = dict(headers or {})
+
+    def envelope(self) -> dict[str, dict[str, str | None]]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.error_type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+class InvalidRequest(ApiError):
+    status_code = 400
+    error_type = "invalid_request_error"
+
+
+class Unauthorized(ApiError):
+    status_code = 401
+    error_type = "invalid_request_error"
+
+
+class NotFound(ApiError):
+    status_code = 404
+    error_type = "invalid_request_error"
+
+
+class MethodNotAllowed(ApiError):
+    status_code = 405
+    error_type = "invalid_request_error"
+
+
+class RateLimited(ApiError):
+    status_code = 429
+    error_type = "rate_limit_error"
+
+    def __init__(self, message: str, *, retry_after_s: int, code: str | None = None) -> None:
+        retry_after_s = max(1, int(retry_after_s))
+        super().__init__(message, code=code, headers={"Retry-After": str(retry_after_s)})
+        self.retry_after_s = retry_after_s
+
+
+class ServiceUnavailable(ApiError):
+    status_code = 503
+    error_type = "server_error"
+
+
+_TYPE_NAMES = {
+    "string_type": "a string",
+    "float_type": "a number",
+    "int_type": "an integer",
+    "bool_type": "a boolean",
+    "dict_type": "an object",
+    "model_type": "an object",
+    "model_attributes_type": "an object",
+    "int_from_float": "an integer",
+}
+
+
+def json_type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def validation_error(errors: Sequence[Mapping[str, Any]]) -> InvalidRequest:
+    """The first pydantic error (of a request body) as a 400 naming its field."""
+    if not errors:
+        return InvalidRequest("Invalid request body.", code="invalid_value")
+    err = errors[0]
+    loc = [str(part) for part in err.get("loc", ()) if part != "body"]
+    param = ".".join(loc) or None
+    kind = str(err.get("type", ""))
+    value = err.get("input")
+    if kind == "json_invalid":
+        return InvalidRequest(
+            "We could not parse the JSON body of your request: expected a JSON object.",
+            code="invalid_json",
+        )
+    if param is None and kind in ("model_type", "model_attributes_type", "dict_type"):
+        return InvalidRequest(
+            f"The request body must be a JSON object, but got {json_type_name(value)}.",
+            code="invalid_type",
+        )
+    if kind == "missing":
+        return InvalidRequest(
+            f"Missing required parameter: '{param}'.",
+            param=param,
+            code="missing_required_parameter",
+        )
+    if kind == "extra_forbidden":
+        return InvalidRequest(
+            f"Unknown parameter: '{param}'.", param=param, code="unknown_parameter"
+        )
+    if kind in _TYPE_NAMES:
+        return InvalidRequest(
+            f"Invalid type for '{param}': expected {_TYPE_NAMES[kind]}, "
+            f"but got {json_type_name(value)} instead.",
+            param=param,
+            code="invalid_type",
+        )
+    message = f"Invalid '{param}': {err.get('msg', 'invalid value')}"
+    if isinstance(value, int | float | str) and len(str(value)) <= 40:
+        message += f" (got {json.dumps(value)})"
+    return InvalidRequest(message + ".", param=param, code="invalid_value")
+
+
+def to_api_error(exc: Exception) -> ApiError:
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, RequestValidationError):
+        return validation_error(exc.errors())
+    if isinstance(exc, StarletteHTTPException):
+        headers = getattr(exc, "headers", None)
+        if exc.status_code == 404:
+            return NotFound("Not found.", code="not_found", headers=headers)
+        if exc.status_code == 405:
+            return MethodNotAllowed(
+                "Method not allowed.", code="method_not_allowed", headers=headers
+            )
+        if exc.status_code == 401:
+            return Unauthorized(str(exc.detail), code="invalid_api_key", headers=headers)
+        if 400 <= exc.status_code < 500:
+            return InvalidRequest(str(exc.detail), headers=headers)
+        return ServiceUnavailable(str(exc.detail), headers=headers)
+    return ApiError("The server had an error while processing your request.")
+
+
+def error_response(exc: ApiError) -> JSONResponse:
+    return JSONResponse(exc.envelope(), status_code=exc.status_code, headers=exc.headers)
+
+
+async def handle_error(request: Request, exc: Exception) -> JSONResponse:
+    """The one exception handler: every error leaves as OpenAI's envelope."""
+    # An unexpected exception is logged by the server: Starlette re-raises it after this.
+    return error_response(to_api_error(exc))
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    for exc_class in (ApiError, RequestValidationError, StarletteHTTPException, Exception):
+        app.add_exception_handler(exc_class, handle_error)

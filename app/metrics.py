@@ -1,0 +1,165 @@
+"""Prometheus metrics of one app, in the app's own registry (two apps in one process, as in
+tests, never share a counter).
+
+`Metrics` implements pipeline's EngineEvents: the engine calls it as things happen, from
+its loops. Gauges of the engine's current state (active and parked streams, capacity) are
+read from `engine.stats()` at scrape time, so /metrics shows the engine's truth.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+_LATENCY_BUCKETS_S = (
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.0,
+    3.0,
+    5.0,
+    10.0,
+)
+_TURN_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
+_BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
+
+if TYPE_CHECKING:
+    from pipeline import EngineStats, StreamState, StreamStats
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class Metrics:
+    """EngineEvents -> prometheus-client, plus the scrape-time engine gauges."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.active_streams = Gauge(
+            "playhead_active_streams", "Streams with talker or vocoder work left", registry=r
+        )
+        self.parked_streams = Gauge(
+            "playhead_parked_streams",
+            "Streams not scheduled because their client has not read its audio",
+            registry=r,
+        )
+        self.draining_streams = Gauge(
+            "playhead_draining_streams",
+            "Streams whose audio is all produced while their client still reads it",
+            registry=r,
+        )
+        self.ready = Gauge(
+            "playhead_ready", "1 when the model is loaded and the loops run", registry=r
+        )
+        self.ttfa_s = Histogram(
+            "playhead_ttfa_seconds",
+            "Time from submit to the first vocoded audio of a stream",
+            buckets=_LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.stalls = Counter(
+            "playhead_stalls", "Server-estimated stalls (a player would have run dry)", registry=r
+        )
+        self.stall_s = Counter(
+            "playhead_stall_seconds", "Server-estimated stall time, summed over streams", registry=r
+        )
+        self.vocoder_batch_size = Histogram(
+            "playhead_vocoder_batch_size",
+            "Streams decoded in one vocoder turn",
+            buckets=_BATCH_BUCKETS,
+            registry=r,
+        )
+        self.vocoder_turn_s = Histogram(
+            "playhead_vocoder_turn_seconds",
+            "Wall time of one vocoder turn",
+            buckets=_TURN_BUCKETS_S,
+            registry=r,
+        )
+        self.talker_call_s = Histogram(
+            "playhead_talker_call_seconds",
+            "Wall time of one talker call",
+            buckets=_TURN_BUCKETS_S,
+            registry=r,
+        )
+        self.admission_rejections = Counter(
+            "playhead_admission_rejections",
+            "Requests rejected by admission control (429)",
+            ["reason"],
+            registry=r,
+        )
+        self.capacity_gauge = Gauge(
+            "playhead_capacity_audio_seconds_per_second",
+            "Estimated audio seconds the pipeline produces per wall second",
+            registry=r,
+        )
+        self.streams = Counter(
+            "playhead_streams", "Finished streams by final state", ["state"], registry=r
+        )
+        self.audio_s = Counter(
+            "playhead_audio_seconds", "Audio seconds emitted by finished streams", registry=r
+        )
+        self.started = Counter(
+            "playhead_streams_started", "Streams submitted and admitted", registry=r
+        )
+
+    # EngineEvents ---------------------------------------------------------------------
+
+    def stream_started(self, stream_id: str) -> None:
+        self.started.inc()
+
+    def first_audio(self, stream_id: str, ttfa_s: float) -> None:
+        self.ttfa_s.observe(ttfa_s)
+
+    def stall(self, stream_id: str, stall_s: float) -> None:
+        self.stalls.inc()
+        self.stall_s.inc(max(0.0, stall_s))
+
+    def vocoder_turn(self, batch_size: int, turn_s: float) -> None:
+        self.vocoder_batch_size.observe(batch_size)
+        self.vocoder_turn_s.observe(turn_s)
+
+    def talker_call(self, seconds: float) -> None:
+        self.talker_call_s.observe(seconds)
+
+    def rejected(self, reason: str) -> None:
+        self.admission_rejections.labels(reason=reason or "unknown").inc()
+
+    def stream_finished(self, stats: StreamStats, state: StreamState) -> None:
+        self.streams.labels(state=state.value).inc()
+        self.audio_s.inc(max(0.0, stats.audio_s))
+
+    def capacity(self, audio_s_per_s: float) -> None:
+        self.capacity_gauge.set(audio_s_per_s)
+
+    # scrape ---------------------------------------------------------------------------
+
+    def render(self, engine_stats: EngineStats | None) -> bytes:
+        """The Prometheus text, after reading the engine's current gauges (None: not ready)."""
+        if engine_stats is None:
+            self.ready.set(0)
+            self.active_streams.set(0)
+            self.parked_streams.set(0)
+            self.draining_streams.set(0)
+        else:
+            self.ready.set(1)
+            self.active_streams.set(engine_stats.active_streams)
+            self.parked_streams.set(engine_stats.parked_streams)
+            self.draining_streams.set(engine_stats.draining_streams)
+            self.capacity_gauge.set(engine_stats.capacity_audio_s_per_s)
+        return generate_latest(self.registry)

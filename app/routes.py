@@ -1,0 +1,203 @@
+"""HTTP routes of ../shared/API.md (the WebSocket lives elsewhere).
+
+POST /v1/audio/speech validates everything, opens the encoder and submits to the engine
+before the first byte, so every refusal (400, 404, 429, 503) is a real status code; only
+then does the streamed body start.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import JSONResponse
+
+from app.audio import UnsupportedFormat, UnsupportedSampleRate, open_encoder
+from app.errors import ApiError, InvalidRequest, NotFound, RateLimited, Unauthorized
+from app.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from app.schemas import OPENAI_VOICES, parse_speech_request
+from app.streaming import SSE_CONTENT_TYPE, SpeechBody, SpeechResponse
+from pipeline import NotReady, Rejected, StreamFailed, UnknownVoice, Voice
+
+if TYPE_CHECKING:
+    from app.server import AppState
+    from pipeline import Engine
+
+logger = logging.getLogger("playhead.app")
+
+
+def app_state(request: Request) -> AppState:
+    return request.app.state.playhead
+
+
+def check_api_key(expected: str | None, authorization: str | None) -> None:
+    """Raises Unauthorized unless `authorization` is `Bearer <expected>` (or no key is set)."""
+    if expected is None:
+        return
+    scheme, _, token = (authorization or "").partition(" ")
+    if not authorization or scheme.lower() != "bearer" or not token.strip():
+        raise Unauthorized(
+            "You didn't provide an API key. Provide it in an Authorization header using "
+            "Bearer auth (Authorization: Bearer YOUR_KEY).",
+            code="missing_api_key",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    if not hmac.compare_digest(token.strip().encode(), expected.encode()):
+        raise Unauthorized(
+            "Incorrect API key provided.",
+            code="invalid_api_key",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+
+async def require_api_key(request: Request) -> None:
+    check_api_key(app_state(request).settings.server.api_key, request.headers.get("authorization"))
+
+
+v1_router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
+open_router = APIRouter()
+
+
+def resolve_voice(engine: Engine, name: str) -> Voice:
+    """A Playhead voice id, else an OpenAI voice name (-> the default voice), else 400."""
+    try:
+        return engine.resolve_voice(name)
+    except UnknownVoice as exc:
+        if name in OPENAI_VOICES:
+            return engine.resolve_voice(engine.backend.default_voice())
+        available = ", ".join(v.id for v in engine.backend.voices())
+        raise InvalidRequest(
+            f"Unknown voice '{name}'. Available voices: {available} "
+            f"(OpenAI voice names map to '{engine.backend.default_voice()}').",
+            param="voice",
+            code="voice_not_found",
+        ) from exc
+
+
+@v1_router.post("/audio/speech", response_model=None)
+async def create_speech(request: Request) -> Response:
+    state = app_state(request)
+    server = state.settings.server
+    speech = parse_speech_request(await request.body())
+    if speech.model not in server.accepted_model_ids:
+        raise NotFound(
+            f"The model '{speech.model}' does not exist. Available models: "
+            f"{', '.join(server.accepted_model_ids)}.",
+            param="model",
+            code="model_not_found",
+        )
+    text = speech.input.strip()
+    if not text:
+        raise InvalidRequest(
+            "Invalid 'input': it must contain at least 1 character after trimming whitespace.",
+            param="input",
+            code="string_below_min_length",
+        )
+    if len(text) > server.max_input_chars:
+        raise InvalidRequest(
+            f"Invalid 'input': {len(text)} characters, at most {server.max_input_chars} allowed.",
+            param="input",
+            code="string_above_max_length",
+        )
+    engine = state.require_engine()
+    voice = resolve_voice(engine, speech.voice_id)
+    sample_rate_hz = speech.sample_rate or server.default_sample_rate_hz
+    try:
+        encoder = open_encoder(speech.response_format, voice.sample_rate_hz, sample_rate_hz)
+    except UnsupportedFormat as exc:
+        raise InvalidRequest(str(exc), param="response_format", code="invalid_value") from exc
+    except UnsupportedSampleRate as exc:
+        raise InvalidRequest(str(exc), param="sample_rate", code="invalid_value") from exc
+    try:
+        stream = engine.submit(text, voice=voice.id, speed=speech.speed)
+    except Rejected as exc:
+        encoder.close()
+        decision = exc.decision
+        raise RateLimited(
+            f"The server is at capacity ({decision.reason}); retry after "
+            f"{decision.retry_after_s} s.",
+            retry_after_s=decision.retry_after_s or 1,
+            code="rate_limit_exceeded",
+        ) from exc
+    except NotReady as exc:
+        encoder.close()
+        raise state.not_ready_error() from exc
+    except BaseException:
+        encoder.close()
+        raise
+    sse = speech.stream_format == "sse"
+    body = SpeechBody(engine, stream, encoder, sse=sse, input_chars=len(text))
+    try:
+        await body.start()
+    except StreamFailed as exc:
+        body.close()
+        logger.error("stream %s failed before its first audio: %s", stream.id, exc)
+        raise ApiError(f"Speech generation failed: {exc.cause}", code="stream_failed") from exc
+    except BaseException:
+        body.close()
+        raise
+    headers = {"Cache-Control": "no-cache", "X-Playhead-Stream-Id": stream.id}
+    if sse:
+        headers["X-Accel-Buffering"] = "no"
+    return SpeechResponse(
+        body, media_type=SSE_CONTENT_TYPE if sse else encoder.content_type, headers=headers
+    )
+
+
+def _model_entry(state: AppState, model_id: str) -> dict[str, Any]:
+    return {"id": model_id, "object": "model", "created": state.created_s, "owned_by": "playhead"}
+
+
+@v1_router.get("/models")
+async def list_models(request: Request) -> dict[str, Any]:
+    state = app_state(request)
+    ids = state.settings.server.accepted_model_ids
+    return {"object": "list", "data": [_model_entry(state, model_id) for model_id in ids]}
+
+
+@v1_router.get("/models/{model_id}")
+async def get_model(request: Request, model_id: str) -> dict[str, Any]:
+    state = app_state(request)
+    if model_id not in state.settings.server.accepted_model_ids:
+        raise NotFound(
+            f"The model '{model_id}' does not exist.", param="model", code="model_not_found"
+        )
+    return _model_entry(state, model_id)
+
+
+@v1_router.get("/audio/models")
+async def list_audio_models(request: Request) -> dict[str, Any]:
+    ids = app_state(request).settings.server.accepted_model_ids
+    return {"models": [{"id": model_id} for model_id in ids]}
+
+
+@v1_router.get("/audio/voices")
+async def list_voices(request: Request) -> dict[str, Any]:
+    engine = app_state(request).require_engine()
+    voices = [
+        {"id": v.id, "name": v.name, "language": v.language, "sample_rate": v.sample_rate_hz}
+        for v in engine.backend.voices()
+    ]
+    return {"voices": voices}
+
+
+@open_router.get("/health")
+async def health() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@open_router.get("/ready", response_model=None)
+async def ready(request: Request) -> JSONResponse:
+    state = app_state(request)
+    if not state.ready:
+        raise state.not_ready_error()
+    return JSONResponse({"status": "ready"})
+
+
+@open_router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    state = app_state(request)
+    stats = state.engine.stats() if state.ready and state.engine is not None else None
+    return Response(state.metrics.render(stats), media_type=METRICS_CONTENT_TYPE)
