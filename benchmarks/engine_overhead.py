@@ -1,0 +1,119 @@
+"""Engine time per vocoder turn outside the model call, on the sim backend at zero cost.
+
+Closed loop: N clients each submit a corpus text, read it to the end as fast as they can,
+and submit the next. The vocoder costs nothing (base 0, per frame 0) and the talker is
+very fast, so what is left of a turn is the engine's own cost. Per decoding turn
+(Engine.turn_log):
+
+- outside_model: the turn's wall time (scan, select, build, the hop to the vocoder
+  thread and back, bookkeeping) minus the time inside backend.vocode; it also holds
+  whatever else the event loop ran meanwhile (consumers, talker pieces);
+- engine_sync: the engine's own synchronous work alone (scan + select + build before
+  the call, bookkeeping after it).
+
+    python -m benchmarks.engine_overhead [--streams 10 100] [--window 16] [--seconds 3]
+
+Target: outside_model p50 under 1 ms per turn at 100 streams with K = 16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+
+from benchmarks.loadgen import load_corpus
+from pipeline.backends.sim import SimBackend
+from pipeline.config import EngineConfig, SimConfig, TalkerConfig
+from pipeline.engine import Engine
+from scheduling import AdmissionConfig, ChunkingConfig, SchedulingConfig
+
+ZERO_COST_SIM = SimConfig(
+    talker_frames_per_s=1e6,  # a segment (tens of frames) arrives at once, in one piece
+    talker_piece_frames=64,
+    vocoder_base_ms=0.0,
+    vocoder_per_frame_ms=0.0,
+)
+CHUNKING = ChunkingConfig(chunk_frames=8, ramp=(2, 4))
+
+
+def _quantile_ms(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return 1000.0 * ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+async def measure(streams: int, window: int, seconds: float, warmup_s: float = 1.0) -> dict:
+    corpus = load_corpus()
+    engine = Engine(
+        SimBackend(ZERO_COST_SIM),
+        scheduling=SchedulingConfig(policy="edf", active_stream_window=window),
+        chunking=CHUNKING,
+        admission=AdmissionConfig(enabled=False),
+        engine=EngineConfig(max_pending_audio_s=1e6),
+        talker=TalkerConfig(high_water_s=1e6),  # no real-time pacing: zero cost throughout
+    )
+    await engine.start()
+    finished = 0
+
+    async def client(seed: int) -> None:
+        nonlocal finished
+        rng = random.Random(seed)
+        while True:
+            stream = engine.submit(rng.choice(corpus), voice="sim")
+            async for _ in stream.chunks():
+                pass
+            finished += 1
+
+    clients = [asyncio.create_task(client(i)) for i in range(streams)]
+    try:
+        await asyncio.sleep(warmup_s)
+        engine.turn_log = []
+        finished = 0
+        await asyncio.sleep(seconds)
+        turns, engine.turn_log = engine.turn_log, None
+    finally:
+        for task in clients:
+            task.cancel()
+        await asyncio.gather(*clients, return_exceptions=True)
+        await engine.stop()
+    outside = [t.wall_s - t.model_s for t in turns]
+    sync = [t.engine_s for t in turns]
+    return {
+        "streams": streams,
+        "window": window,
+        "turns": len(turns),
+        "turns_per_s": len(turns) / seconds,
+        "mean_batch": statistics.fmean(t.batch_size for t in turns),
+        "streams_finished_per_s": finished / seconds,
+        "outside_model_ms_p50": _quantile_ms(outside, 0.5),
+        "outside_model_ms_p95": _quantile_ms(outside, 0.95),
+        "engine_sync_ms_p50": _quantile_ms(sync, 0.5),
+        "engine_sync_ms_p95": _quantile_ms(sync, 0.95),
+        "model_ms_p50": _quantile_ms([t.model_s for t in turns], 0.5),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--streams", type=int, nargs="+", default=[10, 100])
+    parser.add_argument("--window", type=int, default=16)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    args = parser.parse_args()
+    results = [asyncio.run(measure(n, args.window, args.seconds)) for n in args.streams]
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return
+    print("streams  K  turns/s  batch  outside-model ms p50/p95  engine-sync ms p50/p95")
+    for r in results:
+        print(
+            f"{r['streams']:7d} {r['window']:2d} {r['turns_per_s']:8.0f} {r['mean_batch']:6.1f}"
+            f"  {r['outside_model_ms_p50']:10.3f} / {r['outside_model_ms_p95']:.3f}"
+            f"  {r['engine_sync_ms_p50']:12.3f} / {r['engine_sync_ms_p95']:.3f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

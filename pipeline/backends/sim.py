@@ -1,0 +1,186 @@
+"""The sim backend: set costs, a checkable signal (../shared/BENCH.md).
+
+Talker: a segment of `text` becomes exactly
+
+    frames_for_text(text, speed) = max(2, ceil(len(text) / (1.2 * speed)))
+
+frames (about one frame per 1.2 characters; `len` counts the segment's characters as the
+talker gets them, i.e. after segmentation, see `expected_frames`). They are yielded in
+pieces of `talker_piece_frames` at `talker_frames_per_s` wall rate: the talker thread
+sleeps to a deadline per piece, which models the model's cost. A frame is an int64 pair
+(stream_tag, frame index within the stream).
+
+Vocoder: sleeps `vocoder_base_ms + vocoder_per_frame_ms * frames` per call when batched
+(base once, frames counted over every item, context included), or that sum per item when
+not batched. Its PCM encodes every frame's pair: the frame's samples are cut in four
+equal blocks holding, as constant levels, the high and low 12 bits of the tag, then of
+the index (values mod 2**24). A level is (digit + 0.5) * 8 / 32768, so int16
+quantisation (either scaling) moves it by far less than half a step.
+`decode_sim_signal` reads them back.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from pipeline.backend import TalkRequest, VocodeItem, Voice
+from pipeline.config import SimConfig, TalkerConfig
+from pipeline.text import split_text
+from scheduling.errors import ConfigError
+
+CHARS_PER_FRAME = 1.2
+MIN_SEGMENT_FRAMES = 2
+VOICE_ID = "sim"
+VOICE_NAME = "Sim"
+
+_DIGIT_BITS = 12
+_DIGIT_MASK = (1 << _DIGIT_BITS) - 1
+_VALUE_MASK = (1 << (2 * _DIGIT_BITS)) - 1
+_LEVEL_STEP = 8.0 / 32768.0
+_BLOCKS = 4
+
+
+def frames_for_text(text: str, speed: float = 1.0) -> int:
+    """Frames the sim talker produces for one segment (see the module doc)."""
+    # the tiny epsilon keeps float noise (12 / 1.2 = 10.000000000000002) from adding a frame
+    return max(MIN_SEGMENT_FRAMES, math.ceil(len(text) / (CHARS_PER_FRAME * speed) - 1e-9))
+
+
+def expected_frames(text: str, speed: float = 1.0, talker: TalkerConfig | None = None) -> int:
+    """Frames a whole submitted text becomes: the sum over the engine's segments."""
+    talker = talker or TalkerConfig()
+    segments = split_text(
+        text,
+        first_fragment_words=talker.first_fragment_words,
+        max_segment_chars=talker.max_segment_chars,
+    )
+    return sum(frames_for_text(segment, speed) for segment in segments)
+
+
+def _digits(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    values = values & _VALUE_MASK
+    return values >> _DIGIT_BITS, values & _DIGIT_MASK
+
+
+def encode_sim_signal(frames: np.ndarray, samples_per_frame: int) -> np.ndarray:
+    """float32 PCM for int64 frames [n, 2] of (tag, index)."""
+    tag_hi, tag_lo = _digits(frames[:, 0].astype(np.int64))
+    index_hi, index_lo = _digits(frames[:, 1].astype(np.int64))
+    levels = (np.stack([tag_hi, tag_lo, index_hi, index_lo], axis=1) + 0.5) * _LEVEL_STEP
+    edges = np.linspace(0, samples_per_frame, _BLOCKS + 1).astype(np.int64)
+    widths = np.diff(edges)
+    pcm = np.repeat(levels.astype(np.float32), widths, axis=1)
+    return pcm.reshape(-1)
+
+
+def decode_sim_signal(pcm: np.ndarray, samples_per_frame: int) -> list[tuple[int, int]]:
+    """(stream_tag, frame_index) per frame of sim PCM (int16 or float32, native rate)."""
+    samples = np.asarray(pcm)
+    if samples.dtype == np.int16:
+        samples = samples.astype(np.float64) / 32768.0
+    samples = samples.astype(np.float64).reshape(-1)
+    if samples.size % samples_per_frame:
+        raise ValueError(
+            f"{samples.size} samples are not a whole number of {samples_per_frame}-sample frames"
+        )
+    frames = samples.reshape(-1, samples_per_frame)
+    edges = np.linspace(0, samples_per_frame, _BLOCKS + 1).astype(np.int64)
+    digits = np.stack(
+        [np.median(frames[:, a:b], axis=1) for a, b in itertools.pairwise(edges)],
+        axis=1,
+    )
+    digits = np.clip(np.rint(digits / _LEVEL_STEP - 0.5), 0, _DIGIT_MASK).astype(np.int64)
+    tags = (digits[:, 0] << _DIGIT_BITS) | digits[:, 1]
+    indices = (digits[:, 2] << _DIGIT_BITS) | digits[:, 3]
+    return [(int(t), int(i)) for t, i in zip(tags, indices, strict=True)]
+
+
+class SimBackend:
+    """A backend whose costs are set, not measured; see the module doc."""
+
+    name = "sim"
+
+    def __init__(self, config: SimConfig | None = None) -> None:
+        self.config = config or SimConfig()
+        if self.config.samples_per_frame < _BLOCKS:
+            raise ConfigError(
+                f"samples_per_frame must be >= {_BLOCKS} for the sim signal, "
+                f"got {self.config.samples_per_frame}"
+            )
+        self.samples_per_frame = self.config.samples_per_frame
+        self.sample_rate_hz = self.config.sample_rate_hz
+        self._voice = Voice(
+            id=VOICE_ID,
+            name=VOICE_NAME,
+            language="en",
+            sample_rate_hz=self.sample_rate_hz,
+            samples_per_frame=self.samples_per_frame,
+        )
+
+    frames_for_text = staticmethod(frames_for_text)
+    expected_frames = staticmethod(expected_frames)
+
+    def voices(self) -> list[Voice]:
+        return [self._voice]
+
+    def default_voice(self) -> str:
+        return VOICE_ID
+
+    def _check_voice(self, voice: str) -> None:
+        if voice not in (VOICE_ID, VOICE_NAME):
+            raise ValueError(f"unknown sim voice {voice!r}")
+
+    def talk(self, request: TalkRequest) -> Iterator[np.ndarray]:
+        self._check_voice(request.voice)
+        return self._talk(request)
+
+    def _talk(self, request: TalkRequest) -> Iterator[np.ndarray]:
+        total = frames_for_text(request.text, request.speed)
+        piece = self.config.talker_piece_frames
+        period_s = 1.0 / self.config.talker_frames_per_s
+        started = time.perf_counter()
+        done = 0
+        while done < total:
+            count = min(piece, total - done)
+            delay_s = started + (done + count) * period_s - time.perf_counter()
+            if delay_s > 0:
+                time.sleep(delay_s)
+            frames = np.empty((count, 2), dtype=np.int64)
+            frames[:, 0] = request.stream_tag
+            first = request.first_frame_index + done
+            frames[:, 1] = np.arange(first, first + count)
+            yield frames
+            done += count
+
+    def vocode(self, items: Sequence[VocodeItem]) -> list[np.ndarray]:
+        for item in items:
+            self._check_voice(item.voice)
+            if item.frames.ndim != 2 or item.frames.shape[1] != 2:
+                raise ValueError(f"sim frames must be [frames, 2], got {item.frames.shape}")
+            emit_stop = item.emit_offset_frames + item.emit_frames
+            if not 0 <= item.emit_offset_frames <= emit_stop <= len(item.frames):
+                raise ValueError(
+                    f"emit range {item.emit_offset_frames}+{item.emit_frames} "
+                    f"outside {len(item.frames)} frames"
+                )
+        cfg = self.config
+        decoded = sum(len(item.frames) for item in items)
+        calls = 1 if cfg.batched else len(items)
+        cost_ms = cfg.vocoder_base_ms * calls + cfg.vocoder_per_frame_ms * decoded
+        if items and cost_ms > 0:
+            time.sleep(cost_ms / 1000.0)
+        return [
+            encode_sim_signal(
+                item.frames[item.emit_offset_frames : item.emit_offset_frames + item.emit_frames],
+                self.samples_per_frame,
+            )
+            for item in items
+        ]
+
+    def close(self) -> None:
+        return None

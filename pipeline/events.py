@@ -1,0 +1,76 @@
+"""What the engine reports: metrics hooks, its stats, and per-turn timings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from pipeline.stream import StreamState, StreamStats
+
+
+class EngineEvents(Protocol):
+    """Metrics hooks (app/metrics.py implements them); called on the event loop."""
+
+    def stream_started(self, stream_id: str) -> None: ...
+
+    def first_audio(self, stream_id: str, ttfa_s: float) -> None: ...
+
+    def stall(self, stream_id: str, stall_s: float) -> None: ...
+
+    def vocoder_turn(self, batch_size: int, turn_s: float) -> None: ...
+
+    def talker_call(self, seconds: float) -> None: ...
+
+    def rejected(self, reason: str) -> None: ...
+
+    def stream_finished(self, stats: StreamStats, state: StreamState) -> None: ...
+
+    def capacity(self, audio_s_per_s: float) -> None: ...
+
+
+class NullEvents:
+    """EngineEvents that record nothing."""
+
+    def stream_started(self, stream_id: str) -> None:
+        pass
+
+    def first_audio(self, stream_id: str, ttfa_s: float) -> None:
+        pass
+
+    def stall(self, stream_id: str, stall_s: float) -> None:
+        pass
+
+    def vocoder_turn(self, batch_size: int, turn_s: float) -> None:
+        pass
+
+    def talker_call(self, seconds: float) -> None:
+        pass
+
+    def rejected(self, reason: str) -> None:
+        pass
+
+    def stream_finished(self, stats: StreamStats, state: StreamState) -> None:
+        pass
+
+    def capacity(self, audio_s_per_s: float) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    active_streams: int  # streams with talker or vocoder work left (what admission counts)
+    parked_streams: int  # of those, skipped because their consumer is not reading
+    capacity_audio_s_per_s: float  # the pipeline's measured rate (0 = not measured yet)
+    policy: str  # the scheduler's policy
+    draining_streams: int = 0  # all audio emitted, consumer still reading
+    queued_frames: int = 0  # talker frames not yet vocoded, over all streams
+
+
+@dataclass(frozen=True, slots=True)
+class TurnTiming:
+    """One decoding vocoder turn, in perf-counter seconds (see Engine.turn_log)."""
+
+    batch_size: int
+    wall_s: float  # from the turn's scan to the end of its bookkeeping
+    model_s: float  # inside backend.vocode (engine clock, read in the vocoder thread)
+    engine_s: float  # the engine's own synchronous work: scan, select, build, bookkeeping

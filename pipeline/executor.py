@@ -1,0 +1,98 @@
+"""The executor boundary: every model call runs here, never on the event loop.
+
+A `StageExecutor` is one pipeline stage's dedicated worker thread (the talker's, the
+vocoder's). One thread per stage: calls of a stage run one at a time, in order, and a
+model's thread-local state (ONNX Runtime sessions, a generator's frame) stays on it.
+
+    result = await stage.run(fn, *args)
+    timed = await stage.run_timed(fn, *args)   # plus when the call ran, read in the thread
+
+Cancelling the awaiting task does not interrupt a call already running in the thread (a
+model call cannot be interrupted); `aclose` waits for the calls in flight to end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+THREAD_PREFIX = "playhead-"
+
+
+class StageClosed(RuntimeError):
+    """A call was made on a stage executor after it was closed."""
+
+
+@dataclass(frozen=True)
+class Timed(Generic[T]):
+    """A stage call's result and when it ran (clock seconds, read in the stage thread)."""
+
+    result: T
+    started_s: float
+    finished_s: float
+
+    @property
+    def seconds(self) -> float:
+        return self.finished_s - self.started_s
+
+
+class StageExecutor:
+    """One dedicated worker thread for one pipeline stage."""
+
+    def __init__(self, name: str, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.name = name
+        self.thread_name = f"{THREAD_PREFIX}{name}"
+        self._clock = clock
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.thread_name)
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def in_stage_thread(self) -> bool:
+        """Whether the caller runs in this stage's worker thread."""
+        return threading.current_thread().name.startswith(self.thread_name + "_")
+
+    async def run(self, fn: Callable[..., T], /, *args: object) -> T:
+        """Run `fn(*args)` in the stage thread and return its result (or raise its error)."""
+        if self._closed:
+            raise StageClosed(f"the {self.name} stage is closed")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, functools.partial(fn, *args))
+
+    async def run_timed(self, fn: Callable[..., T], /, *args: object) -> Timed[T]:
+        """Like `run`, and say when the call started and finished (the stage's busy time)."""
+        return await self.run(self._timed, fn, args)
+
+    def _timed(self, fn: Callable[..., T], args: tuple[object, ...]) -> Timed[T]:
+        started_s = self._clock()
+        result = fn(*args)
+        return Timed(result, started_s, self._clock())
+
+    async def aclose(self) -> None:
+        """Refuse new calls, wait (without blocking the loop) for the calls in flight."""
+        if self._closed:
+            return
+        self._closed = True
+        loop = asyncio.get_running_loop()
+        # The one worker runs calls in order: once this no-op ran, every earlier call ended.
+        await asyncio.shield(loop.run_in_executor(self._pool, _noop))
+        self._pool.shutdown(wait=True)
+
+    def close(self) -> None:
+        """Refuse new calls; let the worker end after the calls in flight (no waiting)."""
+        self._closed = True
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _noop() -> None:
+    return None

@@ -1,0 +1,61 @@
+"""Shared fixtures: a fast sim backend and an engine factory that always stops its engines."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from pipeline.backend import Backend
+from pipeline.backends.sim import SimBackend
+from pipeline.config import EngineConfig, SimConfig, TalkerConfig
+from pipeline.engine import Engine, EngineEvents
+from scheduling import AdmissionConfig, ChunkingConfig, SchedulingConfig
+
+# Costs small enough that a test's engine runs far faster than real time.
+FAST_SIM = SimConfig(
+    talker_frames_per_s=5000.0,
+    talker_piece_frames=4,
+    vocoder_base_ms=1.0,
+    vocoder_per_frame_ms=0.2,
+)
+TEST_CHUNKING = ChunkingConfig(
+    chunk_frames=8, initial_chunk_frames=4, left_context_frames=2, right_context_frames=2
+)
+
+EngineFactory = Callable[..., Awaitable[Engine]]
+
+
+@pytest.fixture
+async def make_engine() -> AsyncIterator[EngineFactory]:
+    """`await make_engine(backend=None, policy="edf", window=2, ...)`: a started engine."""
+    engines: list[Engine] = []
+
+    async def make(
+        backend: Backend | None = None,
+        *,
+        policy: str = "edf",
+        window: int = 2,
+        chunking: ChunkingConfig = TEST_CHUNKING,
+        admission: AdmissionConfig | None = None,
+        engine: EngineConfig | None = None,
+        talker: TalkerConfig | None = None,
+        events: EngineEvents | None = None,
+    ) -> Engine:
+        built = Engine(
+            backend or SimBackend(FAST_SIM),
+            scheduling=SchedulingConfig(policy=policy, active_stream_window=window),
+            chunking=chunking,
+            admission=admission or AdmissionConfig(enabled=False),
+            engine=engine or EngineConfig(),
+            # no high-water wait by default: tests run far faster than real time
+            talker=talker or TalkerConfig(high_water_s=3600.0),
+            events=events,
+        )
+        await built.start()
+        engines.append(built)
+        return built
+
+    yield make
+    for built in engines:
+        await built.stop()

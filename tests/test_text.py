@@ -1,0 +1,144 @@
+"""Text segmentation: short first fragment, sentences, clause splits, nothing lost."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline.text import Segmenter, split_text
+
+
+def test_first_fragment_is_the_first_clause() -> None:
+    segments = split_text("Well then, we should all go home before the rain starts. Fine.")
+    assert segments == ["Well then,", "we should all go home before the rain starts.", "Fine."]
+
+
+def test_first_fragment_is_the_first_words_without_an_early_clause() -> None:
+    text = "The quick brown fox jumps over the lazy dog today. It sleeps."
+    assert split_text(text, first_fragment_words=4) == [
+        "The quick brown fox",
+        "jumps over the lazy dog today.",
+        "It sleeps.",
+    ]
+
+
+def test_short_first_sentence_is_not_cut_and_zero_disables_the_cut() -> None:
+    assert split_text("Yes, I do. Me too.") == ["Yes, I do.", "Me too."]
+    text = "One two three four five six seven eight. Nine."
+    assert split_text(text, first_fragment_words=0) == [
+        "One two three four five six seven eight.",
+        "Nine.",
+    ]
+
+
+def test_sentences_abbreviations_initials_and_paragraphs() -> None:
+    text = "Hi there. Dr. Smith met J. R. Doe, e.g. at noon! Really?\n\nNew paragraph\nsame one"
+    assert split_text(text, first_fragment_words=0) == [
+        "Hi there.",
+        "Dr. Smith met J. R. Doe, e.g. at noon!",
+        "Really?",
+        "New paragraph same one",
+    ]
+
+
+def test_decimal_points_and_closing_quotes() -> None:
+    text = 'It costs 3.50 dollars. "Is that so?" she asked.'
+    assert split_text(text, first_fragment_words=0) == [
+        "It costs 3.50 dollars.",
+        '"Is that so?"',
+        "she asked.",
+    ]
+
+
+def test_whitespace_is_normalised() -> None:
+    assert split_text("  Hello\t\tworld.\n  Next   one.  ") == ["Hello world.", "Next one."]
+    assert split_text(" \n\t ") == []
+
+
+def test_long_sentence_splits_at_clause_boundaries_within_the_limit() -> None:
+    clause = "this clause has exactly some words in it"  # 40 characters
+    text = ", ".join([clause] * 6) + "."
+    segments = split_text(text, first_fragment_words=0, max_segment_chars=100)
+    assert all(len(s) <= 100 for s in segments)
+    assert len(segments) == 3
+    assert all(s.endswith((",", ".")) for s in segments)
+
+
+def test_long_sentence_without_clauses_splits_between_words() -> None:
+    text = " ".join(f"w{i:03d}" for i in range(100))  # 499 characters
+    segments = split_text(text, first_fragment_words=0, max_segment_chars=50)
+    assert all(len(s) <= 50 for s in segments)
+    assert " ".join(segments) == text
+
+
+def test_a_word_longer_than_the_limit_stays_whole() -> None:
+    word = "x" * 80
+    segments = split_text(f"a {word} b", first_fragment_words=0, max_segment_chars=30)
+    assert word in segments
+    assert " ".join(segments) == f"a {word} b"
+
+
+def test_incremental_text_emits_the_first_fragment_before_the_sentence_ends() -> None:
+    segmenter = Segmenter(first_fragment_words=3)
+    assert segmenter.push("Hello there, my") == []  # 3 words: maybe the whole sentence
+    assert segmenter.push(" dear") == ["Hello there,"]
+    assert segmenter.push(" friend. How are") == ["my dear friend."]
+    assert segmenter.push(" you") == []
+    assert segmenter.flush() == ["How are you"]
+
+
+def test_incremental_boundary_needs_the_whitespace_after_it() -> None:
+    segmenter = Segmenter(first_fragment_words=0)
+    assert segmenter.push("It is 3.") == []
+    assert segmenter.push("5 now.") == []
+    assert segmenter.push(" Yes") == ["It is 3.5 now."]
+    assert segmenter.flush() == ["Yes"]
+
+
+_TOKENS = st.sampled_from(
+    [
+        "word",
+        "Alpha",
+        "x",
+        "Dr.",
+        "e.g.",
+        "J.",
+        "end.",
+        "why?",
+        "wow!",
+        "pause,",
+        "semi;",
+        "colon:",
+        "—",
+        "-",
+        "3.5",
+        '"quoted."',
+        "(aside)",
+        "supercalifragilistic" * 3,
+    ]
+)
+_SPACES = st.sampled_from([" ", " ", " ", "  ", "\n", "\n\n", "\t"])
+
+
+@st.composite
+def _texts(draw: st.DrawFn) -> str:
+    tokens = draw(st.lists(_TOKENS, min_size=0, max_size=60))
+    return "".join(token + draw(_SPACES) for token in tokens)
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=_texts(), words=st.integers(0, 8), max_chars=st.integers(20, 120), data=st.data())
+def test_nothing_is_lost_and_pieces_match_the_whole(
+    text: str, words: int, max_chars: int, data: st.DataObject
+) -> None:
+    whole = split_text(text, first_fragment_words=words, max_segment_chars=max_chars)
+    assert " ".join(whole).split() == text.split()
+    assert all(segment and segment == " ".join(segment.split()) for segment in whole)
+    for segment in whole:
+        assert len(segment) <= max_chars or " " not in segment
+
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=12)))
+    segmenter = Segmenter(first_fragment_words=words, max_segment_chars=max_chars)
+    pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+    incremental = [s for piece in pieces for s in segmenter.push(piece)] + segmenter.flush()
+    assert incremental == whole
