@@ -1,0 +1,235 @@
+"""Cut a Piper (VITS) ONNX graph into a talker graph and a vocoder graph, cached on disk.
+
+talker  = text encoder + duration predictor + flow:
+          input, input_lengths, scales -> latent [batch, channels, frames] (z, masked),
+                                             frame count [batch]
+vocoder = HiFi-GAN decoder: latent -> output [batch, 1, 1, samples]
+
+The cut is found by name first (`/Mul_7_output_0`, `/Cast_output_0` in Piper's exports),
+else by structure: the latent is the data input of the decoder's first conv (the Conv
+that feeds the graph's first ConvTranspose), the frame count is the Cast after
+Ceil -> ReduceSum (-> Clip) of the durations.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+from onnx import helper
+
+from pipeline.backends.piper.errors import GraphSplitError
+
+logger = logging.getLogger("playhead.piper")
+
+SPLIT_VERSION = 1  # bump when the cut changes: old cache entries are then ignored
+TALKER_INPUTS = ("input", "input_lengths", "scales")
+AUDIO_OUTPUT = "output"
+LATENT_NAME = "/Mul_7_output_0"
+FRAME_COUNT_NAME = "/Cast_output_0"
+_PASS_THROUGH_OPS = frozenset({"LeakyRelu", "Relu", "Identity"})
+
+
+@dataclass(frozen=True)
+class CutPoints:
+    latent: str  # [batch, channels, frames] float32: the decoder's input
+    frame_count: str  # [batch] int64: frames per batch item
+    channels: int
+
+
+@dataclass(frozen=True)
+class SplitGraphs:
+    """The two graphs, as cache files (or serialized bytes when the cache is not writable)."""
+
+    talker: Path | bytes  # outputs: latent, frame count
+    vocoder: Path | bytes  # input: latent; output: audio
+    cached: bool  # True: found in the cache, not cut now
+
+
+def default_cache_dir() -> Path:
+    """`playhead` under XDG_CACHE_HOME (or ~/.cache)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "playhead"
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def find_cut(model: onnx.ModelProto, voice_id: str) -> CutPoints:
+    graph = model.graph
+    producers = {out: node for node in graph.node for out in node.output}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    initializers = {init.name: init for init in graph.initializer}
+
+    latent = _latent_by_name(consumers) or _latent_by_structure(graph.node, producers)
+    if latent is None:
+        raise GraphSplitError(
+            f"voice {voice_id!r}: cannot find the decoder's input in its ONNX graph "
+            "(no conv feeding a ConvTranspose): not a Piper/VITS voice this backend can split"
+        )
+    conv = next(n for n in consumers[latent] if n.op_type == "Conv")
+    weight = initializers.get(conv.input[1])
+    if weight is None or len(weight.dims) != 3:
+        raise GraphSplitError(f"voice {voice_id!r}: the decoder's first conv has no 1-D weight")
+    frame_count = _frame_count(producers, consumers, voice_id)
+    return CutPoints(latent=latent, frame_count=frame_count, channels=int(weight.dims[1]))
+
+
+def _latent_by_name(consumers: dict[str, list[onnx.NodeProto]]) -> str | None:
+    if any(n.op_type == "Conv" for n in consumers.get(LATENT_NAME, ())):
+        return LATENT_NAME
+    return None
+
+
+def _latent_by_structure(
+    nodes: Iterable[onnx.NodeProto], producers: dict[str, onnx.NodeProto]
+) -> str | None:
+    first_up = next((n for n in nodes if n.op_type == "ConvTranspose"), None)
+    if first_up is None:
+        return None
+    node = producers.get(first_up.input[0])
+    while node is not None and node.op_type in _PASS_THROUGH_OPS:
+        node = producers.get(node.input[0])
+    if node is None or node.op_type != "Conv":
+        return None
+    return node.input[0]
+
+
+def _frame_count(
+    producers: dict[str, onnx.NodeProto],
+    consumers: dict[str, list[onnx.NodeProto]],
+    voice_id: str,
+) -> str:
+    if FRAME_COUNT_NAME in producers and producers[FRAME_COUNT_NAME].op_type == "Cast":
+        return FRAME_COUNT_NAME
+    for node in producers.values():
+        if node.op_type != "Ceil":
+            continue
+        for reduce in consumers.get(node.output[0], ()):
+            if reduce.op_type != "ReduceSum":
+                continue
+            current = reduce
+            for _ in range(3):
+                nxt = consumers.get(current.output[0], ())
+                cast = next((n for n in nxt if n.op_type == "Cast"), None)
+                if cast is not None:
+                    return cast.output[0]
+                clip = next((n for n in nxt if n.op_type in ("Clip", "Max")), None)
+                if clip is None:
+                    break
+                current = clip
+    raise GraphSplitError(
+        f"voice {voice_id!r}: cannot find the frame count (Ceil -> ReduceSum -> Cast)"
+    )
+
+
+def split_model(
+    model: onnx.ModelProto, voice_id: str
+) -> tuple[onnx.ModelProto, onnx.ModelProto, CutPoints]:
+    """(talker, vocoder, cut); both graphs pass onnx.checker. Mutates `model`'s value_info."""
+    cut = find_cut(model, voice_id)
+    graph_inputs = {i.name for i in model.graph.input}
+    missing = [name for name in TALKER_INPUTS if name not in graph_inputs]
+    if missing or AUDIO_OUTPUT not in {o.name for o in model.graph.output}:
+        raise GraphSplitError(
+            f"voice {voice_id!r}: expected inputs {TALKER_INPUTS} and output {AUDIO_OUTPUT!r}"
+        )
+    latent_info = helper.make_tensor_value_info(
+        cut.latent, onnx.TensorProto.FLOAT, ["batch_size", cut.channels, "frames"]
+    )
+    count_info = helper.make_tensor_value_info(
+        cut.frame_count, onnx.TensorProto.INT64, ["batch_size"]
+    )
+    kept = [v for v in model.graph.value_info if v.name not in (cut.latent, cut.frame_count)]
+    del model.graph.value_info[:]
+    model.graph.value_info.extend([*kept, latent_info, count_info])
+
+    extractor = onnx.utils.Extractor(model)
+    talker = extractor.extract_model(list(TALKER_INPUTS), [cut.latent, cut.frame_count])
+    vocoder = extractor.extract_model([cut.latent], [AUDIO_OUTPUT])
+    _require_closed(talker, voice_id, "talker")
+    _require_closed(vocoder, voice_id, "vocoder")
+    for part, what in ((talker, "talker"), (vocoder, "vocoder")):
+        try:
+            onnx.checker.check_model(part)
+        except onnx.checker.ValidationError as error:
+            raise GraphSplitError(
+                f"voice {voice_id!r}: the {what} graph is invalid: {error}"
+            ) from error
+    return talker, vocoder, cut
+
+
+def _require_closed(part: onnx.ModelProto, voice_id: str, what: str) -> None:
+    """Every tensor a node reads is an input, an initializer or another node's output."""
+    known = {i.name for i in part.graph.input} | {i.name for i in part.graph.initializer}
+    known |= {out for node in part.graph.node for out in node.output}
+    known.add("")  # optional inputs left empty
+    dangling = sorted({n for node in part.graph.node for n in node.input} - known)
+    if dangling:
+        raise GraphSplitError(
+            f"voice {voice_id!r}: the {what} graph also depends on {', '.join(dangling)} "
+            "(e.g. a speaker id): this voice cannot be split"
+        )
+
+
+def load_split(
+    model_path: str | Path, cache_dir: str | Path | None, voice_id: str, *, refresh: bool = False
+) -> SplitGraphs:
+    """The voice's talker and vocoder graphs, cut once and cached by the model's sha256.
+
+    `refresh` cuts again even when the cache has an entry (e.g. one that failed to load).
+    """
+    model_path = Path(model_path)
+    folder = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / "piper-split"
+    key = f"{file_sha256(model_path)}.v{SPLIT_VERSION}"
+    talker_path = folder / f"{key}.talker.onnx"
+    vocoder_path = folder / f"{key}.vocoder.onnx"
+    if not refresh and talker_path.is_file() and vocoder_path.is_file():
+        logger.debug("voice %s: reusing cut graphs %s", voice_id, folder / key)
+        return SplitGraphs(talker_path, vocoder_path, cached=True)
+    try:
+        model = onnx.load(str(model_path))
+    except Exception as error:
+        raise GraphSplitError(f"voice {voice_id!r}: cannot load {model_path}: {error}") from error
+    talker, vocoder, _ = split_model(model, voice_id)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        _write_atomically(vocoder, vocoder_path)
+        _write_atomically(talker, talker_path)  # last: its presence marks a complete entry
+    except OSError as error:
+        logger.warning(
+            "voice %s: cannot cache the cut graphs in %s (%s); keeping them in memory",
+            voice_id,
+            folder,
+            error,
+        )
+        return SplitGraphs(talker.SerializeToString(), vocoder.SerializeToString(), cached=False)
+    logger.info("voice %s: cut graphs written to %s", voice_id, folder / key)
+    return SplitGraphs(talker_path, vocoder_path, cached=False)
+
+
+def _write_atomically(model: onnx.ModelProto, path: Path) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(model.SerializeToString())
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

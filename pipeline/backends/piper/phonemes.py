@@ -1,0 +1,64 @@
+"""Text to Piper phoneme ids, through piper's bundled espeak-ng bridge (no system espeak)."""
+
+from __future__ import annotations
+
+import threading
+import unicodedata
+
+from pipeline.backends.piper.voices import VoiceSpec
+
+# espeak-ng keeps global state (the current voice): one caller at a time in this process.
+_ESPEAK_LOCK = threading.Lock()
+_espeak = None
+
+BOS, EOS, PAD = "^", "$", "_"
+
+
+def _espeak_phonemizer():  # -> piper.phonemize_espeak.EspeakPhonemizer
+    global _espeak
+    if _espeak is None:
+        from piper.phonemize_espeak import EspeakPhonemizer
+
+        _espeak = EspeakPhonemizer()  # piper's bundled espeak-ng-data
+    return _espeak
+
+
+def phonemize(voice: VoiceSpec, text: str) -> list[str]:
+    """The phonemes of `text`, sentences joined by a space (one talker call per segment)."""
+    if voice.phoneme_type == "text":
+        return list(unicodedata.normalize("NFD", text))
+    with _ESPEAK_LOCK:
+        sentences = _espeak_phonemizer().phonemize(
+            voice.espeak_voice, text, vowel_clusters=voice.vowel_clusters
+        )
+    phonemes: list[str] = []
+    for sentence in sentences:
+        if not sentence:
+            continue
+        if phonemes and phonemes[-1] != " ":
+            phonemes.append(" ")
+        phonemes.extend(sentence)
+    return phonemes
+
+
+def phonemes_to_ids(voice: VoiceSpec, phonemes: list[str]) -> list[int]:
+    """Piper's id layout: BOS PAD (phoneme PAD)* EOS; phonemes missing from the map are dropped."""
+    id_map = voice.phoneme_id_map
+    pad = id_map.get(PAD, ())
+    ids: list[int] = [*id_map.get(BOS, ()), *pad]
+    for phoneme in phonemes:
+        mapped = id_map.get(phoneme)
+        if mapped is None:
+            continue
+        ids.extend(mapped)
+        ids.extend(pad)
+    ids.extend(id_map.get(EOS, ()))
+    return ids
+
+
+def text_to_ids(voice: VoiceSpec, text: str) -> list[int]:
+    """Phoneme ids for one segment; [] when the text has nothing to say."""
+    phonemes = phonemize(voice, text)
+    if not any(p in voice.phoneme_id_map and p not in (" ", PAD) for p in phonemes):
+        return []
+    return phonemes_to_ids(voice, phonemes)

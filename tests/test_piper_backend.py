@@ -1,0 +1,203 @@
+"""PiperBackend on the real bundled voice: protocol, chunked decoding, voices_dir, speed, ASR."""
+
+from __future__ import annotations
+
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.backend import Backend, TalkRequest, VocodeItem
+from pipeline.backends.piper import PiperBackend, UnknownPiperVoice, bundled_model_path
+from pipeline.config import PiperConfig
+from scheduling import Chunk, ChunkingConfig, ChunkPlanner
+from tests.asr import transcribe, word_error_rate
+
+pytestmark = pytest.mark.slow
+
+VOICE = "en_US-joe-medium"
+SAMPLES_PER_FRAME = 256
+TEXT = "The weather is nice today, and the sun is shining over the quiet harbour."
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("piper-cache")
+
+
+@pytest.fixture(scope="module")
+def backend(cache_dir: Path) -> PiperBackend:
+    """Noise scales 0: deterministic output."""
+    return PiperBackend(PiperConfig(cache_dir=str(cache_dir)), noise_scale=0.0, noise_w=0.0)
+
+
+def talk(backend: PiperBackend, text: str, *, voice: str = VOICE, speed: float = 1.0) -> np.ndarray:
+    request = TalkRequest(text, voice, speed, stream_tag=0, segment_index=0, first_frame_index=0)
+    pieces = list(backend.talk(request))
+    return np.concatenate(pieces) if pieces else np.zeros((0, 192), dtype=np.float32)
+
+
+def decode_whole(backend: PiperBackend, frames: np.ndarray, voice: str = VOICE) -> np.ndarray:
+    (pcm,) = backend.vocode([VocodeItem(voice, frames, 0, frames.shape[0])])
+    return pcm
+
+
+def snr_db(reference: np.ndarray, test: np.ndarray) -> float:
+    noise = float(np.sum((reference - test) ** 2))
+    return 10.0 * np.log10(float(np.sum(reference**2)) / max(noise, 1e-30))
+
+
+def plan_chunks(total_frames: int, chunking: ChunkingConfig) -> list[Chunk]:
+    """The planner's chunks for one whole segment that is also the stream's last."""
+    planner, chunks = ChunkPlanner(chunking), []
+    while not chunks or not chunks[-1].final:
+        chunk = planner.next_chunk("s", total_frames, segment_done=True, stream_done=True)
+        assert chunk is not None
+        planner.commit("s", chunk)
+        chunks.append(chunk)
+    return chunks
+
+
+def chunk_items(frames: np.ndarray, chunking: ChunkingConfig) -> list[VocodeItem]:
+    return [
+        VocodeItem(
+            VOICE, frames[c.context_start : c.context_stop], c.start - c.context_start, c.frames
+        )
+        for c in plan_chunks(frames.shape[0], chunking)
+    ]
+
+
+DEFAULT_CHUNKING = ChunkingConfig(
+    chunk_frames=64, ramp=(8, 16, 32), left_context_frames=4, right_context_frames=4
+)
+
+
+def test_it_is_a_backend_serving_the_bundled_voice(backend: PiperBackend) -> None:
+    assert isinstance(backend, Backend)
+    assert backend.name == "piper"
+    assert backend.default_voice() == VOICE
+    (voice,) = backend.voices()
+    assert (voice.id, voice.language, voice.sample_rate_hz, voice.samples_per_frame) == (
+        VOICE,
+        "en_US",
+        22050,
+        SAMPLES_PER_FRAME,
+    )
+    assert (backend.sample_rate_hz, backend.samples_per_frame) == (22050, SAMPLES_PER_FRAME)
+
+
+def test_talk_yields_frames_first_float32_latents(backend: PiperBackend) -> None:
+    frames = talk(backend, TEXT)
+    assert frames.dtype == np.float32 and frames.ndim == 2 and frames.shape[1] == 192
+    assert frames.flags.c_contiguous
+    assert 2.0 < frames.shape[0] * SAMPLES_PER_FRAME / 22050 < 8.0  # a sentence of speech
+    assert talk(backend, "  ...  ").shape[0] == 0  # nothing to say: no frames
+
+
+def test_vocode_trims_context_and_batches_equal_lengths(backend: PiperBackend) -> None:
+    frames = talk(backend, TEXT)
+    window = frames[40:80]
+    items = [
+        VocodeItem(VOICE, window, 4, 32),
+        VocodeItem(VOICE, frames[100:140], 4, 32),
+        VocodeItem(VOICE, frames[:10], 0, 6),
+        VocodeItem(VOICE, window, 0, 0),
+    ]
+    batched = backend.vocode(items)
+    one_by_one = [backend.vocode([item])[0] for item in items]
+    assert [p.shape[0] for p in batched] == [32 * 256, 32 * 256, 6 * 256, 0]
+    for together, alone in zip(batched, one_by_one, strict=True):
+        assert together.dtype == np.float32
+        np.testing.assert_allclose(together, alone, atol=1e-6)
+    full = decode_whole(backend, window)
+    np.testing.assert_array_equal(batched[0], full[4 * 256 : 36 * 256])
+    assert float(np.max(np.abs(batched[0]))) <= 1.0
+
+
+def test_vocode_rejects_a_range_outside_the_frames(backend: PiperBackend) -> None:
+    frames = talk(backend, "Short.")
+    with pytest.raises(ValueError, match="exceeds"):
+        backend.vocode([VocodeItem(VOICE, frames[:8], 4, 5)])
+    with pytest.raises(UnknownPiperVoice, match="en_US-joe-medium"):
+        backend.vocode([VocodeItem("nobody", frames[:8], 0, 8)])
+
+
+def test_chunked_decoding_at_default_context_is_30_db_from_a_whole_decode(
+    backend: PiperBackend,
+) -> None:
+    no_context = ChunkingConfig(chunk_frames=64, ramp=(8, 16, 32))
+    for text in (TEXT, "Please open the window before you leave the room, and lock the door."):
+        frames = talk(backend, text)
+        whole = decode_whole(backend, frames)
+        chunked = np.concatenate(backend.vocode(chunk_items(frames, DEFAULT_CHUNKING)))
+        assert chunked.shape == whole.shape
+        assert snr_db(whole, chunked) >= 30.0
+        # without context the seams are audible: this test can tell the difference
+        bare = np.concatenate(backend.vocode(chunk_items(frames, no_context)))
+        assert snr_db(whole, bare) < 20.0
+
+
+def test_speed_two_gives_about_half_the_frames(backend: PiperBackend) -> None:
+    # speed divides Piper's length_scale; each phoneme id's duration is then rounded up to
+    # whole frames (the pads between phonemes keep >= 1 frame), so 2x gives ~0.63 of the
+    # frames, not exactly 0.5.
+    normal = talk(backend, TEXT, speed=1.0).shape[0]
+    fast = talk(backend, TEXT, speed=2.0).shape[0]
+    slow = talk(backend, TEXT, speed=0.5).shape[0]
+    assert 0.45 < fast / normal < 0.7
+    assert 1.5 < slow / normal < 2.1
+    with pytest.raises(ValueError, match="speed"):
+        talk(backend, TEXT, speed=0.0)
+
+
+def test_voices_dir_adds_a_voice_that_speaks(
+    backend: PiperBackend, cache_dir: Path, tmp_path: Path
+) -> None:
+    source = bundled_model_path()
+    shutil.copyfile(source, tmp_path / "en_US-copy-medium.onnx")
+    shutil.copyfile(f"{source}.json", tmp_path / "en_US-copy-medium.onnx.json")
+    (tmp_path / "orphan.onnx").write_bytes(b"")  # no config beside it: ignored
+    both = PiperBackend(
+        PiperConfig(voices_dir=str(tmp_path), cache_dir=str(cache_dir)),
+        noise_scale=0.0,
+        noise_w=0.0,
+    )
+    assert [v.id for v in both.voices()] == [VOICE, "en_US-copy-medium"]
+    assert both.default_voice() == VOICE
+    copy_frames = talk(both, "Good morning.", voice="en_US-copy-medium")
+    copy_pcm = decode_whole(both, copy_frames, voice="en_US-copy-medium")
+    assert copy_pcm.shape[0] > 0.3 * 22050 and float(np.sqrt(np.mean(copy_pcm**2))) > 0.01
+    np.testing.assert_array_equal(copy_pcm, decode_whole(backend, talk(backend, "Good morning.")))
+
+
+def test_speech_is_intelligible_to_an_asr(backend: PiperBackend) -> None:
+    sentences = [
+        "Please open the window before you leave the room.",
+        "My brother bought a new car last week.",
+        "We will meet at the station in the morning.",
+        "The children played in the garden until it was dark.",
+    ]
+    errors = words = 0.0
+    for sentence in sentences:
+        heard = transcribe(decode_whole(backend, talk(backend, sentence)), 22050)
+        count = len(sentence.split())
+        errors += word_error_rate(sentence, heard) * count
+        words += count
+    assert errors / words <= 0.35
+
+
+def test_talker_and_vocoder_threads_run_at_once(backend: PiperBackend) -> None:
+    texts = ["One small step.", "Two roads diverged in a wood.", "Three blind mice."]
+    frames = talk(backend, TEXT)
+    items = [VocodeItem(VOICE, frames[s : s + 24], 4, 16) for s in range(0, 200, 20)]
+    expected_frames = [talk(backend, t) for t in texts]
+    expected_pcm = backend.vocode(items)
+    with ThreadPoolExecutor(max_workers=2) as pool:  # one thread per stage, like the engine
+        talked = pool.submit(lambda: [talk(backend, t) for t in texts])
+        vocoded = pool.submit(lambda: [backend.vocode([item])[0] for item in items])
+        for got, want in zip(talked.result(), expected_frames, strict=True):
+            np.testing.assert_array_equal(got, want)
+        for got, want in zip(vocoded.result(), expected_pcm, strict=True):
+            np.testing.assert_array_equal(got, want)

@@ -1,0 +1,155 @@
+"""Cutting a Piper voice into talker + vocoder graphs: the cut, the cache, and exactness."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from pipeline.backend import VocodeItem
+from pipeline.backends.piper import (
+    GraphSplitError,
+    PiperBackend,
+    bundled_model_path,
+    default_cache_dir,
+    load_split,
+    synthesize_whole,
+)
+from pipeline.backends.piper.graph_split import FRAME_COUNT_NAME, LATENT_NAME, find_cut
+from pipeline.backends.piper.reference import whole_model_session
+from pipeline.config import PiperConfig
+
+OUTPUT_GAIN = 0.8
+
+
+def test_default_cache_dir_follows_xdg(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert default_cache_dir() == tmp_path / "playhead"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert default_cache_dir() == Path.home() / ".cache" / "playhead"
+
+
+def test_a_graph_without_a_decoder_fails_naming_the_voice() -> None:
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["input"], ["output"])],
+        "not-vits",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 4])],
+    )
+    with pytest.raises(GraphSplitError, match="'xx_XX-toy-low'"):
+        find_cut(helper.make_model(graph), "xx_XX-toy-low")
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("piper-cache")
+
+
+@pytest.fixture(scope="module")
+def backend(cache_dir: Path) -> PiperBackend:
+    """Noise scales 0: the talker is deterministic."""
+    return PiperBackend(
+        PiperConfig(cache_dir=str(cache_dir), output_gain=OUTPUT_GAIN), noise_scale=0.0, noise_w=0.0
+    )
+
+
+@pytest.fixture(scope="module")
+def whole_session() -> ort.InferenceSession:
+    return whole_model_session(bundled_model_path())
+
+
+@pytest.mark.slow
+def test_cut_graphs_declare_the_latent_and_are_cached(cache_dir: Path) -> None:
+    split = load_split(bundled_model_path(), cache_dir, "en_US-joe-medium")
+    assert not split.cached
+    assert isinstance(split.talker, Path) and isinstance(split.vocoder, Path)
+    talker, vocoder = (
+        ort.InferenceSession(str(split.talker)),
+        ort.InferenceSession(str(split.vocoder)),
+    )
+    assert [i.name for i in talker.get_inputs()] == ["input", "input_lengths", "scales"]
+    assert [(o.name, o.shape) for o in talker.get_outputs()] == [
+        (LATENT_NAME, ["batch_size", 192, "frames"]),
+        (FRAME_COUNT_NAME, ["batch_size"]),
+    ]
+    assert [(i.name, i.shape) for i in vocoder.get_inputs()] == [
+        (LATENT_NAME, ["batch_size", 192, "frames"])
+    ]
+    assert [o.name for o in vocoder.get_outputs()] == ["output"]
+    for path in (split.talker, split.vocoder):
+        onnx.checker.check_model(str(path))
+
+    stamps = [os.stat(p).st_mtime_ns for p in (split.talker, split.vocoder)]
+    again = load_split(bundled_model_path(), cache_dir, "en_US-joe-medium")
+    assert again.cached
+    assert (again.talker, again.vocoder) == (split.talker, split.vocoder)
+    assert [os.stat(p).st_mtime_ns for p in (again.talker, again.vocoder)] == stamps
+    assert sorted(p.name for p in split.talker.parent.iterdir()) == sorted(
+        [split.talker.name, split.vocoder.name]
+    ), "no temporary files left behind"
+
+
+@pytest.mark.slow
+def test_a_corrupt_cache_entry_is_cut_again(tmp_path: Path) -> None:
+    split = load_split(bundled_model_path(), tmp_path, "en_US-joe-medium")
+    assert isinstance(split.talker, Path)
+    split.talker.write_bytes(b"not an onnx graph")
+    backend = PiperBackend(PiperConfig(cache_dir=str(tmp_path)))
+    assert backend.default_voice() == "en_US-joe-medium"
+    onnx.checker.check_model(str(split.talker))
+
+
+@pytest.mark.slow
+def test_an_unwritable_cache_keeps_the_graphs_in_memory(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    split = load_split(bundled_model_path(), blocker, "en_US-joe-medium")
+    assert isinstance(split.talker, bytes) and isinstance(split.vocoder, bytes)
+    vocoder = ort.InferenceSession(split.vocoder)
+    assert [i.name for i in vocoder.get_inputs()] == [LATENT_NAME]
+
+
+@pytest.mark.slow
+def test_the_cut_is_found_by_structure_when_names_differ() -> None:
+    model = onnx.load(str(bundled_model_path()), load_external_data=False)
+    renames = {LATENT_NAME: "z_masked", FRAME_COUNT_NAME: "y_lengths"}
+    for node in model.graph.node:
+        node.input[:] = [renames.get(n, n) for n in node.input]
+        node.output[:] = [renames.get(n, n) for n in node.output]
+    for info in model.graph.value_info:
+        info.name = renames.get(info.name, info.name)
+    cut = find_cut(model, "renamed")
+    assert (cut.latent, cut.frame_count, cut.channels) == ("z_masked", "y_lengths", 192)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Hello there. This sentence checks that the two halves reproduce the whole voice.",
+        "How quickly can a streaming server speak, if it never stalls?",
+    ],
+)
+def test_talker_then_vocoder_reproduces_the_whole_model(
+    backend: PiperBackend, whole_session: ort.InferenceSession, text: str
+) -> None:
+    voice = backend.default_voice()
+    ids = backend.phoneme_ids(voice, text)
+    noise_scale, length_scale, noise_w = backend.scales(voice)
+    assert (noise_scale, noise_w) == (0.0, 0.0)
+    whole = synthesize_whole(
+        whole_session, ids, noise_scale=noise_scale, length_scale=length_scale, noise_w=noise_w
+    )
+
+    latent = backend.talk_ids(voice, ids, (noise_scale, length_scale, noise_w))
+    (pcm,) = backend.vocode([VocodeItem(voice, latent, 0, latent.shape[0])])
+
+    assert latent.shape[1] == 192 and latent.dtype == np.float32
+    assert pcm.shape == whole.shape == (latent.shape[0] * 256,)
+    expected = np.clip(whole * OUTPUT_GAIN, -1.0, 1.0)
+    assert float(np.max(np.abs(pcm - expected))) < 1e-6
