@@ -1,0 +1,135 @@
+"""The `playhead` command: `serve` runs the server, `config` prints the effective settings."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from app import __version__
+from app.settings import Settings, SettingsError, load_settings
+
+CONFIG_ENV = "PLAYHEAD_CONFIG"
+DEFAULT_CONFIG = Path("configs/default.yaml")
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+log = logging.getLogger("playhead.cli")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="playhead", description="Streaming text-to-speech server."
+    )
+    parser.add_argument("--version", action="version", version=f"playhead {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--config",
+        metavar="PATH",
+        help=f"YAML settings file (default: ${CONFIG_ENV}, else {DEFAULT_CONFIG} if it exists, "
+        "else built-in defaults)",
+    )
+    common.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.FIELD=VALUE",
+        help="override one setting (repeatable; the value is read as YAML)",
+    )
+
+    serve = commands.add_parser("serve", parents=[common], help="run the HTTP server")
+    serve.add_argument("--host", help="listen address (server.host)")
+    serve.add_argument("--port", type=int, help="listen port (server.port)")
+    commands.add_parser("config", parents=[common], help="print the effective settings as YAML")
+    return parser
+
+
+def _config_path(explicit: str | None) -> Path | None:
+    if explicit:
+        return Path(explicit)
+    if os.environ.get(CONFIG_ENV):
+        return Path(os.environ[CONFIG_ENV])
+    return DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else None
+
+
+def _load(args: argparse.Namespace) -> tuple[Settings, Path | None]:
+    path = _config_path(args.config)
+    options: list[tuple[str, str, Any]] = []
+    if getattr(args, "host", None) is not None:
+        options.append(("--host", "server.host", args.host))
+    if getattr(args, "port", None) is not None:
+        options.append(("--port", "server.port", args.port))
+    return load_settings(path, args.overrides, options=options), path
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block mappings, flow lists: `ramp: [8, 16, 32]`, as in configs/."""
+
+
+_Dumper.add_representer(
+    list, lambda dumper, data: dumper.represent_sequence("tag:yaml.org,2002:seq", data, True)
+)
+
+
+def settings_yaml(settings: Settings) -> str:
+    """The settings as a YAML document (a set api_key is shown as ***)."""
+    data = settings.model_dump(mode="json")
+    if data["server"]["api_key"] is not None:
+        data["server"]["api_key"] = "***"
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False)
+
+
+def _serve(settings: Settings, path: Path | None) -> int:
+    server = settings.server
+    logging.basicConfig(format=LOG_FORMAT, level=server.log_level.upper(), force=True)
+    try:
+        from app.server import create_app
+    except ImportError as exc:
+        print(f"playhead: error: cannot import app.server: {exc}", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    log.info(
+        "settings from %s; backend %s; policy %s K=%d",
+        path or "built-in defaults",
+        settings.backend.kind,
+        settings.scheduling.policy,
+        settings.scheduling.active_stream_window,
+    )
+    uvicorn.run(
+        create_app(settings),
+        host=server.host,
+        port=server.port,
+        log_level=server.log_level,
+        log_config=None,  # uvicorn's loggers propagate to the root handler set up above
+        timeout_graceful_shutdown=5,
+    )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, usage errors: argparse already printed
+        return exc.code if isinstance(exc.code, int) else 2
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        settings, path = _load(args)
+    except SettingsError as exc:
+        print(f"playhead: error: {exc}", file=sys.stderr)
+        return 2
+    if args.command == "config":
+        sys.stdout.write(settings_yaml(settings))
+        return 0
+    return _serve(settings, path)

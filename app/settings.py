@@ -1,0 +1,343 @@
+"""Typed settings: a YAML file, then PLAYHEAD_<SECTION>__<FIELD> variables, then --set.
+
+Every section is optional; a knob set nowhere keeps its default (the dataclass's own, except
+`chunking`, whose `chunk_frames` has none: it defaults to the Piper chunking of
+configs/default.yaml). Later layers replace single fields, not whole sections. Values from
+the environment and from `--set` are read as YAML scalars or flow collections
+(`ramp=[8,16,32]`, `enabled=false`, `api_key=null`), except that a field typed `str` takes
+the text as it is (only an empty value or `null`/`~` means None), so `api_key=123456` stays
+a string.
+
+Every problem raises SettingsError with one line naming the source (the file, the
+variable, `--set` or the flag) and the dotted field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from pipeline.config import (
+    BackendConfig,
+    EngineConfig,
+    PiperConfig,
+    SimConfig,
+    TalkerConfig,
+    VocoderConfig,
+)
+from scheduling import AdmissionConfig, ChunkingConfig, SchedulingConfig
+
+ENV_PREFIX = "PLAYHEAD_"
+OPENAI_MODEL_IDS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+
+# The Piper chunking of configs/default.yaml (frames of 256 / 22050 Hz = 11.6 ms).
+DEFAULT_CHUNKING = ChunkingConfig(
+    chunk_frames=64, ramp=(8, 16, 32), left_context_frames=4, right_context_frames=4
+)
+
+
+class SettingsError(ValueError):
+    """The settings are invalid; the message is one line naming the source and the field."""
+
+
+class ServerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = Field("127.0.0.1", min_length=1)
+    port: int = Field(8000, ge=1, le=65535)
+    # When set, every request needs `Authorization: Bearer <api_key>`.
+    api_key: str | None = None
+    default_sample_rate_hz: int = Field(24000, ge=8000, le=48000)
+    max_input_chars: int = Field(4096, ge=1)
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    # Playhead's own model ids; OPENAI_MODEL_IDS are accepted on top of these.
+    model_ids: list[str] = Field(default_factory=lambda: ["playhead", "playhead-piper"])
+
+    @field_validator("api_key")
+    @classmethod
+    def _api_key_not_empty(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("api_key must not be empty (use null for no key)")
+        return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _log_level_lower(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value
+
+    @field_validator("model_ids")
+    @classmethod
+    def _model_ids_valid(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("model_ids must name at least one model")
+        if any(not model_id.strip() for model_id in value):
+            raise ValueError("model_ids must not contain an empty id")
+        if len(set(value)) != len(value):
+            raise ValueError(f"model_ids has duplicates: {value!r}")
+        return value
+
+    @property
+    def accepted_model_ids(self) -> tuple[str, ...]:
+        """Every model id the API accepts: Playhead's own, then OpenAI's."""
+        own = tuple(self.model_ids)
+        return own + tuple(m for m in OPENAI_MODEL_IDS if m not in own)
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    backend: BackendConfig = Field(default_factory=BackendConfig)
+    sim: SimConfig = Field(default_factory=SimConfig)
+    piper: PiperConfig = Field(default_factory=PiperConfig)
+    talker: TalkerConfig = Field(default_factory=TalkerConfig)
+    vocoder: VocoderConfig = Field(default_factory=VocoderConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
+    chunking: ChunkingConfig = Field(default_factory=lambda: DEFAULT_CHUNKING)
+    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
+
+
+SECTIONS: tuple[str, ...] = tuple(Settings.model_fields)
+
+
+def _section_type(section: str) -> type:
+    return Settings.model_fields[section].annotation  # type: ignore[return-value]
+
+
+def _field_types(section: str) -> dict[str, Any]:
+    cls = _section_type(section)
+    if dataclasses.is_dataclass(cls):
+        hints = typing.get_type_hints(cls)
+        return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+    return {name: info.annotation for name, info in cls.model_fields.items()}
+
+
+def _section_defaults(section: str) -> dict[str, Any]:
+    value = Settings.model_fields[section].get_default(call_default_factory=True)
+    if isinstance(value, BaseModel):
+        return value.model_dump()
+    return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+
+
+def _is_text_type(tp: Any) -> bool:
+    if tp is str:
+        return True
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return set(typing.get_args(tp)) == {str, type(None)}
+    return False
+
+
+_NULL_WORDS = ("", "~", "null", "Null", "NULL")
+
+
+def _parse_value(raw: str, field_type: Any) -> Any:
+    """Read an override's text: as YAML, or verbatim for a text field."""
+    if _is_text_type(field_type):
+        return None if raw.strip() in _NULL_WORDS else raw
+    try:
+        return yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        return raw  # not YAML: let the field's validation say what it expects
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A safe loader that refuses a key given twice in one mapping (PyYAML keeps the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+            try:
+                duplicate = key in seen
+            except TypeError:
+                continue
+            if duplicate:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+class _Layers:
+    """The explicitly set fields, each with the source that set it last."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, dict[str, Any]] = {}
+        self.origins: dict[tuple[str, str], str] = {}
+        self.section_origins: dict[str, str] = {}
+
+    def check_section(self, source: str, section: object) -> str:
+        if not isinstance(section, str) or section not in SECTIONS:
+            raise SettingsError(
+                f"{source}: unknown section {section!r} (known: {', '.join(SECTIONS)})"
+            )
+        return section
+
+    def check_field(self, source: str, section: str, field: object) -> str:
+        known = _field_types(section)
+        if not isinstance(field, str) or field not in known:
+            raise SettingsError(
+                f"{source}: {section}.{field}: unknown field (known: {', '.join(known)})"
+            )
+        return field
+
+    def set(self, source: str, section: str, field: str, value: Any) -> None:
+        if isinstance(value, bool) and _field_types(section)[field] in (int, float):
+            # pydantic would read true as 1; the dataclasses refuse bools for numbers too
+            raise SettingsError(f"{source}: {section}.{field}: expected a number, got {value!r}")
+        self.values.setdefault(section, {})[field] = value
+        self.origins[(section, field)] = source
+        self.section_origins[section] = source
+
+    def add_file(self, label: str, data: object) -> None:
+        if data is None:
+            return
+        if not isinstance(data, dict):
+            raise SettingsError(
+                f"{label}: the top level must be a mapping of sections, got {type(data).__name__}"
+            )
+        for section, body in data.items():
+            section = self.check_section(label, section)
+            if body is None:
+                continue
+            if not isinstance(body, dict):
+                raise SettingsError(
+                    f"{label}: {section}: expected a mapping of fields, got {type(body).__name__}"
+                )
+            for field, value in body.items():
+                self.set(label, section, self.check_field(label, section, field), value)
+
+    def add_environ(self, environ: Mapping[str, str]) -> None:
+        for name in sorted(environ):
+            if not name.startswith(ENV_PREFIX) or "__" not in name[len(ENV_PREFIX) :]:
+                continue  # e.g. PLAYHEAD_CONFIG: not a field override
+            section_text, field_text = name[len(ENV_PREFIX) :].lower().split("__", 1)
+            section = self.check_section(name, section_text)
+            field = self.check_field(name, section, field_text)
+            self.set(
+                name, section, field, _parse_value(environ[name], _field_types(section)[field])
+            )
+
+    def add_override(self, source: str, item: str) -> None:
+        key, sep, raw = item.partition("=")
+        section_text, dot, field_text = key.strip().partition(".")
+        if not sep or not dot:
+            raise SettingsError(f"{source}: expected section.field=value, got {item!r}")
+        section = self.check_section(source, section_text)
+        field = self.check_field(source, section, field_text)
+        self.set(source, section, field, _parse_value(raw, _field_types(section)[field]))
+
+    def add_option(self, source: str, dotted: str, value: Any) -> None:
+        section_text, _, field_text = dotted.partition(".")
+        section = self.check_section(source, section_text)
+        self.set(source, section, self.check_field(source, section, field_text), value)
+
+    def merged(self) -> dict[str, dict[str, Any]]:
+        return {
+            section: {**_section_defaults(section), **fields}
+            for section, fields in self.values.items()
+        }
+
+
+def _read_yaml(path: Path, label: str) -> object:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SettingsError(f"{label}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SettingsError(f"{label}: cannot read: {_one_line(str(exc))}") from None
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise SettingsError(
+            f"{label}: invalid YAML{where}: {_one_line(str(exc.problem))}"
+        ) from None
+    except yaml.YAMLError as exc:
+        raise SettingsError(f"{label}: invalid YAML: {_one_line(str(exc))}") from None
+
+
+def _field_named_in(section: str, message: str) -> str | None:
+    """The section's field a ConfigError message names first (its messages name the field)."""
+    found = []
+    for name in _field_types(section):
+        match = re.search(rf"\b{re.escape(name)}\b", message)
+        if match:
+            found.append((match.start(), name))
+    return min(found)[1] if found else None
+
+
+def _describe(exc: ValidationError, layers: _Layers, fallback: str) -> str:
+    problems = []
+    for error in exc.errors(include_url=False):
+        loc = error["loc"]
+        section = str(loc[0]) if loc else ""
+        field = str(loc[1]) if len(loc) > 1 else None
+        cause = (error.get("ctx") or {}).get("error")
+        if error["type"] == "value_error" and isinstance(cause, ValueError):
+            message = str(cause)
+            if field is None and section in SECTIONS:
+                field = _field_named_in(section, message)
+        else:
+            message = error["msg"]
+            value = error.get("input")
+            if value is None or isinstance(value, str | int | float | bool):
+                message += f" (got {value!r})"
+        source = (
+            layers.origins.get((section, field or ""))
+            or layers.section_origins.get(section)
+            or fallback
+        )
+        dotted = section + (f".{field}" if field else "")
+        dotted += "".join(f"[{part}]" for part in loc[2:])
+        problems.append(f"{source}: {dotted}: {_one_line(message)}")
+    return "; ".join(problems)
+
+
+def load_settings(
+    path: str | Path | None,
+    overrides: Sequence[str] = (),
+    environ: Mapping[str, str] | None = None,
+    *,
+    options: Sequence[tuple[str, str, Any]] = (),
+) -> Settings:
+    """Read the settings: `path` (None: built-in defaults), then the environment, then overrides.
+
+    `overrides` are `section.field=value` texts (the command line's `--set`). `options` are
+    typed values applied last, each `(label, "section.field", value)`, for flags such as
+    `("--port", "server.port", 9000)`; the label names them in errors. `environ` defaults to
+    os.environ.
+    """
+    if isinstance(overrides, str):
+        overrides = (overrides,)
+    layers = _Layers()
+    fallback = "defaults"
+    if path is not None:
+        fallback = str(path)
+        layers.add_file(fallback, _read_yaml(Path(path), fallback))
+    layers.add_environ(os.environ if environ is None else environ)
+    for item in overrides:
+        layers.add_override("--set", item)
+    for label, dotted, value in options:
+        layers.add_option(label, dotted, value)
+    try:
+        return Settings.model_validate(layers.merged())
+    except ValidationError as exc:
+        raise SettingsError(_describe(exc, layers, fallback)) from None
