@@ -1,0 +1,42 @@
+"""Playhead's scheduling core: pure policy code, no I/O, no asyncio, the clock passed in.
+
+- PlaybackScheduler: per-stream playback horizons; which K streams get the next vocoder
+  turn (fifo or edf), see SPEC-scheduling.md sections 1-2;
+- ChunkPlanner: how each stream's codec frames are cut into vocoder chunks (section 3);
+- Admission: accept a new stream or reject it with a Retry-After (section 4).
+
+Config dataclasses validate themselves and raise ConfigError (a ValueError naming the
+field); misuse at run time (a NaN time, a chunk committed that was not planned) raises
+ValueError.
+"""
+
+from __future__ import annotations
+
+from scheduling.admission import Admission, AdmissionConfig, Decision
+from scheduling.chunking import (
+    MIN_FIRST_CHUNK_FRAMES,
+    Chunk,
+    ChunkingConfig,
+    ChunkPlanner,
+    warn_if_first_chunk_too_short,
+)
+from scheduling.errors import ConfigError
+from scheduling.horizon import StreamState
+from scheduling.policies import PolicyName
+from scheduling.scheduler import PlaybackScheduler, SchedulingConfig
+
+__all__ = [
+    "MIN_FIRST_CHUNK_FRAMES",
+    "Admission",
+    "AdmissionConfig",
+    "Chunk",
+    "ChunkPlanner",
+    "ChunkingConfig",
+    "ConfigError",
+    "Decision",
+    "PlaybackScheduler",
+    "PolicyName",
+    "SchedulingConfig",
+    "StreamState",
+    "warn_if_first_chunk_too_short",
+]

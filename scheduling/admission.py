@@ -1,0 +1,87 @@
+"""Admission control: accept a new stream, or reject it at once with a Retry-After.
+
+Capacity is measured by the engine: audio seconds the whole pipeline produces per wall
+second (a moving average). Every playing stream drains 1 audio second per second, so at
+most `capacity * capacity_headroom` streams can play without stalling.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from scheduling._checks import check_bool, check_fraction, check_int, require_finite_time
+
+
+@dataclass(frozen=True)
+class AdmissionConfig:
+    max_streams: int = 0  # streams at once at most; 0 = no cap
+    capacity_headroom: float = 0.9  # share of the measured capacity that may be committed
+    enabled: bool = True  # False: accept everything
+    # Retry-After when no active stream has a finish estimate: a 429 costs the client one
+    # round trip, and the next answer carries a real estimate, so retrying soon is cheap.
+    fallback_retry_after_s: int = 1
+
+    def __post_init__(self) -> None:
+        check_int("max_streams", self.max_streams, 0)
+        check_fraction("capacity_headroom", self.capacity_headroom)
+        check_bool("enabled", self.enabled)
+        check_int("fallback_retry_after_s", self.fallback_retry_after_s, 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    accept: bool
+    retry_after_s: int | None  # whole seconds >= 1 when rejected; None when accepted
+    reason: str  # "ok", "disabled", "max_streams" or "capacity"
+
+
+_ACCEPT = Decision(accept=True, retry_after_s=None, reason="ok")
+_ACCEPT_DISABLED = Decision(accept=True, retry_after_s=None, reason="disabled")
+
+
+class Admission:
+    def __init__(self, config: AdmissionConfig) -> None:
+        self._config = config
+
+    @property
+    def config(self) -> AdmissionConfig:
+        return self._config
+
+    def decide(
+        self,
+        now_s: float,
+        active_streams: int,
+        capacity_audio_s_per_s: float,
+        finish_times_s: Iterable[float] = (),
+    ) -> Decision:
+        """Accept or reject one new stream, given `active_streams` already playing.
+
+        `capacity_audio_s_per_s` <= 0 (or NaN) means not measured yet: only max_streams
+        applies. `finish_times_s` are the active streams' estimated finish times (monotonic
+        s); non-finite ones are ignored. Reject when max_streams is reached, or when the
+        streams that would be playing (active + this one) exceed capacity * headroom.
+        """
+        config = self._config
+        if not config.enabled:
+            return _ACCEPT_DISABLED
+        require_finite_time("now_s", now_s)
+        if active_streams < 0:
+            raise ValueError(f"active_streams must be >= 0, got {active_streams!r}")
+        if config.max_streams and active_streams >= config.max_streams:
+            reason = "max_streams"
+        elif (
+            capacity_audio_s_per_s > 0
+            and active_streams + 1 > capacity_audio_s_per_s * config.capacity_headroom
+        ):
+            reason = "capacity"
+        else:
+            return _ACCEPT
+        return Decision(False, self._retry_after_s(now_s, finish_times_s), reason)
+
+    def _retry_after_s(self, now_s: float, finish_times_s: Iterable[float]) -> int:
+        nearest_s = min((t for t in finish_times_s if math.isfinite(t)), default=None)
+        if nearest_s is None:
+            return self._config.fallback_retry_after_s
+        return max(1, math.ceil(nearest_s - now_s))

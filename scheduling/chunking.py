@@ -1,0 +1,205 @@
+"""Chunk planning: which codec frames each vocoder call emits, and with what context.
+
+A stream's frames arrive in segments (one per talker call). Chunks never span segments,
+and context is clipped at segment edges, because frames of two talker calls are not
+continuous. Frame numbers in a Chunk are relative to its segment.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from scheduling._checks import check_int
+from scheduling.errors import ConfigError
+from scheduling.policies import PolicyName
+from scheduling.scheduler import SchedulingConfig
+
+_log = logging.getLogger(__name__)
+
+# Under EDF a stream's first buffer must cover the wait for its next decode; fewer frames
+# than this (Piper: 4 x 11.6 ms) run dry before the next turn comes round.
+MIN_FIRST_CHUNK_FRAMES = 4
+
+
+@dataclass(frozen=True)
+class ChunkingConfig:
+    chunk_frames: int  # steady size: new frames per chunk once the ramp is over
+    initial_chunk_frames: int = 0  # chunk 0's size when > 0 (and no ramp); 0 = chunk_frames
+    ramp: Sequence[int] = ()  # sizes of the first len(ramp) chunks; stored as a tuple
+    left_context_frames: int = 0  # frames before a chunk decoded with it, then trimmed
+    right_context_frames: int = 0  # lookahead frames decoded with a chunk, then trimmed
+
+    def __post_init__(self) -> None:
+        check_int("chunk_frames", self.chunk_frames, 1)
+        check_int("initial_chunk_frames", self.initial_chunk_frames, 0)
+        if not isinstance(self.ramp, list | tuple):
+            raise ConfigError(f"ramp must be a list of integers >= 1, got {self.ramp!r}")
+        ramp = tuple(check_int(f"ramp[{i}]", size, 1) for i, size in enumerate(self.ramp))
+        object.__setattr__(self, "ramp", ramp)
+        check_int("left_context_frames", self.left_context_frames, 0)
+        check_int("right_context_frames", self.right_context_frames, 0)
+
+    def target_frames(self, chunk_index: int) -> int:
+        """New frames chunk `chunk_index` of a stream aims for (counted across segments)."""
+        if chunk_index < len(self.ramp):
+            return self.ramp[chunk_index]
+        if chunk_index == 0 and self.initial_chunk_frames > 0:
+            return self.initial_chunk_frames
+        return self.chunk_frames
+
+    @property
+    def first_chunk_frames(self) -> int:
+        return self.target_frames(0)
+
+
+def warn_if_first_chunk_too_short(
+    scheduling: SchedulingConfig, chunking: ChunkingConfig, logger: logging.Logger | None = None
+) -> bool:
+    """Log a warning (and return True) for edf with a first chunk under 4 frames and no ramp.
+
+    The planner knows no policy, so whoever holds both configs (the engine) calls this once.
+    """
+    too_short = (
+        scheduling.policy == PolicyName.EDF
+        and not chunking.ramp
+        and chunking.first_chunk_frames < MIN_FIRST_CHUNK_FRAMES
+    )
+    if too_short:
+        (logger or _log).warning(
+            "first chunk of %d frames (< %d) under edf: the first buffer is too short to "
+            "cover the next decode; raise initial_chunk_frames or set a ramp",
+            chunking.first_chunk_frames,
+            MIN_FIRST_CHUNK_FRAMES,
+        )
+    return too_short
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    start: int  # first new frame to emit (relative to the segment)
+    stop: int  # one past the last new frame; start == stop for an empty terminal chunk
+    context_start: int  # first frame to decode with it (left context, clipped)
+    context_stop: int  # one past the last frame to decode (right context, clipped)
+    segment: int  # the segment's index within the stream
+    segment_end: bool  # this chunk closes its segment
+    final: bool  # this chunk closes the stream
+
+    @property
+    def frames(self) -> int:
+        return self.stop - self.start
+
+    @property
+    def empty(self) -> bool:
+        return self.stop == self.start
+
+
+@dataclass(slots=True)
+class _Progress:
+    segment: int = 0  # index of the current segment
+    sent_frames: int = 0  # frames of the current segment already emitted
+    chunks: int = 0  # non-empty chunks committed so far, all segments (the ramp index)
+    planned: Chunk | None = field(default=None)  # what next_chunk last answered
+    finished: bool = False  # the final chunk was committed
+
+
+class ChunkPlanner:
+    """Cuts each stream's frames into chunks, one segment at a time.
+
+    `next_chunk` answers what the next vocoder call for a stream should decode (or None
+    when it should wait for frames); `commit` records that it was emitted. Every frame is
+    emitted exactly once, in order, and exactly one chunk is final.
+    """
+
+    def __init__(self, config: ChunkingConfig) -> None:
+        self._config = config
+        self._streams: dict[str, _Progress] = {}
+
+    @property
+    def config(self) -> ChunkingConfig:
+        return self._config
+
+    def __contains__(self, stream_id: object) -> bool:
+        return stream_id in self._streams
+
+    def next_chunk(
+        self, stream_id: str, available_frames: int, segment_done: bool, stream_done: bool
+    ) -> Chunk | None:
+        """The next chunk of the current segment, or None while it must wait.
+
+        `available_frames` counts the current segment's frames so far; `segment_done` says
+        no more will come for it, `stream_done` that it is the stream's last segment.
+        After the final chunk is committed the answer is always None.
+        """
+        progress = self._streams.get(stream_id)
+        if progress is None:
+            progress = self._streams[stream_id] = _Progress()
+        if progress.finished:
+            progress.planned = None
+            return None
+        sent = progress.sent_frames
+        if available_frames < sent:
+            raise ValueError(
+                f"available_frames {available_frames} < {sent} already sent "
+                f"in segment {progress.segment} of {stream_id!r}"
+            )
+        config = self._config
+        unsent = available_frames - sent
+        target = config.target_frames(progress.chunks)
+        if unsent == 0:
+            chunk = None
+            if segment_done:  # the terminal of a segment that ended on a chunk boundary
+                chunk = Chunk(sent, sent, sent, sent, progress.segment, True, stream_done)
+        elif segment_done or unsent >= target + config.right_context_frames:
+            stop = sent + min(target, unsent)
+            segment_end = segment_done and stop == available_frames
+            chunk = Chunk(
+                start=sent,
+                stop=stop,
+                context_start=max(0, sent - config.left_context_frames),
+                context_stop=min(available_frames, stop + config.right_context_frames),
+                segment=progress.segment,
+                segment_end=segment_end,
+                final=segment_end and stream_done,
+            )
+        else:
+            chunk = None  # waiting for the chunk's frames and lookahead
+        progress.planned = chunk
+        return chunk
+
+    def commit(self, stream_id: str, chunk: Chunk) -> None:
+        """`chunk` (the one next_chunk last answered) was emitted."""
+        progress = self._streams.get(stream_id)
+        if progress is None or progress.planned is None or progress.planned != chunk:
+            raise ValueError(f"commit of a chunk that was not planned for {stream_id!r}: {chunk}")
+        progress.planned = None
+        if not chunk.empty:
+            progress.sent_frames = chunk.stop
+            progress.chunks += 1
+        if chunk.segment_end:
+            progress.segment += 1
+            progress.sent_frames = 0
+        progress.finished = chunk.final
+
+    def forget(self, stream_id: str) -> None:
+        self._streams.pop(stream_id, None)
+
+    def segment_index(self, stream_id: str) -> int:
+        """The segment the stream is in (0 when unknown)."""
+        progress = self._streams.get(stream_id)
+        return 0 if progress is None else progress.segment
+
+    def sent_frames(self, stream_id: str) -> int:
+        """Frames of the current segment already committed (0 when unknown)."""
+        progress = self._streams.get(stream_id)
+        return 0 if progress is None else progress.sent_frames
+
+    def target_frames(self, stream_id: str) -> int:
+        """New frames the stream's next non-empty chunk aims for."""
+        progress = self._streams.get(stream_id)
+        return self._config.target_frames(0 if progress is None else progress.chunks)
+
+    def finished(self, stream_id: str) -> bool:
+        progress = self._streams.get(stream_id)
+        return progress is not None and progress.finished
