@@ -44,14 +44,18 @@ class TalkerConfig:
 
     def __post_init__(self) -> None:
         if not (isinstance(self.intra_op_threads, int) and self.intra_op_threads >= 1):
-            raise ConfigError(f"intra_op_threads must be an integer >= 1, got {self.intra_op_threads!r}")
+            raise ConfigError(
+                f"intra_op_threads must be an integer >= 1, got {self.intra_op_threads!r}"
+            )
         _positive("high_water_s", self.high_water_s)
         if not (isinstance(self.first_fragment_words, int) and self.first_fragment_words >= 0):
             raise ConfigError(
                 f"first_fragment_words must be an integer >= 0, got {self.first_fragment_words!r}"
             )
         if not (isinstance(self.max_segment_chars, int) and self.max_segment_chars >= 20):
-            raise ConfigError(f"max_segment_chars must be an integer >= 20, got {self.max_segment_chars!r}")
+            raise ConfigError(
+                f"max_segment_chars must be an integer >= 20, got {self.max_segment_chars!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -60,14 +64,17 @@ class VocoderConfig:
 
     def __post_init__(self) -> None:
         if not (isinstance(self.intra_op_threads, int) and self.intra_op_threads >= 1):
-            raise ConfigError(f"intra_op_threads must be an integer >= 1, got {self.intra_op_threads!r}")
+            raise ConfigError(
+                f"intra_op_threads must be an integer >= 1, got {self.intra_op_threads!r}"
+            )
 
 
 @dataclass(frozen=True)
 class EngineConfig:
     max_pending_audio_s: float = 10.0  # audio a client has not read yet; beyond it the stream parks
     capacity_window_s: float = 5.0  # moving-average window of the capacity estimate
-    initial_capacity_audio_s_per_s: float = 0.0  # assumed before anything was measured (0 = unknown, admit)
+    # assumed before anything was measured (0 = unknown: admit until measured)
+    initial_capacity_audio_s_per_s: float = 0.0
 
     def __post_init__(self) -> None:
         _positive("max_pending_audio_s", self.max_pending_audio_s)
