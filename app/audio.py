@@ -14,6 +14,9 @@ Encoded sample rate (`encoded_rate_hz`) for a requested output rate:
 - mp3: the nearest MPEG audio rate (8000 ... 48000; ties go up).
 - aac: the nearest ADTS sampling-frequency-index rate (7350 ... 96000; ties go up).
 
+Bit rates (mp3, opus, aac), the Ogg page duration and soxr's quality are the settings'
+`encoding` section, an `EncodingConfig` (app/encoding_config.py) passed to `open_encoder`.
+
 Containers: mp3 is bare MPEG frames (no ID3, no Xing header); opus is Ogg Opus; aac is
 ADTS; flac is native FLAC whose STREAMINFO says "total samples unknown" (the stream is not
 seekable, so the header is never rewritten); wav is a RIFF header with 0xFFFFFFFF sizes (the
@@ -37,7 +40,8 @@ import av
 import numpy as np
 import soxr
 
-from app.audio_codecs import AV_SPECS, AvCodec, RateRule, RawCodec, wav_stream_header
+from app.audio_codecs import AV_SPECS, AvCodec, RateRule, RawCodec, codec_spec, wav_stream_header
+from app.encoding_config import DEFAULT_ENCODING, EncodingConfig
 
 FORMATS: Mapping[str, str] = MappingProxyType(
     {
@@ -52,7 +56,6 @@ FORMATS: Mapping[str, str] = MappingProxyType(
 
 MIN_RATE_HZ = 8000
 MAX_RATE_HZ = 192000
-RESAMPLE_QUALITY = "HQ"  # soxr: 20-bit precision, plenty for 16-bit output
 
 
 class UnsupportedFormat(ValueError):
@@ -102,7 +105,14 @@ class StreamEncoder:
     (client gone); call it in a `finally`.
     """
 
-    def __init__(self, response_format: str, input_rate_hz: int, output_rate_hz: int) -> None:
+    def __init__(
+        self,
+        response_format: str,
+        input_rate_hz: int,
+        output_rate_hz: int,
+        *,
+        encoding: EncodingConfig = DEFAULT_ENCODING,
+    ) -> None:
         _check_format(response_format)
         if input_rate_hz <= 0:
             raise UnsupportedSampleRate(f"input rate {input_rate_hz} Hz is not positive")
@@ -116,10 +126,14 @@ class StreamEncoder:
             None
             if self.output_rate_hz == input_rate_hz
             else soxr.ResampleStream(
-                input_rate_hz, self.output_rate_hz, 1, dtype="float32", quality=RESAMPLE_QUALITY
+                input_rate_hz,
+                self.output_rate_hz,
+                1,
+                dtype="float32",
+                quality=encoding.resample_quality,
             )
         )
-        spec = AV_SPECS.get(response_format)
+        spec = codec_spec(response_format, encoding)
         self._codec: RawCodec | AvCodec | None  # None once closed: PyAV objects freed
         if spec is not None:
             self._codec = AvCodec(spec, self.output_rate_hz)
@@ -183,10 +197,18 @@ class StreamEncoder:
         self.close()
 
 
-def open_encoder(response_format: str, input_rate_hz: int, output_rate_hz: int) -> StreamEncoder:
+def open_encoder(
+    response_format: str,
+    input_rate_hz: int,
+    output_rate_hz: int,
+    *,
+    encoding: EncodingConfig = DEFAULT_ENCODING,
+) -> StreamEncoder:
     """A streaming encoder from float32 mono at input_rate_hz to `response_format`.
 
     The encoded rate is `encoded_rate_hz(response_format, output_rate_hz)` (read it back as
-    `.output_rate_hz`). Raises UnsupportedFormat or UnsupportedSampleRate (both ValueError).
+    `.output_rate_hz`); bit rates, Ogg page duration and resampling quality come from
+    `encoding` (the settings' `encoding` section). Raises UnsupportedFormat or
+    UnsupportedSampleRate (both ValueError).
     """
-    return StreamEncoder(response_format, input_rate_hz, output_rate_hz)
+    return StreamEncoder(response_format, input_rate_hz, output_rate_hz, encoding=encoding)

@@ -16,11 +16,13 @@ import enum
 import logging
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 import av
 import numpy as np
+
+from app.encoding_config import EncodingConfig
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +50,7 @@ class CodecSpec:
     container: str  # libavformat muxer name
     codec: str  # libavcodec encoder name
     sample_format: str  # PyAV sample format the encoder is fed
-    bit_rate_bps: int | None  # None: the codec's own (lossless)
+    bit_rate_bps: int | None  # None: the codec's own (flac; lossy ones: codec_spec)
     rates_hz: tuple[int, ...] = ()
     rate_rule: RateRule = RateRule.EXACT
     container_options: Mapping[str, str] = field(default_factory=dict)
@@ -57,18 +59,14 @@ class CodecSpec:
 
 AV_SPECS: Mapping[str, CodecSpec] = MappingProxyType(
     {
+        # The lossy bit rates and the Ogg page duration come from EncodingConfig (codec_spec).
         "mp3": CodecSpec(
-            "mp3", "libmp3lame", "fltp", 64_000, MP3_RATES_HZ, RateRule.NEAREST,
+            "mp3", "libmp3lame", "fltp", None, MP3_RATES_HZ, RateRule.NEAREST,
             # Bare MPEG frames: no ID3v2 tag (the Xing frame needs a seekable sink anyway).
             container_options={"id3v2_version": "0", "write_xing": "0"},
         ),
-        "opus": CodecSpec(
-            "ogg", "libopus", "flt", 32_000, OPUS_RATES_HZ, RateRule.AT_LEAST,
-            # ~20 ms Ogg pages (default 1 s): a page leaves as soon as the next one starts.
-            # Costs ~25% more bytes than 1 s pages; lag behind the input ~70 ms.
-            container_options={"page_duration": "20000"},
-        ),
-        "aac": CodecSpec("adts", "aac", "fltp", 64_000, AAC_RATES_HZ, RateRule.NEAREST),
+        "opus": CodecSpec("ogg", "libopus", "flt", None, OPUS_RATES_HZ, RateRule.AT_LEAST),
+        "aac": CodecSpec("adts", "aac", "fltp", None, AAC_RATES_HZ, RateRule.NEAREST),
         "flac": CodecSpec(
             "flac", "flac", "s16", None,
             # No 8 KiB PADDING block: the header is never rewritten on a non-seekable sink.
@@ -76,6 +74,27 @@ AV_SPECS: Mapping[str, CodecSpec] = MappingProxyType(
         ),
     }
 )  # fmt: skip
+
+
+def codec_spec(response_format: str, encoding: EncodingConfig) -> CodecSpec | None:
+    """The PyAV spec of `response_format` as configured (None: pcm and wav need no PyAV)."""
+    if response_format not in AV_SPECS:
+        return None
+    spec = AV_SPECS[response_format]
+    if response_format == "mp3":
+        return replace(spec, bit_rate_bps=encoding.mp3_bitrate_bps)
+    if response_format == "aac":
+        return replace(spec, bit_rate_bps=encoding.aac_bitrate_bps)
+    if response_format == "opus":
+        # Ogg pages of ogg_page_ms instead of libavformat's 1 s: a page leaves the muxer as
+        # soon as the next one starts, so the page duration is the container's added lag.
+        page_us = str(encoding.ogg_page_ms * 1000)
+        return replace(
+            spec,
+            bit_rate_bps=encoding.opus_bitrate_bps,
+            container_options={**spec.container_options, "page_duration": page_us},
+        )
+    return spec
 
 
 def wav_stream_header(rate_hz: int) -> bytes:

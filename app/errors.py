@@ -5,6 +5,7 @@
      ├── Unauthorized           401 invalid_request_error / invalid_api_key
      ├── NotFound               404 invalid_request_error (model_not_found, not_found)
      ├── MethodNotAllowed       405 invalid_request_error
+     ├── RequestTooLarge        413 invalid_request_error / request_too_large
      ├── RateLimited            429 rate_limit_error, with an integer Retry-After
      └── ServiceUnavailable     503 server_error (model loading, engine not ready)
 
@@ -71,6 +72,13 @@ class NotFound(ApiError):
 
 class MethodNotAllowed(ApiError):
     status_code = 405
+    error_type = "invalid_request_error"
+
+
+class RequestTooLarge(ApiError):
+    """413: the request body is larger than server.max_request_bytes."""
+
+    status_code = 413
     error_type = "invalid_request_error"
 
 

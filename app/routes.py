@@ -1,8 +1,10 @@
 """HTTP routes of ../shared/API.md (the WebSocket lives elsewhere).
 
 POST /v1/audio/speech validates everything, opens the encoder and submits to the engine
-before the first byte, so every refusal (400, 404, 429, 503) is a real status code; only
-then does the streamed body start.
+before the first byte, so every refusal (400, 404, 413, 429, 503) is a real status code;
+only then does the streamed body start. Its body is read with a size limit
+(`server.max_request_bytes`): a larger Content-Length is refused before anything is read,
+and a body without one (chunked) is refused as soon as it passes the limit.
 """
 
 from __future__ import annotations
@@ -15,7 +17,14 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
 from app.audio import UnsupportedFormat, UnsupportedSampleRate, open_encoder
-from app.errors import ApiError, InvalidRequest, NotFound, RateLimited, Unauthorized
+from app.errors import (
+    ApiError,
+    InvalidRequest,
+    NotFound,
+    RateLimited,
+    RequestTooLarge,
+    Unauthorized,
+)
 from app.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from app.schemas import OPENAI_VOICES, parse_speech_request
 from app.streaming import SSE_CONTENT_TYPE, SpeechBody, SpeechResponse
@@ -26,6 +35,28 @@ if TYPE_CHECKING:
     from pipeline import Engine
 
 logger = logging.getLogger("playhead.app")
+
+
+def _too_large(max_bytes: int) -> RequestTooLarge:
+    return RequestTooLarge(
+        f"The request body is larger than the limit of {max_bytes} bytes.",
+        code="request_too_large",
+        # The rest of the body is never read: the connection cannot serve another request.
+        headers={"Connection": "close"},
+    )
+
+
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """The request body, or RequestTooLarge once it is known to exceed `max_bytes`."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_bytes:
+        raise _too_large(max_bytes)
+    received = bytearray()
+    async for part in request.stream():
+        received += part
+        if len(received) > max_bytes:
+            raise _too_large(max_bytes)
+    return bytes(received)
 
 
 def app_state(request: Request) -> AppState:
@@ -80,7 +111,7 @@ def resolve_voice(engine: Engine, name: str) -> Voice:
 async def create_speech(request: Request) -> Response:
     state = app_state(request)
     server = state.settings.server
-    speech = parse_speech_request(await request.body())
+    speech = parse_speech_request(await read_body(request, server.max_request_bytes))
     if speech.model not in server.accepted_model_ids:
         raise NotFound(
             f"The model '{speech.model}' does not exist. Available models: "
@@ -105,7 +136,12 @@ async def create_speech(request: Request) -> Response:
     voice = resolve_voice(engine, speech.voice_id)
     sample_rate_hz = speech.sample_rate or server.default_sample_rate_hz
     try:
-        encoder = open_encoder(speech.response_format, voice.sample_rate_hz, sample_rate_hz)
+        encoder = open_encoder(
+            speech.response_format,
+            voice.sample_rate_hz,
+            sample_rate_hz,
+            encoding=state.settings.encoding,
+        )
     except UnsupportedFormat as exc:
         raise InvalidRequest(str(exc), param="response_format", code="invalid_value") from exc
     except UnsupportedSampleRate as exc:
@@ -128,7 +164,14 @@ async def create_speech(request: Request) -> Response:
         encoder.close()
         raise
     sse = speech.stream_format == "sse"
-    body = SpeechBody(engine, stream, encoder, sse=sse, input_chars=len(text))
+    body = SpeechBody(
+        engine,
+        stream,
+        encoder,
+        sse=sse,
+        input_chars=len(text),
+        inline_encode_max_s=state.settings.encoding.inline_encode_max_s,
+    )
     try:
         await body.start()
     except StreamFailed as exc:

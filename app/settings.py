@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from app.encoding_config import EncodingConfig
 from pipeline.config import (
     BackendConfig,
     EngineConfig,
@@ -39,6 +40,9 @@ from scheduling import AdmissionConfig, ChunkingConfig, SchedulingConfig
 ENV_PREFIX = "PLAYHEAD_"
 OPENAI_MODEL_IDS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+# A JSON body can spell each input character as a 6-byte \uXXXX escape.
+JSON_BYTES_PER_CHAR = 6
+MAX_REQUEST_BYTES_LIMIT = 16 * 1024 * 1024  # a request body is held in memory while parsed
 
 # The Piper chunking of configs/default.yaml (frames of 256 / 22050 Hz = 11.6 ms).
 DEFAULT_CHUNKING = ChunkingConfig(
@@ -59,6 +63,9 @@ class ServerConfig(BaseModel):
     api_key: str | None = None
     default_sample_rate_hz: int = Field(24000, ge=8000, le=48000)
     max_input_chars: int = Field(4096, ge=1)
+    # Larger request bodies get a 413 before they are read (Content-Length) or once the
+    # limit is passed (chunked).
+    max_request_bytes: int = Field(65536, ge=1024, le=MAX_REQUEST_BYTES_LIMIT)
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     # Playhead's own model ids; OPENAI_MODEL_IDS are accepted on top of these.
     model_ids: list[str] = Field(default_factory=lambda: ["playhead", "playhead-piper"])
@@ -86,6 +93,17 @@ class ServerConfig(BaseModel):
             raise ValueError(f"model_ids has duplicates: {value!r}")
         return value
 
+    @model_validator(mode="after")
+    def _body_fits_the_longest_input(self) -> ServerConfig:
+        needed = JSON_BYTES_PER_CHAR * self.max_input_chars
+        if self.max_request_bytes < needed:
+            raise ValueError(
+                f"max_request_bytes ({self.max_request_bytes}) must be at least "
+                f"{JSON_BYTES_PER_CHAR} x max_input_chars = {needed}: a JSON body may spell "
+                "each character as a \\uXXXX escape"
+            )
+        return self
+
     @property
     def accepted_model_ids(self) -> tuple[str, ...]:
         """Every model id the API accepts: Playhead's own, then OpenAI's."""
@@ -97,6 +115,7 @@ class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     server: ServerConfig = Field(default_factory=ServerConfig)
+    encoding: EncodingConfig = Field(default_factory=EncodingConfig)
     backend: BackendConfig = Field(default_factory=BackendConfig)
     sim: SimConfig = Field(default_factory=SimConfig)
     piper: PiperConfig = Field(default_factory=PiperConfig)

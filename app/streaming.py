@@ -8,8 +8,9 @@ Each PCM chunk is encoded as soon as the engine yields it. Measured on this mach
 (1 s of audio, 22050 Hz in, 24 kHz out): mp3 ~10-14 ms, opus ~4.5 ms, aac ~3.8 ms,
 flac ~0.7 ms, wav/pcm ~0.2 ms. PyAV and soxr release the GIL while they work (a thread
 encoding 20 s of mp3 left the loop thread gaps of at most 0.4 ms), so a chunk longer than
-INLINE_ENCODE_MAX_S is encoded in a worker thread and the event loop, which also runs the
-engine's loops, is never blocked for more than about a millisecond by an encoder.
+`encoding.inline_encode_max_s` (default 0.1 s: < ~1.5 ms of work) is encoded in a worker
+thread and the event loop, which also runs the engine's loops, is never blocked for more
+than about a millisecond by an encoder.
 """
 
 from __future__ import annotations
@@ -29,12 +30,12 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from app.audio import StreamEncoder
+from app.encoding_config import DEFAULT_ENCODING
 from app.errors import ServiceUnavailable
 from pipeline import Engine, Stream, StreamFailed, StreamState
 
 logger = logging.getLogger("playhead.app")
 
-INLINE_ENCODE_MAX_S = 0.1  # chunks up to this long are encoded on the loop (< ~1.5 ms)
 SSE_CONTENT_TYPE = "text/event-stream"
 
 
@@ -82,12 +83,15 @@ class SpeechBody:
         *,
         sse: bool,
         input_chars: int,
+        inline_encode_max_s: float = DEFAULT_ENCODING.inline_encode_max_s,
     ) -> None:
         self._engine = engine
         self._stream = stream
         self._encoder = encoder
         self._sse = sse
         self._input_chars = input_chars
+        # chunks of at most this many samples are encoded on the event loop
+        self._inline_max_samples = inline_encode_max_s * stream.sample_rate_hz
         self._chunks = stream.chunks()
         self._first: np.ndarray | None = None
         self._lock = threading.Lock()  # one encoder call at a time, close included
@@ -115,7 +119,7 @@ class SpeechBody:
             return method(*args)
 
     async def _encode(self, pcm: np.ndarray) -> bytes:
-        if pcm.size <= INLINE_ENCODE_MAX_S * self._stream.sample_rate_hz:
+        if pcm.size <= self._inline_max_samples:
             return self._call_encoder(self._encoder.encode, pcm)
         return await asyncio.to_thread(self._call_encoder, self._encoder.encode, pcm)
 

@@ -1,4 +1,5 @@
-"""The HTTP API's refusals and listings, in process (httpx ASGITransport, sim backend).
+"""The HTTP API's refusals and listings, in process (httpx ASGITransport, sim backend);
+the request size limit also through a live uvicorn, where a socket shows what is read.
 
 Every error is checked as the whole OpenAI envelope: exactly the four keys, with the
 status, type, param and code the API promises.
@@ -8,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import threading
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from api_support import asgi_client, sim_settings, speech_body
+from api_support import asgi_client, decode, live_server, sim_settings, speech_body
 
 from pipeline.backends.sim import SimBackend
 
@@ -292,3 +295,132 @@ async def test_foreign_errors_become_the_envelope() -> None:
         error = json.loads(response.body)["error"]
         assert (error["type"], error["param"], error["code"]) == (type_, param, code)
         assert "boom" not in error["message"]  # internal details stay in the log
+
+
+# --- request body size limit (server.max_request_bytes) ------------------------------------
+
+LIMIT_BYTES = 4096
+PIECE_BYTES = 1024
+
+
+def padded_speech(size_bytes: int) -> bytes:
+    """A valid request body, padded with JSON whitespace to exactly `size_bytes`."""
+    body = json.dumps(speech_body("Ok.")).encode()
+    return body + b" " * (size_bytes - len(body))
+
+
+def assert_too_large(response: httpx.Response) -> None:
+    assert_error(response, 413, code="request_too_large", message_has=str(LIMIT_BYTES))
+    assert response.headers["connection"] == "close"
+
+
+LIMITED = ("server.max_input_chars=60", f"server.max_request_bytes={LIMIT_BYTES}")
+
+
+@pytest.fixture
+async def limited() -> AsyncIterator[httpx.AsyncClient]:
+    async with asgi_client(sim_settings(*LIMITED)) as c:
+        yield c
+
+
+async def test_a_body_at_the_limit_is_served_one_byte_more_is_a_413(
+    limited: httpx.AsyncClient,
+) -> None:
+    response = await limited.post(SPEECH, content=padded_speech(LIMIT_BYTES))
+    assert response.status_code == 200, response.text
+    assert_too_large(await limited.post(SPEECH, content=padded_speech(LIMIT_BYTES + 1)))
+
+
+async def test_a_too_large_content_length_is_refused_before_reading_the_body(
+    limited: httpx.AsyncClient,
+) -> None:
+    pieces_read = 0
+
+    async def body() -> AsyncIterator[bytes]:
+        nonlocal pieces_read
+        for _ in range(1000):
+            pieces_read += 1
+            yield b" " * PIECE_BYTES
+
+    headers = {"content-length": str(1000 * PIECE_BYTES)}
+    assert_too_large(await limited.post(SPEECH, content=body(), headers=headers))
+    assert pieces_read == 0
+
+
+async def test_a_chunked_body_is_refused_once_it_passes_the_limit(
+    limited: httpx.AsyncClient,
+) -> None:
+    pieces_read = 0
+
+    async def body() -> AsyncIterator[bytes]:
+        nonlocal pieces_read
+        for _ in range(1000):
+            pieces_read += 1
+            yield b" " * PIECE_BYTES
+
+    request = limited.build_request("POST", SPEECH, content=body())
+    assert "content-length" not in request.headers
+    assert request.headers["transfer-encoding"] == "chunked"
+    assert_too_large(await limited.send(request))
+    assert pieces_read == LIMIT_BYTES // PIECE_BYTES + 1  # reading stopped at the first excess
+
+
+async def test_a_chunked_body_under_the_limit_is_served(limited: httpx.AsyncClient) -> None:
+    payload = padded_speech(LIMIT_BYTES)
+
+    async def body() -> AsyncIterator[bytes]:
+        for start in range(0, len(payload), PIECE_BYTES):
+            yield payload[start : start + PIECE_BYTES]
+
+    response = await limited.post(SPEECH, content=body())
+    assert response.status_code == 200, response.text
+
+
+def _exchange(port: int, head: list[str], body: bytes) -> bytes:
+    """Send a raw request and read until the server closes the connection."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(("\r\n".join([*head, "", ""])).encode() + body)
+        received = bytearray()
+        while data := sock.recv(65536):
+            received += data
+    return bytes(received)
+
+
+def test_uvicorn_answers_413_without_the_rest_of_the_body_and_closes() -> None:
+    """A socket timeout (5 s) here would mean the server waited for a body never sent."""
+    with live_server(sim_settings(*LIMITED)) as live:
+        head = [f"POST {SPEECH} HTTP/1.1", f"Host: 127.0.0.1:{live.port}"]
+        declared = _exchange(live.port, [*head, "Content-Length: 1000000000"], b"")
+        just_over = b" " * (LIMIT_BYTES + 1)
+        chunked = _exchange(
+            live.port,
+            [*head, "Transfer-Encoding: chunked"],
+            f"{len(just_over):x}\r\n".encode() + just_over + b"\r\n",  # no last chunk
+        )
+    for raw in (declared, chunked):
+        status_line, _, rest = raw.partition(b"\r\n")
+        assert status_line == b"HTTP/1.1 413 Request Entity Too Large", raw[:200]
+        headers, _, content = rest.partition(b"\r\n\r\n")
+        assert b"connection: close" in headers.lower()
+        assert json.loads(content)["error"]["code"] == "request_too_large"
+
+
+# --- the encoding section reaches the encoders ---------------------------------------------
+
+
+async def test_the_server_encodes_with_the_configured_encoding() -> None:
+    text = "The same sentence, encoded twice with different settings."
+    results = {}
+    for mp3_bitrate_bps, ogg_page_ms in ((32_000, 1000), (128_000, 20)):
+        settings = sim_settings(
+            f"encoding.mp3_bitrate_bps={mp3_bitrate_bps}", f"encoding.ogg_page_ms={ogg_page_ms}"
+        )
+        async with asgi_client(settings) as client:
+            mp3 = await client.post(SPEECH, json=speech_body(text))
+            opus = await client.post(SPEECH, json=speech_body(text, response_format="opus"))
+        assert mp3.status_code == opus.status_code == 200
+        results[mp3_bitrate_bps] = (mp3.content, opus.content)
+    (mp3_32k, opus_1s_pages), (mp3_128k, opus_20ms_pages) = results[32_000], results[128_000]
+    assert len(mp3_128k) == 4 * len(mp3_32k)  # CBR, the same frames
+    assert decode(mp3_32k, "mp3")[0].size == decode(mp3_128k, "mp3")[0].size
+    assert opus_20ms_pages.count(b"OggS") > 10 * opus_1s_pages.count(b"OggS")

@@ -19,6 +19,7 @@ from app.audio import (
     encoded_rate_hz,
     open_encoder,
 )
+from app.encoding_config import EncodingConfig
 
 INPUT_RATE_HZ = 22050
 OUTPUT_RATE_HZ = 24000
@@ -310,3 +311,87 @@ def test_output_samples_counts_the_audio_at_the_encoded_rate(fmt):
         assert encoder.output_samples == _decode(data, fmt)[0].size
     # mp3 too: the input's length at the encoded rate, priming and padding not counted.
     assert abs(encoder.output_samples - pcm.size * OUTPUT_RATE_HZ / INPUT_RATE_HZ) <= 2
+
+
+# --- the `encoding` settings reach the codecs ---------------------------------------------
+
+
+def _noisy_speechlike(duration_s: float, rate_hz: int) -> np.ndarray:
+    """A modulated tone plus noise: enough detail that a codec uses the bits it is given."""
+    t = np.arange(round(duration_s * rate_hz)) / rate_hz
+    noise = np.random.default_rng(0).normal(0.0, 0.05, t.size)
+    return (0.3 * np.sin(2 * np.pi * 220 * t) * np.sin(2 * np.pi * 3 * t) + noise).astype(
+        np.float32
+    )
+
+
+def _encode_whole(fmt: str, pcm: np.ndarray, encoding: EncodingConfig) -> bytes:
+    with open_encoder(fmt, INPUT_RATE_HZ, OUTPUT_RATE_HZ, encoding=encoding) as encoder:
+        return b"".join(encoder.encode(chunk) for chunk in _chunks(pcm)) + encoder.finish()
+
+
+@pytest.mark.parametrize(
+    ("fmt", "field"),
+    [("mp3", "mp3_bitrate_bps"), ("aac", "aac_bitrate_bps"), ("opus", "opus_bitrate_bps")],
+)
+def test_the_configured_bitrate_sets_the_stream_size(fmt, field):
+    duration_s = SIGNAL_S
+    pcm = _noisy_speechlike(duration_s, INPUT_RATE_HZ)
+    sizes = {}
+    for bitrate_bps in (24_000, 96_000):
+        encoding = EncodingConfig(**{field: bitrate_bps, "ogg_page_ms": 1000})
+        data = _encode_whole(fmt, pcm, encoding)
+        sizes[bitrate_bps] = len(data)
+        assert 0.8 < len(data) * 8 / duration_s / bitrate_bps < 1.25, (bitrate_bps, len(data))
+        decoded, rate_hz = _decode(data, fmt)
+        low, high = EXTRA_S_RANGE[fmt]
+        assert low <= decoded.size / rate_hz - duration_s <= high
+    assert sizes[96_000] > 3 * sizes[24_000]
+
+
+def test_mp3_bitrate_is_constant():
+    pcm = _noisy_speechlike(3.0, INPUT_RATE_HZ)
+    small = _encode_whole("mp3", pcm, EncodingConfig(mp3_bitrate_bps=32_000))
+    large = _encode_whole("mp3", pcm, EncodingConfig(mp3_bitrate_bps=128_000))
+    assert len(large) == 4 * len(small)  # CBR: the same frames, four times the bytes each
+
+
+def _ogg_pages(data: bytes) -> int:
+    return data.count(b"OggS")
+
+
+@pytest.mark.parametrize("page_ms", [20, 100, 1000])
+def test_ogg_page_ms_sets_the_number_of_pages(page_ms):
+    duration_s = 3.0
+    data = _encode_whole(
+        "opus", _tones(duration_s, INPUT_RATE_HZ, (440.0,)), EncodingConfig(ogg_page_ms=page_ms)
+    )
+    # OpusHead and OpusTags pages, then one audio page per page_ms (the last one partial)
+    expected = 2 + duration_s * 1000 / page_ms
+    assert abs(_ogg_pages(data) - expected) <= 2, (_ogg_pages(data), expected)
+    decoded, rate_hz = _decode(data, "opus")
+    assert decoded.size / rate_hz == pytest.approx(duration_s, abs=0.001)
+
+
+def test_pages_shorter_than_an_opus_packet_change_nothing():
+    pcm = _tones(1.0, INPUT_RATE_HZ, (440.0,))
+    at_5_ms = _encode_whole("opus", pcm, EncodingConfig(ogg_page_ms=5))
+    at_20_ms = _encode_whole("opus", pcm, EncodingConfig(ogg_page_ms=20))
+    assert _ogg_pages(at_5_ms) == _ogg_pages(at_20_ms)
+
+
+@pytest.mark.parametrize("quality", ["QQ", "VHQ"])
+def test_resample_quality_is_the_configured_soxr_recipe(quality):
+    pcm = _tones(SIGNAL_S, INPUT_RATE_HZ, (220.0, 440.0, 5000.0))
+    streamed = np.frombuffer(
+        _encode_whole("pcm", pcm, EncodingConfig(resample_quality=quality)), "<i2"
+    ).astype(np.int32)
+    references = {
+        q: np.rint(np.clip(soxr.resample(pcm, INPUT_RATE_HZ, OUTPUT_RATE_HZ, quality=q), -1, 1)
+                   * 32767).astype(np.int32)
+        for q in ("QQ", "VHQ")
+    }  # fmt: skip
+    n = min(streamed.size, *(r.size for r in references.values()))
+    other = "VHQ" if quality == "QQ" else "QQ"
+    assert np.max(np.abs(streamed[:n] - references[quality][:n])) <= 1
+    assert np.max(np.abs(streamed[:n] - references[other][:n])) > 100

@@ -9,6 +9,7 @@ import pytest
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from app.encoding_config import EncodingConfig
 from app.settings import (
     DEFAULT_CHUNKING,
     OPENAI_MODEL_IDS,
@@ -52,6 +53,8 @@ def test_no_file_gives_the_built_in_defaults():
     assert settings.server == ServerConfig()
     assert settings.server.port == 8000
     assert settings.server.model_ids == ["playhead", "playhead-piper"]
+    assert settings.server.max_request_bytes == 65536
+    assert settings.encoding == EncodingConfig()
     assert settings.backend == BackendConfig()
     assert settings.talker == TalkerConfig()
     assert settings.scheduling == SchedulingConfig()
@@ -80,6 +83,12 @@ def test_default_yaml_loads_as_the_piper_deployment():
     )
     assert settings.chunking == DEFAULT_CHUNKING
     assert settings.admission.enabled is True
+
+
+def test_default_yaml_states_the_built_in_encoding_and_body_limit():
+    settings = load_settings(CONFIGS / "default.yaml", environ={})
+    assert settings.encoding == EncodingConfig()
+    assert settings.server.max_request_bytes == ServerConfig().max_request_bytes
 
 
 def test_default_yaml_writes_out_every_knob():
@@ -185,6 +194,28 @@ SECTION_RULES = [
     ("server", "model_ids: []", "server.model_ids"),
     ("server", "model_ids: [a, a]", "server.model_ids"),
     ("server", "host: ''", "server.host"),
+    ("server", "max_request_bytes: 1023", "server.max_request_bytes"),
+    ("server", "max_request_bytes: 16777217", "server.max_request_bytes"),
+    ("server", "max_request_bytes: lots", "server.max_request_bytes"),
+    ("server", "max_request_bytes: true", "server.max_request_bytes"),
+    # a body limit that a valid input could exceed (6 bytes per \uXXXX-escaped character)
+    ("server", "max_input_chars: 4096\n  max_request_bytes: 24575", "server.max_request_bytes"),
+    ("encoding", "mp3_bitrate_bps: 7999", "encoding.mp3_bitrate_bps"),
+    ("encoding", "mp3_bitrate_bps: 320001", "encoding.mp3_bitrate_bps"),
+    ("encoding", "opus_bitrate_bps: 5999", "encoding.opus_bitrate_bps"),
+    ("encoding", "opus_bitrate_bps: 256001", "encoding.opus_bitrate_bps"),
+    ("encoding", "aac_bitrate_bps: 7999", "encoding.aac_bitrate_bps"),
+    ("encoding", "aac_bitrate_bps: 512001", "encoding.aac_bitrate_bps"),
+    ("encoding", "aac_bitrate_bps: 64k", "encoding.aac_bitrate_bps"),
+    ("encoding", "mp3_bitrate_bps: 64000.5", "encoding.mp3_bitrate_bps"),
+    ("encoding", "ogg_page_ms: 4", "encoding.ogg_page_ms"),
+    ("encoding", "ogg_page_ms: 1001", "encoding.ogg_page_ms"),
+    ("encoding", "ogg_page_ms: true", "encoding.ogg_page_ms"),
+    ("encoding", "resample_quality: best", "encoding.resample_quality"),
+    ("encoding", "resample_quality: 3", "encoding.resample_quality"),
+    ("encoding", "inline_encode_max_s: -0.1", "encoding.inline_encode_max_s"),
+    ("encoding", "inline_encode_max_s: 1.5", "encoding.inline_encode_max_s"),
+    ("encoding", "inline_encode_max_s: .nan", "encoding.inline_encode_max_s"),
     ("backend", "kind: gpu", "backend.kind"),
     ("sim", "samples_per_frame: 0", "sim.samples_per_frame"),
     ("sim", "talker_frames_per_s: 0", "sim.talker_frames_per_s"),
@@ -267,7 +298,30 @@ def test_unknown_section_in_file(tmp_path):
     assert "server" in message
 
 
-@pytest.mark.parametrize("section", ["server", "talker", "scheduling", "chunking", "admission"])
+def test_encoding_and_body_limit_from_a_file(tmp_path):
+    path = write(
+        tmp_path,
+        "server: {max_input_chars: 100, max_request_bytes: 2048}\n"
+        "encoding: {mp3_bitrate_bps: 128000, ogg_page_ms: 1000, resample_quality: VHQ,\n"
+        "           inline_encode_max_s: 0}\n",
+    )
+    settings = load_settings(path, environ={})
+    assert settings.server.max_request_bytes == 2048
+    assert settings.encoding == EncodingConfig(
+        mp3_bitrate_bps=128000, ogg_page_ms=1000, resample_quality="VHQ", inline_encode_max_s=0
+    )
+
+
+def test_resample_quality_error_lists_the_choices(tmp_path):
+    path = write(tmp_path, "encoding: {resample_quality: hq}\n")
+    message = error_of(path)
+    assert message.startswith(f"{path}: encoding.resample_quality: ")
+    assert "QQ, LQ, MQ, HQ, VHQ" in message and "'hq'" in message
+
+
+@pytest.mark.parametrize(
+    "section", ["server", "encoding", "talker", "scheduling", "chunking", "admission"]
+)
 def test_unknown_field_in_file(tmp_path, section):
     path = write(tmp_path, f"{section}:\n  bogus_ms: 1\n")
     assert error_of(path).startswith(f"{path}: {section}.bogus_ms: unknown field")
@@ -327,6 +381,40 @@ def test_override_values_are_read_as_yaml():
     assert settings.server.api_key is None
     assert settings.server.model_ids == ["a", "b"]
     assert settings.piper.model_path == "/voices/x.onnx"
+
+
+def test_encoding_and_body_limit_from_set_and_environment():
+    settings = load_settings(
+        None,
+        [
+            "encoding.opus_bitrate_bps=24000",
+            "encoding.ogg_page_ms=60",
+            "server.max_request_bytes=100000",
+        ],
+        {
+            "PLAYHEAD_ENCODING__RESAMPLE_QUALITY": "MQ",
+            "PLAYHEAD_ENCODING__AAC_BITRATE_BPS": "96000",
+        },
+    )
+    assert settings.encoding == EncodingConfig(
+        opus_bitrate_bps=24000, ogg_page_ms=60, aac_bitrate_bps=96000, resample_quality="MQ"
+    )
+    assert settings.server.max_request_bytes == 100000
+
+
+@pytest.mark.parametrize(
+    ("item", "expected"),
+    [
+        ("encoding.mp3_bitrate_bps=1000000", "--set: encoding.mp3_bitrate_bps: "),
+        ("encoding.ogg_page_ms=0", "--set: encoding.ogg_page_ms: "),
+        ("encoding.resample_quality=", "--set: encoding.resample_quality: "),
+        ("encoding.inline_encode_max_s=true", "--set: encoding.inline_encode_max_s: "),
+        ("encoding.bitrate=64000", "--set: encoding.bitrate: unknown field"),
+        ("server.max_request_bytes=100", "--set: server.max_request_bytes: "),
+    ],
+)
+def test_bad_encoding_and_body_limit_set_items(item, expected):
+    assert error_of(None, [item]).startswith(expected)
 
 
 def test_text_fields_take_the_override_verbatim():
