@@ -1,0 +1,1 @@
+"""Playhead benchmarks: the load generator, the simulated player, reports, the simulator."""

@@ -1,0 +1,402 @@
+"""`make bench`: the scheduling comparison on the sim backend, over HTTP, in one run.
+
+    python -m benchmarks.bench [--quick] [--set section.field=value ...]
+
+1. Capacity C: a server with fifo and no window (every ready stream in every batched
+   call, so the vocoder never idles and its batches are as large as they get) is
+   saturated by 2.5 x the expected C clients, each sending its next request at the last
+   byte; C = the audio seconds per wall second they received, counted from the first to
+   the last burst (turn end) of a 10 s window. Measured here, in this run.
+2. One server per policy (`python -m app serve --config configs/sim.yaml --port P
+   --set ...`): fifo K=0, fifo K, edf K, edf K + admission. Each is swept over
+   N = 0.5, 0.75, 1, 1.5, 2 x C listeners, closed loop (a listener sends its next request
+   when it has heard the last one), same texts, same seed.
+3. benchmarks/results/<timestamp>/: results.json, table.md, ttfa_cdf.png,
+   stall_ratio.png, stall_free.png (and the servers' logs); copied to
+   benchmarks/results/latest.json and benchmarks/results/latest/.
+
+The sim costs are chosen so that C is about 8-9 streams and a sweep point lasts
+~20-30 s (see BENCH_SETTINGS); the first chunk (the ramp) is sized to cover a full
+K=4 turn (~300 ms), see the report.
+
+results.json: {"machine", "date", "backend", "capacity_audio_s_per_s", "runs": [{"policy",
+"window", "admission", "streams", "stall_ratio", "stall_ratio_bound", "stall_free_share",
+"interruptions", "ttfa_p50_ms", "ttfa_p95_ms", "ttfa_p99_ms", "rejected", "xrt", ...}]};
+extra run fields: label, streams_per_capacity, streams_ok, streams_failed,
+stalls_per_stream, interrupted_share, goodput_streams_per_s, rtf_p50/p95, listening_mean,
+stall_ratio_bound_listening, in_flight_mean, reject_latency_p50/p99/max_ms,
+retry_after_s (min/p50/max), wait_p50/p99_ms, audio_s, window_s, ttfa_ms (samples).
+With admission, every figure is over accepted streams; a rejected client waits its
+Retry-After and sends the same text again (each attempt is a request of its own).
+
+Reusable for other backends (the real-voice bench): `serve`, `LoadPlan`, `run_load`,
+`measure_capacity`, `sweep`, `run_row`, and benchmarks.report's `write_report`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+
+from benchmarks.loadgen import LoadResult, RequestOptions, closed_loop, load_corpus
+from benchmarks.player import STALL_TOLERANCE_S, percentile, stall_ratio_bound
+from benchmarks.report import markdown_table, publish_latest, stall_free_capacity, write_report
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+CONFIG = ROOT / "configs" / "sim.yaml"
+
+# Set costs for this bench: 80 ms frames, vocoder 4 ms + 9 ms per frame, batched, so
+# C ~ 0.08 / 0.009 ~ 8.8 streams; K=4 turns of 8-frame chunks take ~300 ms, hence a
+# 6-frame (480 ms) first chunk. The talker (80 s of audio per s) is never the bottleneck.
+BENCH_SETTINGS = (
+    "sim.vocoder_base_ms=4",
+    "sim.vocoder_per_frame_ms=9",
+    "sim.talker_frames_per_s=1000",
+    "chunking.chunk_frames=8",
+    "chunking.ramp=[6]",
+    "server.log_level=warning",
+)
+EXPECTED_CAPACITY = 0.08 / 0.009  # frame seconds / per-frame cost: ~8.9 streams
+FACTORS = (0.5, 0.75, 1.0, 1.5, 2.0)
+NOTES = [
+    "closed loop: N listeners, each sends its next request when it has heard its stream to "
+    "the end; requests sent in the measured window are measured, unmeasured ones keep the "
+    "load until the measured streams end",
+    "stall-free ignores stalls under 10 ms; interruptions are stalls >= 150 ms",
+    "admission runs: figures over accepted streams; rejected clients retry after "
+    "Retry-After; wait_p99_ms is the time an accepted listener spent being rejected first",
+    "RTF = (last byte - request sent) / audio duration: lower is faster",
+    "stall_ratio_bound_listening = max(0, L/C - 1) with L the time-averaged number of "
+    "players between first audio and end of playback (a listener waiting for first audio "
+    "does not play, so L < N when streams wait)",
+]
+
+
+@dataclass(frozen=True)
+class Policy:
+    policy: str
+    window: int
+    admission: bool
+
+    @property
+    def label(self) -> str:
+        return f"{self.policy} K={self.window}" + (" + admission" if self.admission else "")
+
+    def overrides(self) -> list[str]:
+        return [
+            f"scheduling.policy={self.policy}",
+            f"scheduling.active_stream_window={self.window}",
+            f"admission.enabled={'true' if self.admission else 'false'}",
+        ]
+
+
+def policies(window: int) -> list[Policy]:
+    return [
+        Policy("fifo", 0, False),
+        Policy("fifo", window, False),
+        Policy("edf", window, False),
+        Policy("edf", window, True),
+    ]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def serve(
+    config: Path, overrides: Sequence[str], log_path: Path, timeout_s: float = 60.0
+) -> Iterator[str]:
+    """A `playhead serve` subprocess; yields its base URL once /ready answers 200."""
+    port = _free_port()
+    command = [sys.executable, "-m", "app", "serve", "--config", str(config), "--port", str(port)]
+    for item in overrides:
+        command += ["--set", item]
+    log = log_path.open("w", encoding="utf-8")
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited with {proc.returncode}; see {log_path}")
+            try:
+                if httpx.get(url + "/ready", timeout=1.0).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"server not ready after {timeout_s} s; see {log_path}")
+            time.sleep(0.1)
+        yield url
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.close()
+
+
+def run_row(policy: Policy, result: LoadResult, capacity: float) -> dict[str, object]:
+    """One results.json run from a load result."""
+    s = result.summary
+    n = int(result.load)
+    retry = sorted(s.retry_after_s)
+    return {
+        "label": policy.label,
+        "policy": policy.policy,
+        "window": policy.window,
+        "admission": policy.admission,
+        "streams": n,
+        "streams_per_capacity": n / capacity,
+        "stall_ratio": s.stall_ratio,
+        "stall_ratio_bound": stall_ratio_bound(n, capacity),
+        "stall_free_share": s.stall_free_share,
+        "interruptions": s.interruptions,
+        "ttfa_p50_ms": s.ttfa_p50_ms,
+        "ttfa_p95_ms": s.ttfa_p95_ms,
+        "ttfa_p99_ms": s.ttfa_p99_ms,
+        "rejected": s.rejected,
+        "xrt": s.xrt,
+        "streams_ok": s.streams_ok,
+        "streams_failed": s.streams_failed,
+        "stalls_per_stream": s.stalls_per_stream,
+        "stalls_max": s.stalls_max,
+        "interrupted_share": s.interrupted_share,
+        "goodput_streams_per_s": s.goodput_streams_per_s,
+        "rtf_p50": s.rtf_p50,
+        "rtf_p95": s.rtf_p95,
+        "listening_mean": s.listening_mean,
+        "stall_ratio_bound_listening": stall_ratio_bound(s.listening_mean, capacity),
+        "in_flight_mean": s.in_flight_mean,
+        "reject_latency_p50_ms": s.reject_latency_p50_ms,
+        "reject_latency_p99_ms": s.reject_latency_p99_ms,
+        "reject_latency_max_ms": s.reject_latency_max_ms,
+        "retry_after_s": (
+            {"min": retry[0], "p50": percentile(retry, 50), "max": retry[-1]} if retry else None
+        ),
+        "wait_p50_ms": s.wait_p50_ms,
+        "wait_p99_ms": s.wait_p99_ms,
+        "audio_s": s.audio_s,
+        "window_s": s.wall_s,
+        "errors": sorted({r.error for r in result.records if r.error})[:5],
+        # the stalls (>= 10 ms) of the streams that had any, in ms, at most 30 streams
+        "stalls_ms": [
+            [round(x * 1000.0, 1) for x in r.playback.stalls_s if x >= STALL_TOLERANCE_S]
+            for r in result.records
+            if r.playback.stall_count() > 0
+        ][:30],
+        "ttfa_ms": [round(t * 1000.0, 2) for t in result.ttfas_s()],
+    }
+
+
+def machine() -> str:
+    model = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return (
+        f"{model}, {os.cpu_count()} CPUs, {platform.system()}, Python {platform.python_version()}"
+    )
+
+
+def _log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    """How each sweep point loads a server (shared by the sim and the real-voice benches)."""
+
+    texts: tuple[str, ...]
+    options: RequestOptions = field(default_factory=lambda: RequestOptions(voice="sim"))
+    duration_s: float = 14.0  # measured window
+    warmup_s: float = 2.0
+    capacity_duration_s: float = 10.0
+    seed: int = 0
+
+
+def run_load(url: str, n: int, plan: LoadPlan, *, capacity: bool = False) -> LoadResult:
+    """One closed-loop point. capacity=True saturates instead: each client sends its next
+    request at the last byte, and the run is cut at the window's end (throughput)."""
+    return asyncio.run(
+        closed_loop(
+            url,
+            plan.texts,
+            streams=n,
+            duration_s=plan.warmup_s + (plan.capacity_duration_s if capacity else plan.duration_s),
+            warmup_s=plan.warmup_s,
+            options=plan.options,
+            seed=plan.seed,
+            drain=not capacity,
+            next_request="after_last_byte" if capacity else "after_playback",
+        )
+    )
+
+
+def measure_capacity(
+    config: Path, settings: Sequence[str], clients: int, plan: LoadPlan, log_path: Path
+) -> tuple[float, LoadResult]:
+    """C: audio per second a fifo server without a window delivers to `clients` saturating
+    clients, from the first to the last burst of the window (see burst_throughput)."""
+    policy = Policy("fifo", 0, False)
+    with serve(config, [*settings, *policy.overrides()], log_path) as url:
+        result = run_load(url, clients, plan, capacity=True)
+    return result.burst_throughput(), result
+
+
+def sweep(
+    config: Path,
+    settings: Sequence[str],
+    policy: Policy,
+    counts: Sequence[int],
+    plan: LoadPlan,
+    capacity: float,
+    log_path: Path,
+) -> list[dict[str, object]]:
+    """One server with `policy`, one closed-loop point per N in `counts`: results rows."""
+    rows = []
+    with serve(config, [*settings, *policy.overrides()], log_path) as url:
+        for n in counts:
+            row = run_row(policy, run_load(url, n, plan), capacity)
+            rows.append(row)
+            _log(
+                f"{policy.label:22s} N={n:3d} stall ratio {row['stall_ratio']:.3f} "
+                f"(bound {row['stall_ratio_bound']:.3f}) stall-free "
+                f"{100 * row['stall_free_share']:.0f}% "
+                f"TTFA p99 {row['ttfa_p99_ms'] or 0:.0f} ms rejected {row['rejected']} "
+                f"xRT {row['xrt']:.2f} ({row['streams_ok']} streams, {row['window_s']:.0f} s)"
+            )
+            time.sleep(1.0)  # let the cancelled background streams end on the server
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.bench", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--config", type=Path, default=CONFIG)
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="S.F=V",
+        help="extra server setting (after the bench's own)",
+    )
+    parser.add_argument("--window", type=int, default=4, help="K for the windowed policies")
+    parser.add_argument(
+        "--factors",
+        default=",".join(map(str, FACTORS)),
+        help="N as multiples of C, comma-separated",
+    )
+    parser.add_argument("--duration", type=float, default=14.0, help="measured window, s")
+    parser.add_argument("--warmup", type=float, default=2.0, help="unmeasured start, s")
+    parser.add_argument("--capacity-duration", type=float, default=10.0)
+    parser.add_argument(
+        "--max-text-chars",
+        type=int,
+        default=150,
+        help="use the corpus texts up to this length (keeps runs short)",
+    )
+    parser.add_argument("--format", default="pcm", help="response_format (default pcm)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="smoke run: 2 points, short")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--no-latest", action="store_true", help="don't update results/latest*")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.factors = "0.5,2"
+        args.duration = 5.0
+        args.capacity_duration = 5.0
+
+    factors = [float(f) for f in args.factors.split(",") if f.strip()]
+    plan = LoadPlan(
+        texts=tuple(t for t in load_corpus() if len(t) <= args.max_text_chars),
+        options=RequestOptions(voice="sim", response_format=args.format),
+        duration_s=args.duration,
+        warmup_s=args.warmup,
+        capacity_duration_s=args.capacity_duration,
+        seed=args.seed,
+    )
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    out_dir = args.out / stamp
+    out_dir.mkdir(parents=True, exist_ok=True)
+    settings = [*BENCH_SETTINGS, *args.overrides]
+    started = time.monotonic()
+
+    n_sat = round(2.5 * EXPECTED_CAPACITY)
+    _log(f"capacity: fifo K=0, {n_sat} clients, {args.capacity_duration:.0f} s")
+    capacity, cap_result = measure_capacity(
+        args.config, settings, n_sat, plan, out_dir / "server-capacity.log"
+    )
+    _log(f"C = {capacity:.2f} audio s per s")
+    counts = sorted({max(1, round(f * capacity)) for f in factors})
+
+    runs: list[dict[str, object]] = []
+    for policy in policies(args.window):
+        name = policy.label.replace(" ", "_").replace("+", "plus")
+        runs += sweep(
+            args.config, settings, policy, counts, plan, capacity, out_dir / f"server-{name}.log"
+        )
+
+    results = {
+        "machine": machine(),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "backend": "sim",
+        "capacity_audio_s_per_s": capacity,
+        "capacity_method": (
+            f"audio per second received by a closed loop of {n_sat} clients (each sending "
+            f"its next request at the last byte) against fifo without a window (every "
+            f"stream in every batched call) in [{args.warmup:.0f} s, "
+            f"{args.warmup + args.capacity_duration:.0f} s], counted from the first to the "
+            f"last burst of audio (turn ends) inside it"
+        ),
+        "capacity_run": run_row(Policy("fifo", 0, False), cap_result, capacity),
+        "max_xrt_seen": max([capacity, *(float(r["xrt"]) for r in runs)]),  # type: ignore[arg-type]
+        "settings": settings,
+        "config": str(
+            args.config.relative_to(ROOT) if args.config.is_relative_to(ROOT) else args.config
+        ),
+        "seed": args.seed,
+        "duration_s": args.duration,
+        "warmup_s": args.warmup,
+        "texts": len(plan.texts),
+        "response_format": args.format,
+        "stall_free_capacity": stall_free_capacity(runs),
+        "notes": NOTES,
+        "wall_s": time.monotonic() - started,
+        "runs": runs,
+    }
+    write_report(results, out_dir)
+    if not args.no_latest:
+        publish_latest(out_dir, args.out)
+    print(markdown_table(results))
+    _log(f"wrote {out_dir} in {results['wall_s']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,266 @@
+"""Benchmark reports: results.json, the Markdown table the README shows, and PNG plots.
+
+Works on the results dict (schema in benchmarks/bench.py's docstring), so the sim bench,
+the real-voice bench and the simulator can share it: every run needs `label` (or policy,
+window, admission), `streams`, the metric fields, and optionally `ttfa_ms` (the samples,
+for the CDF plot).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.player import INTERRUPTION_S, STALL_TOLERANCE_S, stall_ratio_bound
+
+STALL_FREE_SHARE = 0.99  # stall-free capacity: >= 99% stall-free streams ...
+TTFA_P99_LIMIT_MS = 1000.0  # ... and TTFA p99 <= 1 s
+
+Run = Mapping[str, Any]
+MARKERS = ("o", "s", "^", "D", "v", "P")  # overlapping lines stay visible
+
+
+def run_label(run: Run) -> str:
+    if run.get("label"):
+        return str(run["label"])
+    label = f"{run['policy']} K={run['window']}"
+    return label + (" + admission" if run.get("admission") else "")
+
+
+def labels_in_order(runs: Iterable[Run]) -> list[str]:
+    seen: dict[str, None] = {}
+    for run in runs:
+        seen.setdefault(run_label(run), None)
+    return list(seen)
+
+
+def meets_slo(run: Run) -> bool:
+    p99 = run.get("ttfa_p99_ms")
+    return (
+        run.get("stall_free_share", 0.0) >= STALL_FREE_SHARE
+        and p99 is not None
+        and p99 <= TTFA_P99_LIMIT_MS
+    )
+
+
+def stall_free_capacity(runs: Sequence[Run]) -> dict[str, float]:
+    """Per label: the largest N of the sweep with >= 99% stall-free and TTFA p99 <= 1 s,
+    provided every smaller N met it too (0 when the smallest already failed)."""
+    out: dict[str, float] = {}
+    for label in labels_in_order(runs):
+        best = 0.0
+        for run in sorted((r for r in runs if run_label(r) == label), key=lambda r: r["streams"]):
+            if not meets_slo(run):
+                break
+            best = float(run["streams"])
+        out[label] = best
+    return out
+
+
+def _fmt(value: Any, spec: str = ".0f", none: str = "–") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return none
+    return format(value, spec)
+
+
+def markdown_table(results: Mapping[str, Any]) -> str:
+    """The table the README shows, with its notes."""
+    capacity = float(results["capacity_audio_s_per_s"])
+    runs = results["runs"]
+    lines = [
+        f"Vocoder capacity C = {capacity:.2f} audio s per wall s "
+        f"({results.get('backend', '?')} backend, {results.get('machine', '?')}, "
+        f"{results.get('date', '?')}).",
+        "",
+        "| policy | N | N/C | listening | stall ratio | bound | stall-free | interruptions "
+        "| TTFA p50 / p95 / p99 (ms) | rejected (429) | xRT |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for label in labels_in_order(runs):
+        for run in sorted((r for r in runs if run_label(r) == label), key=lambda r: r["streams"]):
+            n = run["streams"]
+            bound = run.get("stall_ratio_bound", stall_ratio_bound(n, capacity))
+            ttfa = " / ".join(
+                _fmt(run.get(k)) for k in ("ttfa_p50_ms", "ttfa_p95_ms", "ttfa_p99_ms")
+            )
+            lines.append(
+                f"| {label} | {n} | {n / capacity:.2f} | {_fmt(run.get('listening_mean'), '.1f')} "
+                f"| {run['stall_ratio']:.3f} | {bound:.3f} "
+                f"| {100 * run['stall_free_share']:.1f}% | {run['interruptions']} | {ttfa} "
+                f"| {run['rejected']} | {run['xrt']:.2f} |"
+            )
+    lines.append("")
+    lines.append(
+        "Stall-free capacity (largest N with >= 99% stall-free streams and TTFA p99 <= 1 s):"
+    )
+    lines.append("")
+    for label, n in stall_free_capacity(runs).items():
+        served = [
+            r.get("listening_mean")
+            for r in runs
+            if run_label(r) == label and r["streams"] == n and r.get("listening_mean")
+        ]
+        line = f"- {label}: N = {n:g} ({n / capacity:.2f} C)"
+        if served and n > 0:
+            line += f"; {served[0]:.1f} listeners served there ({served[0] / capacity:.2f} C)"
+        lines.append(line)
+    lines += [
+        "",
+        "Notes: N listeners in a closed loop (each sends its next request when it has heard "
+        "the last one) play their streams through a 1x player that resets on a stall. "
+        "Stall ratio = total stall / total audio (every stall "
+        "counted); the bound is max(0, N/C - 1). Stall-free ignores stalls under "
+        f"{STALL_TOLERANCE_S * 1000:.0f} ms; an interruption is a stall >= "
+        f"{INTERRUPTION_S * 1000:.0f} ms. Listening = time-averaged number of players "
+        "between first audio and end of playback (stalls included; a client waiting for its "
+        "first audio or for a Retry-After is not listening). With admission, figures are over "
+        "accepted streams (rejected clients wait Retry-After and retry). xRT = audio seconds "
+        "received per wall second.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _pyplot():  # type: ignore[no-untyped-def]
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_ttfa_cdf(results: Mapping[str, Any], path: Path) -> None:
+    """One panel per N, one TTFA CDF per policy."""
+    plt = _pyplot()
+    runs = [r for r in results["runs"] if r.get("ttfa_ms")]
+    ns = sorted({r["streams"] for r in runs})
+    if not ns:
+        return
+    fig, axes = plt.subplots(1, len(ns), figsize=(3.2 * len(ns), 3.2), sharey=True, squeeze=False)
+    capacity = float(results["capacity_audio_s_per_s"])
+    for ax, n in zip(axes[0], ns, strict=True):
+        for label in labels_in_order(runs):
+            for run in runs:
+                if run["streams"] == n and run_label(run) == label:
+                    xs = sorted(run["ttfa_ms"])
+                    ys = [(i + 1) / len(xs) for i in range(len(xs))]
+                    ax.step(xs, ys, where="post", label=label)
+        ax.axvline(TTFA_P99_LIMIT_MS, color="grey", linestyle=":", linewidth=1)
+        ax.set_xscale("log")
+        ax.set_title(f"N = {n} ({n / capacity:.2f} C)")
+        ax.set_xlabel("TTFA (ms)")
+        ax.grid(True, alpha=0.3)
+    axes[0][0].set_ylabel("share of streams")
+    axes[0][-1].legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _by_label(runs: Sequence[Run], field: str) -> dict[str, tuple[list[float], list[float]]]:
+    out: dict[str, tuple[list[float], list[float]]] = {}
+    for label in labels_in_order(runs):
+        points = sorted((r["streams"], r[field]) for r in runs if run_label(r) == label)
+        out[label] = ([p[0] for p in points], [p[1] for p in points])
+    return out
+
+
+def plot_stall_ratio(results: Mapping[str, Any], path: Path) -> None:
+    """Stall ratio against N, with the bound max(0, N/C - 1)."""
+    plt = _pyplot()
+    capacity = float(results["capacity_audio_s_per_s"])
+    runs = results["runs"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for i, (label, (xs, ys)) in enumerate(_by_label(runs, "stall_ratio").items()):
+        ax.plot(xs, ys, marker=MARKERS[i % len(MARKERS)], alpha=0.85, label=label)
+    top = max(r["streams"] for r in runs) * 1.05
+    grid = [top * i / 200 for i in range(201)]
+    ax.plot(
+        grid, [stall_ratio_bound(n, capacity) for n in grid], "k--", label="bound max(0, N/C-1)"
+    )
+    ax.axvline(capacity, color="grey", linestyle=":", linewidth=1)
+    ax.set_xlabel("listeners N (closed loop)")
+    ax.set_ylabel("stall ratio (stall s / audio s)")
+    ax.set_title(f"Stall ratio vs N (C = {capacity:.2f})")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_stall_free(results: Mapping[str, Any], path: Path) -> None:
+    plt = _pyplot()
+    capacity = float(results["capacity_audio_s_per_s"])
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for i, (label, (xs, ys)) in enumerate(_by_label(results["runs"], "stall_free_share").items()):
+        ax.plot(
+            xs, [100 * y for y in ys], marker=MARKERS[i % len(MARKERS)], alpha=0.85, label=label
+        )
+    ax.axhline(100 * STALL_FREE_SHARE, color="grey", linestyle=":", linewidth=1)
+    ax.axvline(capacity, color="grey", linestyle=":", linewidth=1)
+    ax.set_xlabel("listeners N (closed loop)")
+    ax.set_ylabel(f"stall-free streams (%; stalls < {STALL_TOLERANCE_S * 1000:.0f} ms ignored)")
+    ax.set_ylim(-2, 102)
+    ax.set_title("Stall-free share vs N")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+PLOTS = {
+    "ttfa_cdf.png": plot_ttfa_cdf,
+    "stall_ratio.png": plot_stall_ratio,
+    "stall_free.png": plot_stall_free,
+}
+
+
+def write_report(results: Mapping[str, Any], out_dir: Path) -> list[Path]:
+    """results.json, table.md and the plots into `out_dir`; returns the paths written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = [out_dir / "results.json", out_dir / "table.md"]
+    written[0].write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    written[1].write_text(markdown_table(results), encoding="utf-8")
+    for name, plot in PLOTS.items():
+        plot(results, out_dir / name)
+        if (out_dir / name).exists():
+            written.append(out_dir / name)
+    return written
+
+
+def publish_latest(out_dir: Path, results_root: Path, prefix: str = "latest") -> None:
+    """Copy a run to results_root/<prefix>.json and results_root/<prefix>/ (table + plots),
+    the committed copy the README links to."""
+    latest_dir = results_root / prefix
+    if latest_dir.exists():
+        shutil.rmtree(latest_dir)
+    latest_dir.mkdir(parents=True)
+    shutil.copyfile(out_dir / "results.json", results_root / f"{prefix}.json")
+    for path in out_dir.iterdir():
+        if path.suffix in (".md", ".png"):
+            shutil.copyfile(path, latest_dir / path.name)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m benchmarks.report results.json [out_dir]`: redraw a report."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("results", type=Path)
+    parser.add_argument("out_dir", type=Path, nargs="?")
+    args = parser.parse_args(argv)
+    results = json.loads(args.results.read_text(encoding="utf-8"))
+    out = args.out_dir or args.results.parent
+    for path in write_report(results, out):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,265 @@
+"""The load generator against live HTTP servers: a scripted one with known chunk timings
+(so the stalls it must hear are known), and Playhead itself on the sim backend."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import av
+import numpy as np
+import pytest
+import uvicorn
+
+from benchmarks.loadgen import (
+    Arrival,
+    LoadResult,
+    RequestOptions,
+    closed_loop,
+    credit_encoded,
+    decoded_durations,
+    load_corpus,
+    open_loop,
+)
+from benchmarks.player import Outcome, summarize
+
+RATE_HZ = 24000
+BYTES_PER_S = 2 * RATE_HZ
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class _Scripted:
+    """An ASGI app answering POST /v1/audio/speech from a script keyed by `input`:
+    - "reject-once:<x>": 429 with Retry-After 0.2 the first time, then like "<x>";
+    - "stall": 0.2 s of PCM at 0.05 s, 0.2 s more at 0.1 s, then 0.2 s at 0.6 s, with the
+      byte counts odd so that samples straddle reads;
+    - anything else: 0.3 s of PCM in one chunk after 50 ms."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+
+    async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                else:
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        import json
+
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        text = json.loads(body)["input"]
+        if text.startswith("reject-once:"):
+            if text not in self.seen:
+                self.seen.add(text)
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 429,
+                        "headers": [
+                            (b"retry-after", b"0.2"),
+                            (b"content-type", b"application/json"),
+                        ],
+                    }
+                )
+                await send({"type": "http.response.body", "body": b'{"error": {}}'})
+                return
+            text = text.split(":", 1)[1]
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"audio/pcm")],
+            }
+        )
+        start = time.perf_counter()
+        if text == "stall":
+            chunk = int(0.2 * BYTES_PER_S)
+            plan = [(0.05, chunk + 1), (0.1, chunk - 1), (0.6, chunk)]
+        else:
+            plan = [(0.05, int(0.3 * BYTES_PER_S))]
+        for at_s, size in plan:
+            delay = start + at_s - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await send({"type": "http.response.body", "body": b"\0" * size, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+
+def _serve(app: object) -> Iterator[str]:
+    port = _free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("server did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def scripted_url() -> Iterator[str]:
+    yield from _serve(_Scripted())
+
+
+async def test_closed_loop_hears_the_scripted_stall(scripted_url: str) -> None:
+    result = await closed_loop(scripted_url, ["stall"], streams=2, count=4)
+    assert len(result.records) == 4
+    for rec in result.records:
+        assert rec.outcome is Outcome.OK
+        pb = rec.playback
+        assert pb.audio_s == pytest.approx(0.6, abs=1e-9)  # odd reads lose no sample
+        # h = t0 + 0.4 after two chunks; the third comes 0.55 s after the first: ~0.15 s stall
+        assert pb.stall_count() == 1
+        assert 0.10 <= pb.stall_s <= 0.25
+        assert 0.03 <= rec.ttfa_s <= 0.5
+    s = result.summary
+    assert s.streams_ok == 4
+    assert s.stall_free_share == 0.0
+    assert s.stall_ratio == pytest.approx(sum(r.playback.stall_s for r in result.records) / 2.4)
+
+
+async def test_closed_loop_retries_after_429(scripted_url: str) -> None:
+    texts = ["reject-once:a", "reject-once:bb", "reject-once:ccc"]
+    result = await closed_loop(scripted_url, texts, streams=3, duration_s=0.8, seed=1)
+    rejected = [r for r in result.records if r.outcome is Outcome.REJECTED]
+    ok = [r for r in result.records if r.outcome is Outcome.OK]
+    assert 1 <= len(rejected) <= 3  # each text is rejected the first time only
+    assert all(r.retry_after_s == pytest.approx(0.2) and r.http_status == 429 for r in rejected)
+    assert result.summary.rejected == len(rejected)
+    assert result.summary.reject_latency_max_ms is not None
+    # every rejected client came back after its Retry-After and was served, its wait recorded
+    for rec in rejected:
+        retried = [r for r in ok if r.text_chars == rec.text_chars and r.waited_s > 0]
+        assert len(retried) == 1
+        assert retried[0].waited_s >= 0.2
+        assert retried[0].sent_at_s >= rec.sent_at_s + 0.2
+    assert result.summary.wait_p99_ms is not None and result.summary.wait_p99_ms >= 200
+
+
+async def test_open_loop_counts_and_measures(scripted_url: str) -> None:
+    result = await open_loop(
+        scripted_url, ["quick"], rate_per_s=20.0, duration_s=1.0, max_count=8, seed=3
+    )
+    assert len(result.records) == 8
+    assert all(r.outcome is Outcome.OK for r in result.records)
+    assert result.summary.stall_free_share == 1.0
+    assert result.summary.audio_s == pytest.approx(8 * 0.3)
+    assert result.summary.xrt > 0
+
+
+def _encode(fmt: str, seconds: float) -> bytes:
+    codec, container, rate = {
+        "mp3": ("libmp3lame", "mp3", RATE_HZ),
+        "opus": ("libopus", "ogg", 48000),
+        "aac": ("aac", "adts", RATE_HZ),
+        "flac": ("flac", "flac", RATE_HZ),
+        "wav": ("pcm_s16le", "wav", RATE_HZ),
+    }[fmt]
+    signal = (0.3 * np.sin(np.arange(int(seconds * RATE_HZ)) * 2 * np.pi * 440 / RATE_HZ)).astype(
+        np.float32
+    )
+    buf = io.BytesIO()
+    with av.open(buf, "w", format=container) as out:
+        stream = out.add_stream(codec, rate=rate)
+        stream.layout = "mono"
+        frame = av.AudioFrame.from_ndarray(signal[None, :], format="flt", layout="mono")
+        frame.sample_rate = RATE_HZ
+        resampler = av.AudioResampler(format=stream.codec_context.format, layout="mono", rate=rate)
+        for part in [*resampler.resample(frame), *resampler.resample(None)]:
+            for packet in stream.encode(part):
+                out.mux(packet)
+        for packet in stream.encode(None):
+            out.mux(packet)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "opus", "aac", "flac", "wav"])
+def test_encoded_durations_come_from_decoded_samples(fmt: str) -> None:
+    body = _encode(fmt, 2.0)
+    total = sum(seconds for _, seconds in decoded_durations(body, fmt))
+    assert total == pytest.approx(2.0, abs=0.06)  # codec priming/padding only
+    # Half the bytes at t=1, the rest at t=2: no audio is credited before its bytes came.
+    half = len(body) // 2
+    arrivals = credit_encoded([(1.0, half), (2.0, len(body))], body, fmt)
+    assert [a.at_s for a in arrivals] == sorted(a.at_s for a in arrivals)
+    early = sum(a.duration_s for a in arrivals if a.at_s == 1.0)
+    assert early <= total * half / len(body) + 0.1
+    assert sum(a.duration_s for a in arrivals) == pytest.approx(total)
+
+
+def test_corpus_has_several_lengths() -> None:
+    texts = load_corpus()
+    assert len(texts) >= 24
+    lengths = sorted(len(t) for t in texts)
+    assert lengths[0] < 40 and lengths[-1] > 200
+
+
+def test_request_options_body_is_the_openai_shape() -> None:
+    body = RequestOptions(voice="sim", response_format="wav", sample_rate_hz=16000).body("hi")
+    assert body == {
+        "model": "tts-1",
+        "input": "hi",
+        "voice": "sim",
+        "response_format": "wav",
+        "speed": 1.0,
+        "sample_rate": 16000,
+    }
+
+
+def test_burst_throughput_counts_whole_turns() -> None:
+    # A server that delivers 8 s of audio at the end of every 1 s turn: a 10 s window
+    # catches 11 bursts (88 s of audio, "8.8x"), but the turns say 8x.
+    arrivals = tuple(Arrival(0.5 + i, 8.0) for i in range(11))
+    summary = summarize([], wall_s=10.0, audio_received_s=88.0)
+    result = LoadResult("closed", 22, (), summary, (0.2, 10.2), 0, RequestOptions(), arrivals)
+    assert result.summary.xrt == pytest.approx(8.8)
+    assert result.burst_throughput() == pytest.approx(8.0)
+
+
+@pytest.fixture(scope="module")
+def playhead_url() -> Iterator[str]:
+    from app.server import create_app
+    from app.settings import load_settings
+
+    settings = load_settings("configs/sim.yaml", ["server.log_level=warning"])
+    yield from _serve(create_app(settings))
+
+
+async def test_playhead_sim_streams_arrive_whole(playhead_url: str) -> None:
+    from pipeline.backends.sim import expected_frames
+
+    texts = ["The kettle clicked off.", "Turn left at the second bridge, then keep going."]
+    options = RequestOptions(voice="sim")
+    result = await closed_loop(playhead_url, texts, streams=2, count=4, options=options, seed=5)
+    assert len(result.records) == 4
+    by_chars = {len(t): t for t in texts}
+    for rec in result.records:
+        assert rec.outcome is Outcome.OK, rec.error
+        # every frame of the sim voice (80 ms) arrived, measured from the byte count
+        frames = expected_frames(by_chars[rec.text_chars])
+        assert rec.playback.audio_s == pytest.approx(frames * 0.08)
+    assert result.summary.ttfa_p99_ms is not None and result.summary.ttfa_p99_ms < 2000

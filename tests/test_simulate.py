@@ -1,0 +1,114 @@
+"""The discrete-event simulator: small runs of the real scheduling code, checked against
+physics (the bound) and against what each policy is for."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from benchmarks.loadgen import load_corpus
+from benchmarks.simulate import (
+    DEFAULT_WINDOW,
+    Scenario,
+    SimResult,
+    policy_scenario,
+    prepare_texts,
+    replica_capacity,
+    simulate,
+)
+from pipeline.config import TalkerConfig
+from scheduling import AdmissionConfig, SchedulingConfig
+
+C = replica_capacity()  # 64 streams per replica with the default cost model
+
+
+def run(name: str, factor: float, streams: int = 400, **kw: object) -> SimResult:
+    return simulate(
+        policy_scenario(name, DEFAULT_WINDOW, streams=streams, clients=round(factor * C), **kw)
+    )
+
+
+def test_capacity_of_the_default_replica() -> None:
+    # K=16 chunks of 8 frames (640 ms) per call of 32 ms + 128 * 1 ms
+    assert pytest.approx(16 * 0.64 / 0.160) == C
+
+
+def test_under_capacity_edf_is_stall_free_and_fast() -> None:
+    res = run("edf K", 0.5)
+    s = res.summary
+    assert s.streams_ok == 400
+    assert s.stall_free_share == 1.0
+    assert s.interruptions == 0
+    assert s.ttfa_p99_ms is not None and s.ttfa_p99_ms < 1000
+    assert s.xrt <= res.capacity_audio_s_per_s * 1.001  # nothing beats the vocoder
+
+
+def test_at_twice_capacity_edf_sits_on_the_bound() -> None:
+    res = run("edf K", 2.0)
+    row = res.row()
+    s = res.summary
+    # Over the players actually listening (L), no schedule beats max(0, L/C - 1) ...
+    bound = row["stall_ratio_bound_listening"]
+    assert s.stall_ratio >= bound - 1e-3
+    # ... and edf loses little throughput doing it (partial batches at stream edges).
+    assert s.stall_ratio <= bound + 0.05
+    assert s.xrt >= 0.95 * res.capacity_audio_s_per_s
+    # The closed loop's N-bound is higher: new streams wait for first audio instead.
+    assert s.stall_ratio <= row["stall_ratio_bound"]
+    assert s.ttfa_p50_ms is not None and s.ttfa_p50_ms > 1000
+
+
+def test_fifo_without_window_is_worse_than_edf_at_capacity() -> None:
+    fifo = run("fifo K=0", 1.0).summary
+    edf = run("edf K", 1.0).summary
+    assert edf.stall_free_share == 1.0
+    # every turn decodes everyone: turns grow long, first chunks wait and run dry
+    assert fifo.stall_free_share < 0.99
+    assert fifo.ttfa_p99_ms > 1.5 * edf.ttfa_p99_ms
+
+
+def test_sticky_fifo_window_trades_ttfa_for_smoothness() -> None:
+    s = run("fifo K", 1.5).summary
+    assert s.stall_free_share == 1.0
+    assert s.ttfa_p50_ms > 3000  # streams queue behind the K slot holders
+
+
+def test_admission_at_twice_capacity_keeps_accepted_streams_clean() -> None:
+    s = run("edf K + admission", 2.0).summary
+    assert s.rejected > 0
+    assert s.stall_free_share >= 0.99
+    assert s.ttfa_p99_ms is not None and s.ttfa_p99_ms <= 1000
+    assert all(r > 0 for r in s.retry_after_s)
+
+
+def test_routers_over_four_replicas_at_capacity() -> None:
+    texts = prepare_texts(load_corpus(), TalkerConfig(), 0.08)
+    mean_audio_s = sum(t.audio_s for t in texts) / len(texts)
+    results = {}
+    for router in ("random", "least-loaded", "slack"):
+        sc = Scenario(
+            label=router,
+            streams=3000,
+            rate_per_s=4 * C / mean_audio_s,  # offered audio = C over 4 replicas
+            replicas=4,
+            router=router,
+            scheduling=SchedulingConfig(policy="edf", active_stream_window=DEFAULT_WINDOW),
+            admission=AdmissionConfig(enabled=False),
+            seed=7,
+        )
+        results[router] = simulate(sc).summary
+    for s in results.values():
+        assert s.streams_ok == 3000
+    # A coin toss overloads some replica now and then; informed routers spread the load.
+    assert results["random"].stall_free_share < 0.99
+    assert results["least-loaded"].stall_free_share >= 0.99
+    assert results["slack"].stall_free_share > results["random"].stall_free_share
+    assert results["slack"].stall_ratio < results["random"].stall_ratio
+
+
+def test_same_seed_same_numbers() -> None:
+    a = run("edf K", 1.0, streams=150, seed=3).summary
+    b = run("edf K", 1.0, streams=150, seed=3).summary
+    assert a == b
+    assert not math.isnan(a.stall_ratio)
