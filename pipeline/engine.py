@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import heapq
 import logging
 import math
 import threading
@@ -135,6 +136,9 @@ class Engine:
         self._streams: dict[str, Stream] = {}  # every stream not yet terminal
         self._work: dict[str, _Work] = {}  # streams needing work, in submission order
         self._text_waiting: dict[str, _Work] = {}  # those with segments not yet talked
+        # When the players of streams with all their audio sent run dry (a min-heap): they
+        # are still playing, so admission counts them until then.
+        self._playing_until_s: list[float] = []
         self._talker_stage = StageExecutor("talker", clock=clock)
         self._vocoder_stage = StageExecutor("vocoder", clock=clock)
         self._talker_wake = asyncio.Event()
@@ -217,7 +221,10 @@ class Engine:
             raise NotReady("the engine is not running")
         now = self._clock()
         decision = self._admission.decide(
-            now, len(self._work), self.capacity(now), finish_times_s=self._finish_times(now)
+            now,
+            self._playing_streams(now),
+            self.capacity(now),
+            finish_times_s=self._finish_times(now),
         )
         if not decision.accept:
             self._event("rejected", decision.reason)
@@ -326,8 +333,15 @@ class Engine:
             places.append("planner")
         return places
 
+    def _playing_streams(self, now_s: float) -> int:
+        """Streams a player is listening to: those with work left, and those whose audio
+        is all sent but whose (estimated) playback has not ended yet."""
+        while self._playing_until_s and self._playing_until_s[0] <= now_s:
+            heapq.heappop(self._playing_until_s)
+        return len(self._work) + len(self._playing_until_s)
+
     def _finish_times(self, now_s: float) -> tuple[float, ...]:
-        """When each active stream's playback is estimated to end (for Retry-After)."""
+        """When each playing stream's playback is estimated to end (for Retry-After)."""
         if self._talked_chars:
             per_char_s = self._talked_audio_s / self._talked_chars
         else:
@@ -339,6 +353,7 @@ class Engine:
             horizon_s = self._scheduler.horizon_s(stream_id)
             start_s = now_s if horizon_s is None else max(horizon_s, now_s)
             times.append(start_s + max(0.0, total_s - stream.stats.audio_s))
+        times.extend(self._playing_until_s)
         return tuple(times)
 
     # The stream's callbacks (StreamOwner).
@@ -388,6 +403,9 @@ class Engine:
 
     def _finish_vocoding(self, work: _Work) -> None:
         stream = work.stream
+        horizon_s = self._scheduler.horizon_s(stream.id)
+        if horizon_s is not None and horizon_s > self._clock():
+            heapq.heappush(self._playing_until_s, horizon_s)
         del self._work[stream.id]
         self._drop(work)
         stream.state = StreamState.DRAINING

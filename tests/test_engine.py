@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -27,7 +28,7 @@ from pipeline.backend import TalkRequest, VocodeItem
 from pipeline.backends.sim import SimBackend, decode_sim_signal, expected_frames
 from pipeline.config import EngineConfig, SimConfig, TalkerConfig
 from pipeline.text import split_text
-from scheduling import AdmissionConfig, ChunkingConfig
+from scheduling import AdmissionConfig, ChunkingConfig, SchedulingConfig
 
 TEXTS = [
     "Hello there, this is stream number one speaking. It has two sentences.",
@@ -223,6 +224,36 @@ async def test_admission_rejects_beyond_the_measured_capacity(make_engine: Engin
     assert caught.value.decision.retry_after_s >= 1
     assert rejected == ["capacity"]
     await chunks.aclose()
+
+
+async def test_admission_counts_a_stream_until_its_player_runs_dry() -> None:
+    """All audio sent is not playback over: the listener still occupies a slot until the
+    server-estimated horizon passes (the clock is moved past it here)."""
+    offset_s = 0.0
+    engine = Engine(
+        SimBackend(FAST_SIM),
+        scheduling=SchedulingConfig(policy="edf", active_stream_window=2),
+        chunking=ChunkingConfig(chunk_frames=8),
+        admission=AdmissionConfig(enabled=True, max_streams=1),
+        talker=TalkerConfig(high_water_s=3600.0),
+        clock=lambda: time.monotonic() + offset_s,
+    )
+    await engine.start()
+    try:
+        first = engine.submit(TEXTS[0], voice="sim")
+        audio_s = len(await _read_all(first)) / FAST_SIM.sample_rate_hz
+        assert audio_s > 3.0  # vocoded far faster than it plays
+        assert first.state is StreamState.DONE and engine.stats().active_streams == 0
+        with pytest.raises(Rejected) as caught:
+            engine.submit(TEXTS[1], voice="sim")
+        assert caught.value.decision.reason == "max_streams"
+        # Retry-After: when that player runs dry, about its audio length from now
+        assert 2 <= caught.value.decision.retry_after_s <= math.ceil(audio_s) + 1
+        offset_s = audio_s + 1.0  # its playback is over
+        second = engine.submit(TEXTS[1], voice="sim")
+        _check_signal(await _read_all(second), TEXTS[1])
+    finally:
+        await engine.stop()
 
 
 class _FailingSim(SimBackend):
