@@ -17,6 +17,7 @@ exactly one place, `error_response`. Pydantic's 422 never reaches a client.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -24,6 +25,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+
+logger = logging.getLogger("playhead.app")
 
 
 class ApiError(Exception):
@@ -200,6 +204,16 @@ async def handle_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(to_api_error(exc))
 
 
+async def handle_client_gone(request: Request, exc: Exception) -> JSONResponse:
+    """The client left while its request body was being read: nobody gets this answer,
+    and it is not a server error (no traceback in the log)."""
+    logger.debug("client disconnected before its request body was read: %s", request.url.path)
+    return error_response(
+        InvalidRequest("The client disconnected before the request was read.", code="client_gone")
+    )
+
+
 def install_error_handlers(app: FastAPI) -> None:
     for exc_class in (ApiError, RequestValidationError, StarletteHTTPException, Exception):
         app.add_exception_handler(exc_class, handle_error)
+    app.add_exception_handler(ClientDisconnect, handle_client_gone)

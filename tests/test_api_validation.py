@@ -424,3 +424,38 @@ async def test_the_server_encodes_with_the_configured_encoding() -> None:
     assert len(mp3_128k) == 4 * len(mp3_32k)  # CBR, the same frames
     assert decode(mp3_32k, "mp3")[0].size == decode(mp3_128k, "mp3")[0].size
     assert opus_20ms_pages.count(b"OggS") > 10 * opus_1s_pages.count(b"OggS")
+
+
+async def test_a_client_gone_mid_body_is_not_a_server_error() -> None:
+    """Starlette raises ClientDisconnect while the body is read; it must not escape the
+    app (uvicorn would log it as 'Exception in ASGI application')."""
+    messages = [
+        {"type": "http.request", "body": b'{"model": "tts-1", "inp', "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+    sent: list[dict[str, object]] = []
+
+    async def receive() -> dict[str, object]:
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": SPEECH,
+        "raw_path": SPEECH.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json"), (b"content-length", b"200")],
+        "client": ("127.0.0.1", 50000),
+        "server": ("playhead", 80),
+    }
+    async with asgi_client(sim_settings()) as client:
+        await client.app(scope, receive, send)  # type: ignore[attr-defined]
+    assert sent[0]["type"] == "http.response.start"
+    assert sent[0]["status"] == 400
