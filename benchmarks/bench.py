@@ -15,8 +15,8 @@
    stall_ratio.png, stall_free.png (and the servers' logs); copied to
    benchmarks/results/latest.json and benchmarks/results/latest/.
 
-The sim costs are chosen so that C is about 8-9 streams and a sweep point lasts
-~20-30 s (see BENCH_SETTINGS); the first chunk (the ramp) is sized to cover a full
+The sim costs (configs/sim.yaml) make C about 8-9 streams; a sweep point lasts
+~20-30 s; the first chunk (the ramp) is sized to cover a full
 K=4 turn (~300 ms), see the report.
 
 results.json: {"machine", "date", "backend", "capacity_audio_s_per_s", "runs": [{"policy",
@@ -60,17 +60,10 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 CONFIG = ROOT / "configs" / "sim.yaml"
 
-# Set costs for this bench: 80 ms frames, vocoder 4 ms + 9 ms per frame, batched, so
-# C ~ 0.08 / 0.009 ~ 8.8 streams; K=4 turns of 8-frame chunks take ~300 ms, hence a
+# The costs are configs/sim.yaml's: 80 ms frames, vocoder 4 ms + 9 ms per frame, batched,
+# so C ~ 0.08 / 0.009 ~ 8.8 streams; K=4 turns of 8-frame chunks take ~300 ms, hence its
 # 6-frame (480 ms) first chunk. The talker (80 s of audio per s) is never the bottleneck.
-BENCH_SETTINGS = (
-    "sim.vocoder_base_ms=4",
-    "sim.vocoder_per_frame_ms=9",
-    "sim.talker_frames_per_s=1000",
-    "chunking.chunk_frames=8",
-    "chunking.ramp=[6]",
-    "server.log_level=warning",
-)
+BENCH_SETTINGS = ("server.log_level=warning",)
 EXPECTED_CAPACITY = 0.08 / 0.009  # frame seconds / per-frame cost: ~8.9 streams
 FACTORS = (0.5, 0.75, 1.0, 1.5, 2.0)
 NOTES = [

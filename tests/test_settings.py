@@ -108,11 +108,11 @@ def test_sim_yaml_loads_with_80_ms_frames():
     assert settings.backend.kind == "sim"
     sim = settings.sim
     assert sim.samples_per_frame / sim.sample_rate_hz == pytest.approx(0.080)
-    assert (sim.talker_frames_per_s, sim.talker_piece_frames) == (250.0, 4)
-    assert (sim.vocoder_base_ms, sim.vocoder_per_frame_ms, sim.batched) == (20.0, 2.0, True)
+    assert (sim.talker_frames_per_s, sim.talker_piece_frames) == (1000.0, 4)
+    assert (sim.vocoder_base_ms, sim.vocoder_per_frame_ms, sim.batched) == (4.0, 9.0, True)
     assert settings.scheduling.policy == "edf"
     assert settings.scheduling.active_stream_window == 4
-    assert settings.chunking.ramp == (2, 4) and settings.chunking.chunk_frames == 8
+    assert settings.chunking.ramp == (6,) and settings.chunking.chunk_frames == 8
     assert (settings.chunking.left_context_frames, settings.chunking.right_context_frames) == (0, 0)
 
 
