@@ -1,0 +1,454 @@
+"""`make bench-voice`: Playhead on the real voice (Piper en_US-joe-medium), beside piper's
+own HTTP server, in one run on this machine.
+
+    python -m benchmarks.voice [--quick] [--set section.field=value ...]
+
+1. Playhead as deployed (`python -m app serve --config configs/default.yaml`, i.e.
+   `playhead serve`: edf K=4 + admission): single-stream TTFA for texts whose first
+   sentence is short ("Hello there. ...") and for texts whose first sentence has 30+
+   words, sequential requests (the next one at the last byte); then closed loops of 1, 4,
+   8 and 16 listeners, each sending its next request once it has heard the last one
+   (xRT, stall ratio, stall-free share, TTFA, RTF, 429s), pcm at the voice's own rate.
+2. The same against `python -m piper.http_server -m <bundled voice>` (whole requests,
+   a WAV once synthesis ends; TTFA = first byte of the WAV), see benchmarks/voice_peer.py.
+3. Capacity C of Playhead on this voice: the audio per second a closed loop of clients
+   that never wait (next request at the last byte) gets from fifo with no window and no
+   admission. Then the policy comparison of benchmarks/bench.py (fifo K=0, fifo K,
+   edf K, edf K + admission, plus edf K=1, the CPU setting: one stream per turn) at
+   N = 10 (the target) and 1 and 1.5 x C.
+4. benchmarks/results/voice-<timestamp>/: results.json, table.md, plots, server logs;
+   copied to benchmarks/results/voice-latest.json and benchmarks/results/voice-latest/.
+
+Every figure comes from the client side (benchmarks/player.py): the server is never asked
+how it did. RTF = (last byte - request sent) / audio duration: lower is faster.
+results.json: {"machine", "date", "backend", "voice", "capacity_audio_s_per_s",
+"single_stream": {server: {"short"|"long": row}}, "concurrency": {server: [row]},
+"runs": [policy rows as in benchmarks/bench.py], "targets", ...}; a row is a
+benchmarks.player.Summary (as_dict) plus streams, stall_free_streams, ttfa_ms, errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from benchmarks.bench import Policy, machine, policies, run_row, serve
+from benchmarks.loadgen import (
+    Clock,
+    LoadResult,
+    RequestOptions,
+    Tracker,
+    closed_loop,
+    load_corpus,
+    request_once,
+)
+from benchmarks.player import Outcome
+from benchmarks.report import publish_latest, stall_free_capacity
+from benchmarks.voice_peer import peer_closed_loop, peer_request, piper_server
+from benchmarks.voice_report import write_voice_report
+from pipeline.backends.piper import bundled_model_path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+CONFIG = ROOT / "configs" / "default.yaml"
+SERVER_SETTINGS = ("server.log_level=warning",)
+PLAYHEAD, PIPER = "playhead", "piper-http"
+
+# Single-stream texts: a short first sentence, then more.
+SHORT_FIRST = (
+    "Hello there. This is a quick test of how soon the first words arrive.",
+    "Good morning. Your coffee is ready and the paper is on the kitchen table.",
+    "Thank you. Your order has been placed and it should arrive on Tuesday.",
+    "Hi again. The meeting room on the second floor is free after lunch.",
+    "Sure thing. I have set a timer for twenty minutes, starting now.",
+)
+# A first sentence of 30+ words (Playhead cuts its first fragment; piper cannot).
+LONG_FIRST = (
+    "When the old lighthouse keeper finally climbed the narrow spiral stairs for the last "
+    "time, he paused at every window to look out over the grey water that he had watched "
+    "for more than forty years.",
+    "Before you leave the house this morning, please remember to switch off the oven, close "
+    "the windows in the back bedroom, feed the cat, water the plants and lock the side gate "
+    "behind you.",
+    "The committee that met yesterday afternoon in the small room above the library agreed "
+    "after a long and sometimes heated discussion that the summer festival should move to "
+    "the park by the river.",
+    "Although the forecast promised clear skies for the whole weekend, a band of heavy rain "
+    "swept in from the west on Saturday morning and forced the organisers to move every "
+    "event into the town hall.",
+)
+STREAM_COUNTS = (1, 4, 8, 16)
+FACTORS = (1.0, 1.5)  # policy comparison: N = these x C, and TARGET_STALL_FREE_STREAMS
+# On a CPU a "batch" of K chunks is K decodes in a row whose PCM all leaves at the end of
+# the call, so K=1 is the CPU setting worth comparing (edf K=1 rows, `--extra-windows`).
+EXTRA_WINDOWS = (1,)
+TARGET_TTFA_P50_MS = 60.0  # short first sentence, one stream
+TARGET_STALL_FREE_STREAMS = 10
+
+
+def _log(message: str) -> None:
+    print(f"[bench-voice {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def row(server: str, result: LoadResult) -> dict[str, Any]:
+    """One measured load: the player summary plus the samples and counts."""
+    ok = [r for r in result.records if r.outcome is Outcome.OK]
+    return {
+        "server": server,
+        "streams": int(result.load),
+        **result.summary.as_dict(),
+        "stall_free_streams": sum(1 for r in ok if r.playback.stall_free()),
+        "audio_s_mean": (result.summary.audio_s / len(ok)) if ok else None,
+        "errors": sorted({r.error for r in result.records if r.error})[:5],
+        "ttfa_ms": [round(t * 1000.0, 2) for t in result.ttfas_s()],
+    }
+
+
+def _short(r: dict[str, Any]) -> str:
+    def ms(key: str) -> str:
+        return "-" if r.get(key) is None else f"{r[key]:.0f}"
+
+    return (
+        f"xRT {r['xrt']:.2f} stall ratio {r['stall_ratio']:.3f} stall-free "
+        f"{r['stall_free_streams']}/{r['streams_ok']} TTFA p50/p95 {ms('ttfa_p50_ms')}/"
+        f"{ms('ttfa_p95_ms')} ms RTF p50 {r['rtf_p50'] or 0:.3f} rejected {r['rejected']}"
+    )
+
+
+class Bench:
+    """The run's steps; each starts its own server(s) and stops them."""
+
+    def __init__(self, args: argparse.Namespace, out_dir: Path) -> None:
+        self.args = args
+        self.out_dir = out_dir
+        self.corpus = [t for t in load_corpus() if len(t) <= args.max_text_chars]
+        self.options = RequestOptions()  # replaced by the served voice and its rate
+
+    async def _voice(self, url: str) -> RequestOptions:
+        async with httpx.AsyncClient(timeout=10.0) as client:
+            voice = (await client.get(url + "/v1/audio/voices")).json()["voices"][0]
+        return RequestOptions(
+            voice=voice["id"], response_format="pcm", sample_rate_hz=int(voice["sample_rate"])
+        )
+
+    async def _warm_playhead(self, url: str) -> None:
+        async with httpx.AsyncClient(timeout=60.0) as client:
+            for text in SHORT_FIRST[:2]:
+                await request_once(client, url, text, self.options, Clock())
+
+    async def _warm_piper(self, url: str) -> None:
+        async with httpx.AsyncClient(timeout=60.0) as client:
+            for text in SHORT_FIRST[:2]:
+                await peer_request(client, url, text, Clock(), Tracker())
+
+    def _load_playhead(self, url: str, streams: int, *, duration_s: float) -> LoadResult:
+        a = self.args
+        return asyncio.run(
+            closed_loop(
+                url,
+                self.corpus,
+                streams=streams,
+                duration_s=a.warmup + duration_s,
+                warmup_s=a.warmup,
+                options=self.options,
+                seed=a.seed,
+            )
+        )
+
+    def playhead(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        a = self.args
+        single: dict[str, Any] = {}
+        sweep: list[dict[str, Any]] = []
+        with serve(
+            a.config, [*SERVER_SETTINGS, *a.overrides], self.out_dir / "server-playhead.log"
+        ) as url:
+            self.options = asyncio.run(self._voice(url))
+            asyncio.run(self._warm_playhead(url))
+            for kind, texts in (("short", SHORT_FIRST), ("long", LONG_FIRST)):
+                result = asyncio.run(
+                    closed_loop(
+                        url,
+                        texts,
+                        streams=1,
+                        count=a.requests,
+                        options=self.options,
+                        seed=a.seed,
+                        next_request="after_last_byte",
+                    )
+                )
+                single[kind] = row(PLAYHEAD, result)
+                _log(f"playhead single stream, {kind} first sentence: {_short(single[kind])}")
+            for n in a.counts:
+                sweep.append(row(PLAYHEAD, self._load_playhead(url, n, duration_s=a.duration)))
+                _log(f"playhead N={n:2d}: {_short(sweep[-1])}")
+                time.sleep(1.0)  # let cancelled background streams drain on the server
+        return single, sweep
+
+    def piper(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        a = self.args
+        single: dict[str, Any] = {}
+        sweep: list[dict[str, Any]] = []
+        with piper_server(bundled_model_path(), self.out_dir / "server-piper-http.log") as url:
+            asyncio.run(self._warm_piper(url))
+            for kind, texts in (("short", SHORT_FIRST), ("long", LONG_FIRST)):
+                result = asyncio.run(
+                    peer_closed_loop(
+                        url,
+                        texts,
+                        streams=1,
+                        count=a.requests,
+                        seed=a.seed,
+                        next_request="after_last_byte",
+                    )
+                )
+                single[kind] = row(PIPER, result)
+                _log(f"piper-http single stream, {kind} first sentence: {_short(single[kind])}")
+            for n in a.counts:
+                result = asyncio.run(
+                    peer_closed_loop(
+                        url,
+                        self.corpus,
+                        streams=n,
+                        duration_s=a.warmup + a.duration,
+                        warmup_s=a.warmup,
+                        seed=a.seed,
+                    )
+                )
+                sweep.append(row(PIPER, result))
+                _log(f"piper-http N={n:2d}: {_short(sweep[-1])}")
+                time.sleep(1.0)  # piper finishes what it started: let it
+        return single, sweep
+
+    def capacity(self) -> tuple[float, int, dict[str, Any]]:
+        """Audio per second received from fifo without window or admission, saturated by
+        clients that send their next request at the last byte (as benchmarks/bench.py)."""
+        a = self.args
+        n_sat = a.capacity_streams
+        policy = Policy("fifo", 0, False)
+        overrides = [*SERVER_SETTINGS, *a.overrides, *policy.overrides()]
+        with serve(a.config, overrides, self.out_dir / "server-capacity.log") as url:
+            result = asyncio.run(
+                closed_loop(
+                    url,
+                    self.corpus,
+                    streams=n_sat,
+                    duration_s=a.warmup + a.capacity_duration,
+                    warmup_s=a.warmup,
+                    options=self.options,
+                    seed=a.seed,
+                    drain=False,
+                    next_request="after_last_byte",
+                )
+            )
+        capacity = result.burst_throughput()
+        return capacity, n_sat, run_row(policy, result, capacity)
+
+    def policies(self, capacity: float) -> list[dict[str, Any]]:
+        a = self.args
+        counts = sorted({max(1, round(f * capacity)) for f in a.factors} | set(a.policy_counts))
+        runs: list[dict[str, Any]] = []
+        extra = [Policy("edf", k, False) for k in a.extra_windows if k != a.window]
+        for policy in [*policies(a.window), *extra]:
+            name = policy.label.replace(" ", "_").replace("+", "plus")
+            overrides = [*SERVER_SETTINGS, *a.overrides, *policy.overrides()]
+            with serve(a.config, overrides, self.out_dir / f"server-{name}.log") as url:
+                for n in counts:
+                    result = self._load_playhead(url, n, duration_s=a.policy_duration)
+                    runs.append(run_row(policy, result, capacity))
+                    r = runs[-1]
+                    _log(
+                        f"{policy.label:22s} N={n:2d} stall ratio {r['stall_ratio']:.3f} "
+                        f"(bound {r['stall_ratio_bound']:.3f}) "
+                        f"stall-free {100 * r['stall_free_share']:.0f}% "
+                        f"TTFA p99 {r['ttfa_p99_ms'] or 0:.0f} ms rejected {r['rejected']} "
+                        f"xRT {r['xrt']:.2f}"
+                    )
+                    time.sleep(1.0)
+        return runs
+
+
+def all_stall_free(rows: Sequence[dict[str, Any]]) -> int:
+    """The largest N at which every measured stream played without a stall (>= 10 ms)
+    and nothing was rejected; 0 if none."""
+    return max(
+        (
+            int(r["streams"])
+            for r in rows
+            if r["streams_ok"] and r["stall_free_share"] == 1.0 and r["rejected"] == 0
+        ),
+        default=0,
+    )
+
+
+def targets(results: dict[str, Any]) -> dict[str, Any]:
+    ttfa = results["single_stream"][PLAYHEAD]["short"]["ttfa_p50_ms"]
+    by_config = {"default config (N sweep)": all_stall_free(results["concurrency"][PLAYHEAD])}
+    for label in dict.fromkeys(r["label"] for r in results["runs"]):
+        by_config[label] = all_stall_free([r for r in results["runs"] if r["label"] == label])
+    best_label = max(by_config, key=lambda k: by_config[k])
+    return {
+        "ttfa_p50_short_ms": ttfa,
+        "ttfa_p50_short_target_ms": TARGET_TTFA_P50_MS,
+        "ttfa_met": ttfa is not None and ttfa <= TARGET_TTFA_P50_MS,
+        "most_streams_all_stall_free": by_config,
+        "best": {"config": best_label, "streams": by_config[best_label]},
+        "stall_free_capacity": stall_free_capacity(results["runs"]),
+        "stall_free_streams_target": TARGET_STALL_FREE_STREAMS,
+        "stall_free_met": by_config[best_label] >= TARGET_STALL_FREE_STREAMS,
+    }
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.voice", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--config", type=Path, default=CONFIG)
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="S.F=V",
+        help="extra Playhead setting (every Playhead server of the run)",
+    )
+    parser.add_argument("--requests", type=int, default=12, help="single-stream requests per kind")
+    parser.add_argument(
+        "--counts",
+        default=",".join(map(str, STREAM_COUNTS)),
+        help="concurrent streams of the sweep, comma-separated",
+    )
+    parser.add_argument("--duration", type=float, default=10.0, help="sweep: measured window, s")
+    parser.add_argument("--warmup", type=float, default=2.0, help="unmeasured start of a load, s")
+    parser.add_argument("--capacity-duration", type=float, default=10.0)
+    parser.add_argument(
+        "--capacity-streams", type=int, default=16, help="clients saturating the capacity run"
+    )
+    parser.add_argument("--window", type=int, default=4, help="K for the windowed policies")
+    parser.add_argument(
+        "--factors",
+        default=",".join(map(str, FACTORS)),
+        help="policy comparison: N as multiples of C, comma-separated",
+    )
+    parser.add_argument(
+        "--policy-counts",
+        default=str(TARGET_STALL_FREE_STREAMS),
+        help="policy comparison: fixed N besides the factors",
+    )
+    parser.add_argument(
+        "--extra-windows",
+        default=",".join(map(str, EXTRA_WINDOWS)),
+        help="edf K=k rows besides the four policies ('' for none)",
+    )
+    parser.add_argument("--policy-duration", type=float, default=8.0, help="measured window, s")
+    parser.add_argument(
+        "--max-text-chars",
+        type=int,
+        default=150,
+        help="load texts: the corpus texts up to this length",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="smoke run (~2 min)")
+    parser.add_argument("--no-peer", action="store_true", help="skip piper's server")
+    parser.add_argument("--no-policies", action="store_true", help="skip C and the policies")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--no-latest", action="store_true", help="don't update voice-latest*")
+    return parser  # fmt: skip
+
+
+def _ints(text: str) -> list[int]:
+    return [int(c) for c in str(text).split(",") if c.strip()]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.quick:  # one point per policy, short texts (~5 s of audio at most)
+        args.requests, args.counts, args.duration, args.max_text_chars = 4, "1,4", 6.0, 90
+        args.capacity_duration, args.factors, args.policy_duration = 6.0, "1", 5.0
+        args.policy_counts = ""
+    args.counts = _ints(args.counts)
+    args.policy_counts = _ints(args.policy_counts)
+    args.extra_windows = _ints(args.extra_windows)
+    args.factors = [float(f) for f in str(args.factors).split(",") if f.strip()]
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    out_dir = args.out / f"voice-{stamp}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    bench = Bench(args, out_dir)
+
+    single, concurrency = {}, {}
+    single[PLAYHEAD], concurrency[PLAYHEAD] = bench.playhead()
+    if not args.no_peer:
+        single[PIPER], concurrency[PIPER] = bench.piper()
+    capacity, n_sat, capacity_run, runs = 0.0, 0, None, []
+    if not args.no_policies:
+        capacity, n_sat, capacity_run = bench.capacity()
+        _log(f"C = {capacity:.2f} audio s per s (fifo K=0, no admission, {n_sat} clients)")
+        runs = bench.policies(capacity)
+
+    results: dict[str, Any] = {
+        "machine": machine(),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "backend": "piper",
+        "voice": bench.options.voice,
+        "sample_rate_hz": bench.options.sample_rate_hz,
+        "response_format": "pcm (Playhead), wav (piper-http)",
+        "capacity_audio_s_per_s": capacity,
+        "capacity_method": (
+            f"audio per second received by a closed loop of {n_sat} clients (each sending "
+            f"its next request at the last byte) against fifo without a window or admission "
+            f"in [{args.warmup:.0f} s, {args.warmup + args.capacity_duration:.0f} s], from "
+            f"the first to the last burst of audio inside it (LoadResult.burst_throughput)"
+        ),
+        "max_xrt_seen": max(
+            [capacity, *(float(r["xrt"]) for r in [*runs, *concurrency[PLAYHEAD]])]
+        ),
+        "capacity_run": capacity_run,
+        "single_stream": single,
+        "concurrency": concurrency,
+        "runs": runs,
+        "config": str(
+            args.config.relative_to(ROOT) if args.config.is_relative_to(ROOT) else args.config
+        ),
+        "settings": [*SERVER_SETTINGS, *args.overrides],
+        "seed": args.seed,
+        "requests_per_kind": args.requests,
+        "duration_s": args.duration,
+        "policy_duration_s": args.policy_duration,
+        "warmup_s": args.warmup,
+        "texts": {
+            "short_first": list(SHORT_FIRST),
+            "long_first": list(LONG_FIRST),
+            "load": f"{len(bench.corpus)} corpus texts of <= {args.max_text_chars} chars",
+        },
+        "notes": [
+            "Playhead runs configs/default.yaml as served (edf K=4 + admission) for the single "
+            "stream and the N sweep; a rejected client waits Retry-After and retries",
+            "piper-http: python -m piper.http_server (Flask, one thread per request, ONNX "
+            "Runtime defaults); it answers with a whole WAV, so its players never stall: its "
+            "cost is TTFA",
+            "closed loop: each listener sends its next request when it has heard the last "
+            "one to the end (single stream: at the last byte)",
+            "stall-free ignores stalls under 10 ms; interruptions are stalls >= 150 ms",
+            "RTF = (last byte - request sent) / audio duration: lower is faster",
+        ],
+        "wall_s": time.monotonic() - started,
+    }
+    results["targets"] = targets(results)
+    table = write_voice_report(results, out_dir)
+    if not args.no_latest:
+        publish_latest(out_dir, args.out, prefix="voice-latest")
+    print(table)
+    _log(f"wrote {out_dir} in {results['wall_s']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

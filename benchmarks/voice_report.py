@@ -1,0 +1,205 @@
+"""The report of `make bench-voice`: its own tables and plots, then benchmarks/report.py's
+policy table and plots for the policy comparison (results schema: benchmarks/voice.py)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from benchmarks.player import STALL_TOLERANCE_S
+from benchmarks.report import _pyplot, markdown_table, write_report
+
+SERVER_NAMES = {"playhead": "Playhead", "piper-http": "piper HTTP server"}
+
+
+def _f(value: Any, spec: str = ".0f") -> str:
+    return "–" if value is None else format(value, spec)
+
+
+def _name(server: str) -> str:
+    return SERVER_NAMES.get(server, server)
+
+
+def voice_tables(results: Mapping[str, Any]) -> str:
+    lines = [
+        f"Real voice {results['voice']} ({results['machine']}, {results['date']}); Playhead "
+        f"pcm at {results['sample_rate_hz']} Hz, piper's server WAV.",
+        "",
+        "Single stream, sequential requests (TTFA = request sent -> first audio byte; "
+        "RTF = end-to-end time / audio duration, lower is faster):",
+        "",
+        "| server | first sentence | requests | TTFA p50 / p95 (ms) | RTF p50 / p95 "
+        "| audio per request (s) |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for server, kinds in results["single_stream"].items():
+        for kind, r in kinds.items():
+            label = "short" if kind == "short" else "30+ words"
+            lines.append(
+                f"| {_name(server)} | {label} | {r['streams_ok']} "
+                f"| {_f(r['ttfa_p50_ms'])} / {_f(r['ttfa_p95_ms'])} "
+                f"| {_f(r['rtf_p50'], '.3f')} / {_f(r['rtf_p95'], '.3f')} "
+                f"| {_f(r['audio_s_mean'], '.1f')} |"
+            )
+    lines += [
+        "",
+        "N concurrent streams, closed loop (xRT = audio seconds received per wall second):",
+        "",
+        "| server | N | xRT | stall ratio | stall-free streams | interruptions "
+        "| TTFA p50 / p95 / p99 (ms) | RTF p50 | rejected (429) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for server, rows in results["concurrency"].items():
+        for r in rows:
+            ttfa = " / ".join(_f(r[k]) for k in ("ttfa_p50_ms", "ttfa_p95_ms", "ttfa_p99_ms"))
+            lines.append(
+                f"| {_name(server)} | {r['streams']} | {r['xrt']:.2f} | {r['stall_ratio']:.3f} "
+                f"| {r['stall_free_streams']}/{r['streams_ok']} | {r['interruptions']} | {ttfa} "
+                f"| {_f(r['rtf_p50'], '.3f')} | {r['rejected']} |"
+            )
+    t = results.get("targets") or {}
+    if t:
+        best = t["best"]
+        per_config = ", ".join(f"{k}: {v}" for k, v in t["most_streams_all_stall_free"].items())
+        lines += [
+            "",
+            f"Targets: TTFA p50 (short first sentence, one stream) "
+            f"{_f(t['ttfa_p50_short_ms'])} ms vs <= {t['ttfa_p50_short_target_ms']:.0f} ms: "
+            f"{'met' if t['ttfa_met'] else 'MISSED'}. Concurrent streams all playing without "
+            f"a stall (and no 429): {best['streams']} ({best['config']}) vs >= "
+            f"{t['stall_free_streams_target']}: {'met' if t['stall_free_met'] else 'MISSED'} "
+            f"(largest such N measured, per config: {per_config}).",
+        ]
+    lines += [
+        "",
+        f"Stall-free ignores stalls under {STALL_TOLERANCE_S * 1000:.0f} ms. piper's server "
+        "sends a whole WAV after synthesising the whole text, so its players never stall; "
+        "it pays in TTFA. In the N table each listener sends its next request once it has "
+        "heard the last one, so xRT is about N when nothing stalls; it counts the audio "
+        "received from the first measured request to the last byte of the last measured "
+        "stream, so at N = 1 (one measured stream) it is that stream's delivery speed.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+LOG_TICKS_MS = (10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
+
+
+def _ms_log_axis(axis: Any, values: list[float]) -> None:
+    """Log scale with plain millisecond labels at 1-2-5 steps covering `values`."""
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+    finite = [v for v in values if v == v and v > 0]
+    if finite:
+        low, high = min(finite) / 1.5, max(finite) * 1.5
+        axis.set_ticks([t for t in LOG_TICKS_MS if low <= t <= high] or [100])
+    axis.set_major_formatter(ScalarFormatter())
+    axis.set_minor_formatter(NullFormatter())
+
+
+def plot_concurrency(results: Mapping[str, Any], path: Path) -> None:
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    top = 1
+    for server, rows in results["concurrency"].items():
+        ns = [r["streams"] for r in rows]
+        top = max(top, *ns)
+        left.plot(ns, [r["xrt"] for r in rows], marker="o", label=_name(server))
+        right.plot(ns, [r["ttfa_p50_ms"] or float("nan") for r in rows], marker="o",
+                   label=f"{_name(server)} p50")  # fmt: skip
+        right.plot(ns, [r["ttfa_p95_ms"] or float("nan") for r in rows], marker="x",
+                   linestyle="--", label=f"{_name(server)} p95")  # fmt: skip
+    left.plot([0, top], [0, top], "k:", linewidth=1, label="N players at 1x")
+    capacity = results.get("capacity_audio_s_per_s") or 0.0
+    if capacity:
+        left.axhline(
+            capacity, color="grey", linestyle="--", linewidth=1, label=f"C = {capacity:.1f}"
+        )
+    left.set_xlabel("concurrent streams N")
+    left.set_ylabel("xRT (audio s per wall s)")
+    left.set_title("Throughput")
+    right.set_yscale("log")
+    _ms_log_axis(
+        right.yaxis,
+        [
+            r[k] or float("nan")
+            for rows in results["concurrency"].values()
+            for r in rows
+            for k in ("ttfa_p50_ms", "ttfa_p95_ms")
+        ],
+    )
+    right.set_xlabel("concurrent streams N")
+    right.set_ylabel("TTFA (ms)")
+    right.set_title("Time to first audio")
+    for ax in (left, right):
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_single_ttfa(results: Mapping[str, Any], path: Path) -> None:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for server, kinds in results["single_stream"].items():
+        for kind, r in kinds.items():
+            xs = sorted(r["ttfa_ms"])
+            if xs:
+                ys = [(i + 1) / len(xs) for i in range(len(xs))]
+                ax.step(xs, ys, where="post", label=f"{_name(server)}, {kind} first sentence")
+    ax.set_xscale("log")
+    _ms_log_axis(
+        ax.xaxis,
+        [
+            t
+            for kinds in results["single_stream"].values()
+            for r in kinds.values()
+            for t in r["ttfa_ms"]
+        ],
+    )
+    ax.set_xlabel("TTFA (ms)")
+    ax.set_ylabel("share of requests")
+    ax.set_title("Single stream TTFA")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_voice_report(results: Mapping[str, Any], out_dir: Path) -> str:
+    """results.json, table.md and every plot into `out_dir`; returns the table."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    table = voice_tables(results)
+    if results["runs"]:
+        write_report(results, out_dir)  # results.json, the policy table and plots
+        table += "\nPolicy comparison on the real voice:\n\n" + markdown_table(results)
+    else:
+        (out_dir / "results.json").write_text(
+            json.dumps(results, indent=1) + "\n", encoding="utf-8"
+        )
+    (out_dir / "table.md").write_text(table, encoding="utf-8")
+    plot_concurrency(results, out_dir / "concurrency.png")
+    plot_single_ttfa(results, out_dir / "single_stream_ttfa.png")
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m benchmarks.voice_report results.json [out_dir]`: redraw a report."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("results", type=Path)
+    parser.add_argument("out_dir", type=Path, nargs="?")
+    args = parser.parse_args(argv)
+    results = json.loads(args.results.read_text(encoding="utf-8"))
+    print(write_voice_report(results, args.out_dir or args.results.parent))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
