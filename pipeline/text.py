@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 
+MIN_REST_WORDS = 3  # the first fragment is not cut off when fewer words would remain
 _CLOSERS = "\"'”’»)\\]}"
 _SENTENCE_END = re.compile(rf"[.!?…]+[{_CLOSERS}]*(?=\s)")
 _PARAGRAPH = re.compile(r"\n[^\S\n]*\n")
@@ -93,13 +94,19 @@ def _word_cut(text: str, words: int) -> int | None:
 
 def _first_fragment(text: str, max_words: int) -> int | None:
     """Where to cut the stream's first fragment off normalised `text` (its first sentence,
-    or the start of it), or None when the sentence is short enough as it is."""
+    or the start of it), or None when the sentence is short enough as it is, or when the
+    cut would leave a remainder of a word or two (a segment that short is a talker call
+    and a vocoder turn for a fraction of a second of audio)."""
     if max_words <= 0 or len(text.split()) <= max_words:
         return None
     clause = _CLAUSE_END.search(text)
     if clause is not None and len(text[: clause.end()].split()) <= max_words:
-        return clause.end()
-    return _word_cut(text, max_words)
+        cut = clause.end()
+    else:
+        cut = _word_cut(text, max_words)
+    if cut is None or len(text[cut:].split()) < MIN_REST_WORDS:
+        return None
+    return cut
 
 
 def split_long(text: str, max_chars: int) -> list[str]:

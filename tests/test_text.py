@@ -78,11 +78,26 @@ def test_a_word_longer_than_the_limit_stays_whole() -> None:
     assert " ".join(segments) == f"a {word} b"
 
 
+def test_the_first_fragment_leaves_no_one_or_two_word_remainder() -> None:
+    # cutting after 6 words would leave "front desk." alone: a talker call for ~0.5 s
+    text = "Please wait for me at the front desk. Thanks."
+    assert split_text(text, first_fragment_words=6) == [
+        "Please wait for me at the front desk.",
+        "Thanks.",
+    ]
+    text = "Please wait for me at the big front desk."
+    assert split_text(text, first_fragment_words=6) == [
+        "Please wait for me at the",
+        "big front desk.",
+    ]
+
+
 def test_incremental_text_emits_the_first_fragment_before_the_sentence_ends() -> None:
     segmenter = Segmenter(first_fragment_words=3)
     assert segmenter.push("Hello there, my") == []  # 3 words: maybe the whole sentence
-    assert segmenter.push(" dear") == ["Hello there,"]
-    assert segmenter.push(" friend. How are") == ["my dear friend."]
+    assert segmenter.push(" dear") == []  # the cut would leave 2 words so far
+    assert segmenter.push(" old") == ["Hello there,"]
+    assert segmenter.push(" friend. How are") == ["my dear old friend."]
     assert segmenter.push(" you") == []
     assert segmenter.flush() == ["How are you"]
 
