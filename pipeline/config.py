@@ -110,6 +110,12 @@ class PiperConfig:
     voices_dir: str | None = None  # every <name>.onnx + <name>.onnx.json in it is served too
     cache_dir: str | None = None  # cut graphs are cached here; None: the user's cache dir
     output_gain: float = 0.8  # fixed gain (per-sentence peak normalisation cannot stream)
+    noise_scale: float | None = None  # None: each voice's own; 0: deterministic output
+    noise_w: float | None = None  # phoneme-duration noise; None: each voice's own
 
     def __post_init__(self) -> None:
         _positive("output_gain", self.output_gain)
+        for name in ("noise_scale", "noise_w"):
+            value = getattr(self, name)
+            if value is not None:
+                _non_negative(name, value)

@@ -76,7 +76,7 @@ def test_default_yaml_loads_as_the_piper_deployment():
     settings = load_settings(CONFIGS / "default.yaml", environ={})
     assert settings.backend.kind == "piper"
     assert settings.scheduling == SchedulingConfig(
-        policy="edf", active_stream_window=4, first_chunk_ms=100.0, safety_margin_ms=50.0
+        policy="edf", active_stream_window=1, first_chunk_ms=100.0, safety_margin_ms=50.0
     )
     assert settings.chunking == ChunkingConfig(
         chunk_frames=64, ramp=(8, 16, 32), left_context_frames=4, right_context_frames=4

@@ -1,8 +1,8 @@
 """The real voice (Piper, en_US-joe-medium) through the HTTP API of a live server.
 
-One PiperBackend is loaded for the module, with noise scales 0 so that every output is
-deterministic, and served by one live uvicorn server (`create_app(..., backend_factory=)`:
-PiperConfig has no noise fields, so the settings alone cannot ask for noise scales 0).
+One PiperBackend is loaded for the module, with noise scales 0 (`piper.noise_scale=0`,
+`piper.noise_w=0`) so that every output is deterministic, and served by one live uvicorn
+server (`create_app(..., backend_factory=)`, so the tests can use the same loaded voice).
 
 What "streamed and non-streamed output match" means here, since Playhead only ever streams:
 
@@ -57,16 +57,16 @@ LONG_TEXT = (
 @pytest.fixture(scope="module")
 def settings() -> Settings:
     return load_settings(
-        ROOT / "configs" / "default.yaml", ["server.log_level=warning"], environ={}
+        ROOT / "configs" / "default.yaml",
+        ["server.log_level=warning", "piper.noise_scale=0", "piper.noise_w=0"],
+        environ={},
     )
 
 
 @pytest.fixture(scope="module")
 def backend(settings: Settings) -> PiperBackend:
     """The bundled voice, noise scales 0 (default graph cache: the cut is done once)."""
-    return PiperBackend(
-        settings.piper, settings.talker, settings.vocoder, noise_scale=0.0, noise_w=0.0
-    )
+    return PiperBackend(settings.piper, settings.talker, settings.vocoder)
 
 
 @pytest.fixture(scope="module")

@@ -74,6 +74,9 @@ class PiperBackend:
         piper = piper or PiperConfig()
         talker = talker or TalkerConfig()
         vocoder = vocoder or VocoderConfig()
+        # keyword arguments override the config (tests pin noise to 0 this way)
+        noise_scale = piper.noise_scale if noise_scale is None else noise_scale
+        noise_w = piper.noise_w if noise_w is None else noise_w
         _non_negative_or_none("noise_scale", noise_scale)
         _non_negative_or_none("noise_w", noise_w)
         self._noise_scale = noise_scale
