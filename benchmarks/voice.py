@@ -14,7 +14,7 @@ own HTTP server, in one run on this machine.
 3. Capacity C of Playhead on this voice: the audio per second a closed loop of clients
    that never wait (next request at the last byte) gets from fifo with no window and no
    admission. Then the policy comparison of benchmarks/bench.py (fifo K=0, fifo K,
-   edf K, edf K + admission, plus edf K=1, the CPU setting: one stream per turn) at
+   edf K, edf K + admission with K=1, the CPU setting; plus edf K=4 for contrast) at
    N = 10 (the target) and 1 and 1.5 x C.
 4. benchmarks/results/voice-<timestamp>/: results.json, table.md, plots, server logs;
    copied to benchmarks/results/voice-latest.json and benchmarks/results/voice-latest/.
@@ -88,8 +88,10 @@ LONG_FIRST = (
 STREAM_COUNTS = (1, 4, 8, 16)
 FACTORS = (1.0, 1.5)  # policy comparison: N = these x C, and TARGET_STALL_FREE_STREAMS
 # On a CPU a "batch" of K chunks is K decodes in a row whose PCM all leaves at the end of
-# the call, so K=1 is the CPU setting worth comparing (edf K=1 rows, `--extra-windows`).
-EXTRA_WINDOWS = (1,)
+# the call, so K=1 (configs/default.yaml) is the CPU setting; edf K=4 rows show the cost of
+# a larger window (`--extra-windows`).
+WINDOW = 1
+EXTRA_WINDOWS = (4,)
 TARGET_TTFA_P50_MS = 60.0  # short first sentence, one stream
 TARGET_STALL_FREE_STREAMS = 10
 
@@ -331,7 +333,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--capacity-streams", type=int, default=16, help="clients saturating the capacity run"
     )
-    parser.add_argument("--window", type=int, default=4, help="K for the windowed policies")
+    parser.add_argument("--window", type=int, default=WINDOW, help="K for the windowed policies")
     parser.add_argument(
         "--factors",
         default=",".join(map(str, FACTORS)),
