@@ -215,6 +215,9 @@ class _Replica:
         self.vocoder_rate = CapacityEstimate(sc.capacity_window_s)
         self.talker_rate = CapacityEstimate(sc.capacity_window_s)
         self.active: dict[str, _Stream] = {}  # arrival order
+        # when the players of streams with all audio sent run dry (min-heap): admission
+        # counts them until then, as the engine does
+        self.playing_until: list[float] = []
         self.text_waiting: dict[str, _Stream] = {}  # untalked segments, no talker call
         self.talking: _Stream | None = None
         self.talk_t0 = 0.0
@@ -232,12 +235,19 @@ class _Replica:
     def capacity(self, now: float) -> float:
         return pipeline_capacity(self.vocoder_rate.value(now), self.talker_rate.value(now))
 
+    def playing(self, now: float) -> int:
+        """Streams with vocoder work left plus those still playing their last audio."""
+        while self.playing_until and self.playing_until[0] <= now:
+            heapq.heappop(self.playing_until)
+        return len(self.active) + len(self.playing_until)
+
     def finish_times(self, now: float, frame_s: float) -> Iterator[float]:
         horizon = self.scheduler.horizon_s
         for s in self.active.values():
             h = horizon(s.id)
             start = now if h is None else max(h, now)
             yield start + s.text.audio_s - s.emitted * frame_s
+        yield from self.playing_until
 
 
 @dataclass(frozen=True)
@@ -377,7 +387,7 @@ class _Simulation:
         retry_after: int | None = None
         for r in self.route(t):
             decision = r.admission.decide(
-                t, len(r.active), r.capacity(t), r.finish_times(t, self.frame_s)
+                t, r.playing(t), r.capacity(t), r.finish_times(t, self.frame_s)
             )
             if decision.accept:
                 if measured:
@@ -615,6 +625,9 @@ class _Simulation:
             self.finish(t, r, s)
 
     def finish(self, t: float, r: _Replica, s: _Stream) -> None:
+        horizon_s = r.scheduler.horizon_s(s.id)
+        if horizon_s is not None and horizon_s > t:
+            heapq.heappush(r.playing_until, horizon_s)
         del r.active[s.id]
         r.text_waiting.pop(s.id, None)
         r.scheduler.forget(s.id)
