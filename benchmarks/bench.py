@@ -29,8 +29,9 @@ retry_after_s (min/p50/max), wait_p50/p99_ms, audio_s, window_s, ttfa_ms (sample
 With admission, every figure is over accepted streams; a rejected client waits its
 Retry-After and sends the same text again (each attempt is a request of its own).
 
-Reusable for other backends (the real-voice bench): `serve`, `LoadPlan`, `run_load`,
-`measure_capacity`, `sweep`, `run_row`, and benchmarks.report's `write_report`.
+Reusable for other backends (the real-voice bench): `serve` (`server_process` for any
+server), `LoadPlan` (its `request` hook loads other APIs), `run_load`, `measure_capacity`,
+`sweep`, `run_row`, `add_common_arguments`, and benchmarks.report's `write_report`.
 """
 
 from __future__ import annotations
@@ -45,20 +46,29 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 
-from benchmarks.loadgen import LoadResult, RequestOptions, closed_loop, load_corpus
+from benchmarks.loadgen import (
+    LoadResult,
+    Requester,
+    RequestOptions,
+    closed_loop,
+    load_corpus,
+    request_once,
+)
 from benchmarks.player import STALL_TOLERANCE_S, percentile, stall_ratio_bound
 from benchmarks.report import markdown_table, publish_latest, stall_free_capacity, write_report
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 CONFIG = ROOT / "configs" / "sim.yaml"
+T = TypeVar("T")
 
 # The costs are configs/sim.yaml's: 80 ms frames, vocoder 4 ms + 9 ms per frame, batched,
 # so C ~ 0.08 / 0.009 ~ 8.8 streams; K=4 turns of 8-frame chunks take ~300 ms, hence its
@@ -90,6 +100,11 @@ class Policy:
     def label(self) -> str:
         return f"{self.policy} K={self.window}" + (" + admission" if self.admission else "")
 
+    @property
+    def slug(self) -> str:
+        """The label as a file name part (server-<slug>.log)."""
+        return self.label.replace(" ", "_").replace("+", "plus")
+
     def overrides(self) -> list[str]:
         return [
             f"scheduling.policy={self.policy}",
@@ -107,21 +122,24 @@ def policies(window: int) -> list[Policy]:
     ]
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
 
 @contextlib.contextmanager
-def serve(
-    config: Path, overrides: Sequence[str], log_path: Path, timeout_s: float = 60.0
+def server_process(
+    command: Sequence[str],
+    port: int,
+    log_path: Path,
+    *,
+    ready_path: str = "/ready",
+    name: str = "server",
+    timeout_s: float = 60.0,
 ) -> Iterator[str]:
-    """A `playhead serve` subprocess; yields its base URL once /ready answers 200."""
-    port = _free_port()
-    command = [sys.executable, "-m", "app", "serve", "--config", str(config), "--port", str(port)]
-    for item in overrides:
-        command += ["--set", item]
+    """`command` as a subprocess serving on loopback `port`, its output in `log_path`;
+    yields its base URL once GET `ready_path` answers 200, then stops it (SIGINT, then kill)."""
     log = log_path.open("w", encoding="utf-8")
     proc = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -129,14 +147,12 @@ def serve(
         deadline = time.monotonic() + timeout_s
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}; see {log_path}")
-            try:
-                if httpx.get(url + "/ready", timeout=1.0).status_code == 200:
+                raise RuntimeError(f"{name} exited with {proc.returncode}; see {log_path}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + ready_path, timeout=1.0).status_code == 200:
                     break
-            except httpx.HTTPError:
-                pass
             if time.monotonic() > deadline:
-                raise RuntimeError(f"server not ready after {timeout_s} s; see {log_path}")
+                raise RuntimeError(f"{name} not ready after {timeout_s} s; see {log_path}")
             time.sleep(0.1)
         yield url
     finally:
@@ -148,6 +164,17 @@ def serve(
                 proc.kill()
                 proc.wait()
         log.close()
+
+
+def serve(
+    config: Path, overrides: Sequence[str], log_path: Path, timeout_s: float = 60.0
+) -> contextlib.AbstractContextManager[str]:
+    """A `playhead serve` subprocess; yields its base URL once /ready answers 200."""
+    port = free_port()
+    command = [sys.executable, "-m", "app", "serve", "--config", str(config), "--port", str(port)]
+    for item in overrides:
+        command += ["--set", item]
+    return server_process(command, port, log_path, timeout_s=timeout_s)
 
 
 def run_row(policy: Policy, result: LoadResult, capacity: float) -> dict[str, object]:
@@ -229,6 +256,8 @@ class LoadPlan:
     warmup_s: float = 2.0
     capacity_duration_s: float = 10.0
     seed: int = 0
+    request: Requester = request_once  # the server's client (closed_loop's hook)
+    drain_timeout_s: float = 120.0  # how long measured streams may run past the window
 
 
 def run_load(url: str, n: int, plan: LoadPlan, *, capacity: bool = False) -> LoadResult:
@@ -245,6 +274,8 @@ def run_load(url: str, n: int, plan: LoadPlan, *, capacity: bool = False) -> Loa
             seed=plan.seed,
             drain=not capacity,
             next_request="after_last_byte" if capacity else "after_playback",
+            request=plan.request,
+            drain_timeout_s=plan.drain_timeout_s,
         )
     )
 
@@ -268,14 +299,16 @@ def sweep(
     plan: LoadPlan,
     capacity: float,
     log_path: Path,
+    log: Callable[[str], None] | None = None,
 ) -> list[dict[str, object]]:
     """One server with `policy`, one closed-loop point per N in `counts`: results rows."""
+    log = log or _log
     rows = []
     with serve(config, [*settings, *policy.overrides()], log_path) as url:
         for n in counts:
             row = run_row(policy, run_load(url, n, plan), capacity)
             rows.append(row)
-            _log(
+            log(
                 f"{policy.label:22s} N={n:3d} stall ratio {row['stall_ratio']:.3f} "
                 f"(bound {row['stall_ratio_bound']:.3f}) stall-free "
                 f"{100 * row['stall_free_share']:.0f}% "
@@ -286,46 +319,81 @@ def sweep(
     return rows
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.bench", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument("--config", type=Path, default=CONFIG)
+def add_common_arguments(
+    parser: argparse.ArgumentParser,
+    *,
+    config: Path,
+    window: int,
+    factors: Sequence[float],
+    duration_s: float,
+    latest: str,
+) -> None:
+    """The arguments the sim bench and the real-voice bench (benchmarks/voice.py) share;
+    --factors stays a string (see number_list)."""
+    parser.add_argument("--config", type=Path, default=config)
     parser.add_argument(
         "--set",
         dest="overrides",
         action="append",
         default=[],
         metavar="S.F=V",
-        help="extra server setting (after the bench's own)",
+        help="extra Playhead setting (every Playhead server of the run, after the bench's own)",
     )
-    parser.add_argument("--window", type=int, default=4, help="K for the windowed policies")
+    parser.add_argument("--window", type=int, default=window, help="K for the windowed policies")
     parser.add_argument(
         "--factors",
-        default=",".join(map(str, FACTORS)),
-        help="N as multiples of C, comma-separated",
+        default=",".join(map(str, factors)),
+        help="policy comparison: N as multiples of C, comma-separated",
     )
-    parser.add_argument("--duration", type=float, default=14.0, help="measured window, s")
-    parser.add_argument("--warmup", type=float, default=2.0, help="unmeasured start, s")
+    parser.add_argument(
+        "--duration", type=float, default=duration_s, help="measured window of a load, s"
+    )
+    parser.add_argument("--warmup", type=float, default=2.0, help="unmeasured start of a load, s")
     parser.add_argument("--capacity-duration", type=float, default=10.0)
     parser.add_argument(
         "--max-text-chars",
         type=int,
         default=150,
-        help="use the corpus texts up to this length (keeps runs short)",
+        help="load texts: the corpus texts up to this length (keeps runs short)",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--no-latest", action="store_true", help=f"don't update results/{latest}*")
+
+
+def number_list(text: str, kind: Callable[[str], T]) -> list[T]:
+    """'1,4, 8' -> [1, 4, 8] (kind=int); '' -> []."""
+    return [kind(c) for c in str(text).split(",") if c.strip()]
+
+
+def new_run_dir(root: Path, prefix: str = "") -> Path:
+    """root/<prefix><UTC timestamp>/, created."""
+    out_dir = root / (prefix + datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return out_dir
+
+
+def config_name(config: Path) -> str:
+    """The config's path relative to the repository when it lies inside it."""
+    return str(config.relative_to(ROOT) if config.is_relative_to(ROOT) else config)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.bench", description=__doc__.split("\n")[0]
+    )
+    add_common_arguments(
+        parser, config=CONFIG, window=4, factors=FACTORS, duration_s=14.0, latest="latest"
     )
     parser.add_argument("--format", default="pcm", help="response_format (default pcm)")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="smoke run: 2 points, short")
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
-    parser.add_argument("--no-latest", action="store_true", help="don't update results/latest*")
     args = parser.parse_args(argv)
     if args.quick:
         args.factors = "0.5,2"
         args.duration = 5.0
         args.capacity_duration = 5.0
 
-    factors = [float(f) for f in args.factors.split(",") if f.strip()]
+    factors = number_list(args.factors, float)
     plan = LoadPlan(
         texts=tuple(t for t in load_corpus() if len(t) <= args.max_text_chars),
         options=RequestOptions(voice="sim", response_format=args.format),
@@ -334,9 +402,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         capacity_duration_s=args.capacity_duration,
         seed=args.seed,
     )
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    out_dir = args.out / stamp
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = new_run_dir(args.out)
     settings = [*BENCH_SETTINGS, *args.overrides]
     started = time.monotonic()
 
@@ -350,10 +416,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     runs: list[dict[str, object]] = []
     for policy in policies(args.window):
-        name = policy.label.replace(" ", "_").replace("+", "plus")
-        runs += sweep(
-            args.config, settings, policy, counts, plan, capacity, out_dir / f"server-{name}.log"
-        )
+        log_path = out_dir / f"server-{policy.slug}.log"
+        runs += sweep(args.config, settings, policy, counts, plan, capacity, log_path)
 
     results = {
         "machine": machine(),
@@ -370,9 +434,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "capacity_run": run_row(Policy("fifo", 0, False), cap_result, capacity),
         "max_xrt_seen": max([capacity, *(float(r["xrt"]) for r in runs)]),  # type: ignore[arg-type]
         "settings": settings,
-        "config": str(
-            args.config.relative_to(ROOT) if args.config.is_relative_to(ROOT) else args.config
-        ),
+        "config": config_name(args.config),
         "seed": args.seed,
         "duration_s": args.duration,
         "warmup_s": args.warmup,

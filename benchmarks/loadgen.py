@@ -28,7 +28,9 @@ accepted one records how long its client waited since the first. In the open loo
 rejected arrival is not retried.
 
 Entry points: `closed_loop`, `open_loop` (async, return a LoadResult with the records, the
-Summary of benchmarks/player.py and every arrival), `request_once`, `load_corpus`.
+Summary of benchmarks/player.py and every arrival), `request_once`, `load_corpus`. Other
+servers' clients plug into `closed_loop(request=...)`, with `play_request` and a BodyReader
+doing the playing and the recording.
 """
 
 from __future__ import annotations
@@ -39,9 +41,10 @@ import io
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import httpx
 
@@ -206,6 +209,54 @@ class Tracker:
         self.players: set[Player] = set()
 
 
+class BodyReader(Protocol):
+    """Turns a response body, read by read, into seconds of audio."""
+
+    def feed(self, at_s: float, data: bytes) -> float:
+        """Seconds of audio this read makes playable now."""
+        ...
+
+    def flush(self) -> list[Arrival]:
+        """Audio that could only be credited once the whole body had arrived."""
+        ...
+
+
+class PcmReader:
+    """Raw PCM (s16le mono by default): whole sample frames, rate x frame_bytes a second."""
+
+    def __init__(self, sample_rate_hz: int, frame_bytes: int = 2) -> None:
+        self._frame_bytes = frame_bytes
+        self._bytes_per_s = float(sample_rate_hz * frame_bytes)
+        self._odd = 0  # bytes of a sample frame split across reads
+
+    def feed(self, at_s: float, data: bytes) -> float:
+        usable = (self._odd + len(data)) // self._frame_bytes * self._frame_bytes
+        self._odd = self._odd + len(data) - usable
+        return usable / self._bytes_per_s
+
+    def flush(self) -> list[Arrival]:
+        return []
+
+
+class EncodedReader:
+    """An encoded format: decoded once the body is complete (see credit_encoded)."""
+
+    def __init__(self, response_format: str) -> None:
+        self._format = response_format
+        self._reads: list[tuple[float, int]] = []
+        self._chunks: list[bytes] = []
+        self._total = 0
+
+    def feed(self, at_s: float, data: bytes) -> float:
+        self._total += len(data)
+        self._reads.append((at_s, self._total))
+        self._chunks.append(data)
+        return 0.0
+
+    def flush(self) -> list[Arrival]:
+        return credit_encoded(self._reads, b"".join(self._chunks), self._format)
+
+
 async def request_once(
     client: httpx.AsyncClient,
     base_url: str,
@@ -215,134 +266,77 @@ async def request_once(
     waited_s: float = 0.0,
     tracker: Tracker | None = None,
 ) -> RequestResult:
-    """Send one request and play its stream. Never raises for HTTP or stream errors."""
-    player = Player()
-    if tracker is None:
-        tracker = Tracker()
-    tracker.players.add(player)
-    try:
-        return await _request(client, base_url, text, options, clock, waited_s, player, tracker)
-    finally:
-        tracker.players.discard(player)
+    """POST /v1/audio/speech and play its stream. Never raises for HTTP or stream errors."""
+    reader: BodyReader
+    if options.response_format == "pcm":
+        reader = PcmReader(options.sample_rate_hz)
+    else:
+        reader = EncodedReader(options.response_format)
+    return await play_request(
+        client,
+        base_url.rstrip("/") + "/v1/audio/speech",
+        text,
+        clock,
+        body=options.body(text),
+        headers=options.headers(),
+        reader=reader,
+        waited_s=waited_s,
+        tracker=tracker,
+    )
 
 
-async def _request(
+async def play_request(
     client: httpx.AsyncClient,
-    base_url: str,
+    url: str,
     text: str,
-    options: RequestOptions,
     clock: Clock,
-    waited_s: float,
-    player: Player,
-    tracker: Tracker,
+    *,
+    body: dict[str, object],
+    reader: BodyReader,
+    headers: dict[str, str] | None = None,
+    waited_s: float = 0.0,
+    tracker: Tracker | None = None,
 ) -> RequestResult:
-    url = base_url.rstrip("/") + "/v1/audio/speech"
+    """POST `body` (JSON) to `url` and play the answer through a 1x player as `reader`
+    credits its audio. A non-200 answer is recorded (429: rejected, with its Retry-After),
+    never raised, as are HTTP and stream errors."""
+    player = Player()
+    run_tracker = tracker if tracker is not None else Tracker()
     arrivals: list[Arrival] = []
-    sent = clock()
-    answered = sent
+
+    def hear(arrival: Arrival) -> None:
+        player.feed(arrival.at_s, arrival.duration_s)
+        arrivals.append(arrival)
+        run_tracker.arrivals.append(arrival)
+
+    run_tracker.players.add(player)
+    sent = answered = finished = clock()
     status: int | None = None
-    pcm = options.response_format == "pcm"
-    bytes_per_s = 2.0 * options.sample_rate_hz
+    outcome, error, retry_after = Outcome.FAILED, None, None
     try:
-        async with client.stream(
-            "POST", url, json=options.body(text), headers=options.headers()
-        ) as response:
+        async with client.stream("POST", url, json=body, headers=headers) as response:
             answered = clock()
             status = response.status_code
             if status != 200:
-                detail = (await response.aread()).decode("utf-8", "replace")[:300]
+                error = (await response.aread()).decode("utf-8", "replace")[:300]
                 retry_after = _retry_after(response.headers.get("retry-after"))
                 outcome = Outcome.REJECTED if status == 429 else Outcome.FAILED
-                return _result(
-                    outcome,
-                    sent,
-                    answered,
-                    clock(),
-                    player,
-                    text,
-                    waited_s,
-                    arrivals,
-                    status,
-                    detail,
-                    retry_after,
-                )
-            reads: list[tuple[float, int]] = []
-            chunks: list[bytes] = []
-            total = 0
-            odd = 0  # a sample split across two reads
-            async for data in response.aiter_raw():
-                now = clock()
-                total += len(data)
-                if pcm:
-                    usable = (odd + len(data)) // 2 * 2
-                    odd = odd + len(data) - usable
-                    seconds = usable / bytes_per_s
+                finished = clock()
+            else:
+                async for data in response.aiter_raw():
+                    now = clock()
+                    seconds = reader.feed(now, data)
                     if seconds > 0:
-                        player.feed(now, seconds)
-                        arrival = Arrival(now, seconds)
-                        arrivals.append(arrival)
-                        tracker.arrivals.append(arrival)
-                else:
-                    reads.append((now, total))
-                    chunks.append(data)
-            finished = clock()
-            if not pcm:
-                for a in credit_encoded(reads, b"".join(chunks), options.response_format):
-                    player.feed(a.at_s, a.duration_s)
-                    arrivals.append(a)
-                    tracker.arrivals.append(a)
-            return _result(
-                Outcome.OK,
-                sent,
-                answered,
-                finished,
-                player,
-                text,
-                waited_s,
-                arrivals,
-                status,
-                None,
-                None,
-            )
+                        hear(Arrival(now, seconds))
+                finished = clock()
+                for arrival in reader.flush():
+                    hear(arrival)
+                outcome = Outcome.OK
     except (httpx.HTTPError, OSError, ValueError) as exc:
-        return _result(
-            Outcome.FAILED,
-            sent,
-            answered,
-            clock(),
-            player,
-            text,
-            waited_s,
-            arrivals,
-            status,
-            f"{type(exc).__name__}: {exc}",
-            None,
-        )
-
-
-def _retry_after(value: str | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        return None
-    return seconds if math.isfinite(seconds) and seconds >= 0 else None
-
-
-def _result(
-    outcome: Outcome,
-    sent: float,
-    answered: float,
-    finished: float,
-    player: Player,
-    text: str,
-    waited_s: float,
-    arrivals: list[Arrival],
-    status: int | None,
-    error: str | None,
-    retry_after: float | None,
-) -> RequestResult:
+        outcome, error, retry_after = Outcome.FAILED, f"{type(exc).__name__}: {exc}", None
+        finished = clock()
+    finally:
+        run_tracker.players.discard(player)
     record = StreamRecord(
         outcome=outcome,
         sent_at_s=sent,
@@ -356,6 +350,16 @@ def _result(
         waited_s=waited_s,
     )
     return RequestResult(record, tuple(arrivals))
+
+
+def _retry_after(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
 
 
 class Clock:
@@ -478,6 +482,14 @@ async def _stop(tasks: Sequence[asyncio.Task[None]]) -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
+# closed_loop's `request=` hook, request_once's signature: (client, base_url, text, options,
+# clock, waited_s, tracker) -> the request's result; never raises for HTTP or stream errors.
+Requester = Callable[
+    [httpx.AsyncClient, str, str, RequestOptions, Clock, float, Tracker | None],
+    Awaitable[RequestResult],
+]
+
+
 async def closed_loop(
     base_url: str,
     texts: Sequence[str],
@@ -492,6 +504,7 @@ async def closed_loop(
     drain_timeout_s: float = 120.0,
     drain: bool = True,
     next_request: str = "after_playback",
+    request: Requester = request_once,
 ) -> LoadResult:
     """N listeners, each sending its next request when its stream ends.
 
@@ -500,7 +513,9 @@ async def closed_loop(
     "after_last_byte" sends it as soon as the last byte arrived (N requests always open at
     the server, which is then saturated at any N: a throughput measurement).
     drain=False ends the run at `duration_s` sharp (xRT over [warmup_s, duration_s]);
-    only the streams that finished by then are recorded."""
+    only the streams that finished by then are recorded.
+    request: how one request is made and played (default: request_once, OpenAI's speech
+    API); another server's client goes here, e.g. benchmarks.voice_peer.peer_request."""
     if streams < 1:
         raise ValueError("streams must be >= 1")
     if next_request not in NEXT_REQUEST:
@@ -516,9 +531,7 @@ async def closed_loop(
             waited = 0.0
             while True:
                 measured = run.claim()  # every attempt: a retry is a new request
-                res = await request_once(
-                    client, base_url, text, options, run.clock, waited, run.tracker
-                )
+                res = await request(client, base_url, text, options, run.clock, waited, run.tracker)
                 (run.measured if measured else run.background).append(res)
                 rec = res.record
                 if measured:

@@ -61,7 +61,7 @@ def stall_free_capacity(runs: Sequence[Run]) -> dict[str, float]:
     return out
 
 
-def _fmt(value: Any, spec: str = ".0f", none: str = "–") -> str:
+def fmt(value: Any, spec: str = ".0f", none: str = "–") -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return none
     return format(value, spec)
@@ -85,10 +85,10 @@ def markdown_table(results: Mapping[str, Any]) -> str:
             n = run["streams"]
             bound = run.get("stall_ratio_bound", stall_ratio_bound(n, capacity))
             ttfa = " / ".join(
-                _fmt(run.get(k)) for k in ("ttfa_p50_ms", "ttfa_p95_ms", "ttfa_p99_ms")
+                fmt(run.get(k)) for k in ("ttfa_p50_ms", "ttfa_p95_ms", "ttfa_p99_ms")
             )
             lines.append(
-                f"| {label} | {n} | {n / capacity:.2f} | {_fmt(run.get('listening_mean'), '.1f')} "
+                f"| {label} | {n} | {n / capacity:.2f} | {fmt(run.get('listening_mean'), '.1f')} "
                 f"| {run['stall_ratio']:.3f} | {bound:.3f} "
                 f"| {100 * run['stall_free_share']:.1f}% | {run['interruptions']} | {ttfa} "
                 f"| {run['rejected']} | {run['xrt']:.2f} |"
@@ -124,7 +124,7 @@ def markdown_table(results: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _pyplot():  # type: ignore[no-untyped-def]
+def pyplot():  # type: ignore[no-untyped-def]
     import matplotlib
 
     matplotlib.use("Agg")
@@ -133,9 +133,27 @@ def _pyplot():  # type: ignore[no-untyped-def]
     return plt
 
 
+def plot_cdf(ax: Any, samples: Iterable[float], label: str) -> None:
+    """The empirical CDF of `samples` as a step line (nothing without samples)."""
+    xs = sorted(samples)
+    if xs:
+        ys = [(i + 1) / len(xs) for i in range(len(xs))]
+        ax.step(xs, ys, where="post", label=label)
+
+
+def save_figure(fig: Any, path: Path, axes: Iterable[Any] = (), legend_fontsize: int = 8) -> None:
+    """A grid and the legend on each of `axes`, then `fig` to `path` (100 dpi), closed."""
+    for ax in axes:
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=legend_fontsize)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    pyplot().close(fig)
+
+
 def plot_ttfa_cdf(results: Mapping[str, Any], path: Path) -> None:
     """One panel per N, one TTFA CDF per policy."""
-    plt = _pyplot()
+    plt = pyplot()
     runs = [r for r in results["runs"] if r.get("ttfa_ms")]
     ns = sorted({r["streams"] for r in runs})
     if not ns:
@@ -146,9 +164,7 @@ def plot_ttfa_cdf(results: Mapping[str, Any], path: Path) -> None:
         for label in labels_in_order(runs):
             for run in runs:
                 if run["streams"] == n and run_label(run) == label:
-                    xs = sorted(run["ttfa_ms"])
-                    ys = [(i + 1) / len(xs) for i in range(len(xs))]
-                    ax.step(xs, ys, where="post", label=label)
+                    plot_cdf(ax, run["ttfa_ms"], label)
         ax.axvline(TTFA_P99_LIMIT_MS, color="grey", linestyle=":", linewidth=1)
         ax.set_xscale("log")
         ax.set_title(f"N = {n} ({n / capacity:.2f} C)")
@@ -156,28 +172,31 @@ def plot_ttfa_cdf(results: Mapping[str, Any], path: Path) -> None:
         ax.grid(True, alpha=0.3)
     axes[0][0].set_ylabel("share of streams")
     axes[0][-1].legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
-def _by_label(runs: Sequence[Run], field: str) -> dict[str, tuple[list[float], list[float]]]:
-    out: dict[str, tuple[list[float], list[float]]] = {}
-    for label in labels_in_order(runs):
+def _plot_by_label(
+    results: Mapping[str, Any], field: str, scale: float = 1.0
+) -> tuple[Any, Any, float]:
+    """A figure with `field` (times `scale`) against N, one line per label: (fig, ax, C)."""
+    fig, ax = pyplot().subplots(figsize=(6, 4))
+    runs = results["runs"]
+    for i, label in enumerate(labels_in_order(runs)):
         points = sorted((r["streams"], r[field]) for r in runs if run_label(r) == label)
-        out[label] = ([p[0] for p in points], [p[1] for p in points])
-    return out
+        ax.plot(
+            [n for n, _ in points],
+            [scale * y for _, y in points],
+            marker=MARKERS[i % len(MARKERS)],
+            alpha=0.85,
+            label=label,
+        )
+    return fig, ax, float(results["capacity_audio_s_per_s"])
 
 
 def plot_stall_ratio(results: Mapping[str, Any], path: Path) -> None:
     """Stall ratio against N, with the bound max(0, N/C - 1)."""
-    plt = _pyplot()
-    capacity = float(results["capacity_audio_s_per_s"])
-    runs = results["runs"]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for i, (label, (xs, ys)) in enumerate(_by_label(runs, "stall_ratio").items()):
-        ax.plot(xs, ys, marker=MARKERS[i % len(MARKERS)], alpha=0.85, label=label)
-    top = max(r["streams"] for r in runs) * 1.05
+    fig, ax, capacity = _plot_by_label(results, "stall_ratio")
+    top = max(r["streams"] for r in results["runs"]) * 1.05
     grid = [top * i / 200 for i in range(201)]
     ax.plot(
         grid, [stall_ratio_bound(n, capacity) for n in grid], "k--", label="bound max(0, N/C-1)"
@@ -186,32 +205,18 @@ def plot_stall_ratio(results: Mapping[str, Any], path: Path) -> None:
     ax.set_xlabel("listeners N (closed loop)")
     ax.set_ylabel("stall ratio (stall s / audio s)")
     ax.set_title(f"Stall ratio vs N (C = {capacity:.2f})")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path, [ax])
 
 
 def plot_stall_free(results: Mapping[str, Any], path: Path) -> None:
-    plt = _pyplot()
-    capacity = float(results["capacity_audio_s_per_s"])
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for i, (label, (xs, ys)) in enumerate(_by_label(results["runs"], "stall_free_share").items()):
-        ax.plot(
-            xs, [100 * y for y in ys], marker=MARKERS[i % len(MARKERS)], alpha=0.85, label=label
-        )
+    fig, ax, capacity = _plot_by_label(results, "stall_free_share", scale=100.0)
     ax.axhline(100 * STALL_FREE_SHARE, color="grey", linestyle=":", linewidth=1)
     ax.axvline(capacity, color="grey", linestyle=":", linewidth=1)
     ax.set_xlabel("listeners N (closed loop)")
     ax.set_ylabel(f"stall-free streams (%; stalls < {STALL_TOLERANCE_S * 1000:.0f} ms ignored)")
     ax.set_ylim(-2, 102)
     ax.set_title("Stall-free share vs N")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path, [ax])
 
 
 PLOTS = {
@@ -221,11 +226,17 @@ PLOTS = {
 }
 
 
+def write_results_json(results: Mapping[str, Any], out_dir: Path) -> Path:
+    """out_dir/results.json (out_dir created)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "results.json"
+    path.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    return path
+
+
 def write_report(results: Mapping[str, Any], out_dir: Path) -> list[Path]:
     """results.json, table.md and the plots into `out_dir`; returns the paths written."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = [out_dir / "results.json", out_dir / "table.md"]
-    written[0].write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    written = [write_results_json(results, out_dir), out_dir / "table.md"]
     written[1].write_text(markdown_table(results), encoding="utf-8")
     for name, plot in PLOTS.items():
         plot(results, out_dir / name)
@@ -247,17 +258,22 @@ def publish_latest(out_dir: Path, results_root: Path, prefix: str = "latest") ->
             shutil.copyfile(path, latest_dir / path.name)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m benchmarks.report results.json [out_dir]`: redraw a report."""
+def redraw_args(argv: Sequence[str] | None, description: str | None) -> tuple[Any, Path]:
+    """`results.json [out_dir]` from the command line: the results, and where to write
+    (out_dir, or the folder of results.json)."""
     import argparse
 
-    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("results", type=Path)
     parser.add_argument("out_dir", type=Path, nargs="?")
     args = parser.parse_args(argv)
     results = json.loads(args.results.read_text(encoding="utf-8"))
-    out = args.out_dir or args.results.parent
-    for path in write_report(results, out):
+    return results, args.out_dir or args.results.parent
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m benchmarks.report results.json [out_dir]`: redraw a report."""
+    for path in write_report(*redraw_args(argv, main.__doc__)):
         print(path)
     return 0
 

@@ -34,30 +34,36 @@ import asyncio
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from benchmarks.bench import Policy, machine, policies, run_row, serve
-from benchmarks.loadgen import (
-    Clock,
-    LoadResult,
-    RequestOptions,
-    Tracker,
-    closed_loop,
-    load_corpus,
-    request_once,
+from benchmarks.bench import (
+    LoadPlan,
+    Policy,
+    add_common_arguments,
+    config_name,
+    machine,
+    measure_capacity,
+    new_run_dir,
+    number_list,
+    policies,
+    run_load,
+    run_row,
+    serve,
+    sweep,
 )
+from benchmarks.loadgen import Clock, LoadResult, RequestOptions, closed_loop, load_corpus
 from benchmarks.player import Outcome
 from benchmarks.report import publish_latest, stall_free_capacity
-from benchmarks.voice_peer import peer_closed_loop, peer_request, piper_server
+from benchmarks.voice_peer import PEER_DRAIN_TIMEOUT_S, PEER_OPTIONS, peer_request, piper_server
 from benchmarks.voice_report import write_voice_report
 from pipeline.backends.piper import bundled_model_path
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 CONFIG = ROOT / "configs" / "default.yaml"
 SERVER_SETTINGS = ("server.log_level=warning",)
 PLAYHEAD, PIPER = "playhead", "piper-http"
@@ -125,155 +131,101 @@ def _short(r: dict[str, Any]) -> str:
     )
 
 
+async def _voice_options(url: str) -> RequestOptions:
+    """pcm in the served voice at its own rate."""
+    async with httpx.AsyncClient(timeout=10.0) as client:
+        voice = (await client.get(url + "/v1/audio/voices")).json()["voices"][0]
+    return RequestOptions(
+        voice=voice["id"], response_format="pcm", sample_rate_hz=int(voice["sample_rate"])
+    )
+
+
+async def _warm(url: str, plan: LoadPlan) -> None:
+    async with httpx.AsyncClient(timeout=60.0) as client:
+        for text in SHORT_FIRST[:2]:
+            await plan.request(client, url, text, plan.options, Clock(), 0.0, None)
+
+
 class Bench:
     """The run's steps; each starts its own server(s) and stops them."""
 
     def __init__(self, args: argparse.Namespace, out_dir: Path) -> None:
         self.args = args
         self.out_dir = out_dir
-        self.corpus = [t for t in load_corpus() if len(t) <= args.max_text_chars]
-        self.options = RequestOptions()  # replaced by the served voice and its rate
-
-    async def _voice(self, url: str) -> RequestOptions:
-        async with httpx.AsyncClient(timeout=10.0) as client:
-            voice = (await client.get(url + "/v1/audio/voices")).json()["voices"][0]
-        return RequestOptions(
-            voice=voice["id"], response_format="pcm", sample_rate_hz=int(voice["sample_rate"])
+        self.settings = [*SERVER_SETTINGS, *args.overrides]
+        self.plan = LoadPlan(  # Playhead's; its options become the served voice and rate
+            texts=tuple(t for t in load_corpus() if len(t) <= args.max_text_chars),
+            options=RequestOptions(),
+            duration_s=args.duration,
+            warmup_s=args.warmup,
+            capacity_duration_s=args.capacity_duration,
+            seed=args.seed,
         )
 
-    async def _warm_playhead(self, url: str) -> None:
-        async with httpx.AsyncClient(timeout=60.0) as client:
-            for text in SHORT_FIRST[:2]:
-                await request_once(client, url, text, self.options, Clock())
-
-    async def _warm_piper(self, url: str) -> None:
-        async with httpx.AsyncClient(timeout=60.0) as client:
-            for text in SHORT_FIRST[:2]:
-                await peer_request(client, url, text, Clock(), Tracker())
-
-    def _load_playhead(self, url: str, streams: int, *, duration_s: float) -> LoadResult:
+    def _measure(
+        self, server: str, url: str, plan: LoadPlan
+    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """Against one server: single stream (short, then long first sentence), then the
+        closed loops of the N sweep."""
         a = self.args
-        return asyncio.run(
-            closed_loop(
-                url,
-                self.corpus,
-                streams=streams,
-                duration_s=a.warmup + duration_s,
-                warmup_s=a.warmup,
-                options=self.options,
-                seed=a.seed,
+        asyncio.run(_warm(url, plan))
+        single: dict[str, Any] = {}
+        for kind, texts in (("short", SHORT_FIRST), ("long", LONG_FIRST)):
+            result = asyncio.run(
+                closed_loop(
+                    url,
+                    texts,
+                    streams=1,
+                    count=a.requests,
+                    options=plan.options,
+                    seed=plan.seed,
+                    next_request="after_last_byte",
+                    request=plan.request,
+                )
             )
-        )
+            single[kind] = row(server, result)
+            _log(f"{server} single stream, {kind} first sentence: {_short(single[kind])}")
+        by_n: list[dict[str, Any]] = []
+        for n in a.counts:
+            by_n.append(row(server, run_load(url, n, plan)))
+            _log(f"{server} N={n:2d}: {_short(by_n[-1])}")
+            time.sleep(1.0)  # let the server end (or finish) the cancelled background streams
+        return single, by_n
 
     def playhead(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        a = self.args
-        single: dict[str, Any] = {}
-        sweep: list[dict[str, Any]] = []
-        with serve(
-            a.config, [*SERVER_SETTINGS, *a.overrides], self.out_dir / "server-playhead.log"
-        ) as url:
-            self.options = asyncio.run(self._voice(url))
-            asyncio.run(self._warm_playhead(url))
-            for kind, texts in (("short", SHORT_FIRST), ("long", LONG_FIRST)):
-                result = asyncio.run(
-                    closed_loop(
-                        url,
-                        texts,
-                        streams=1,
-                        count=a.requests,
-                        options=self.options,
-                        seed=a.seed,
-                        next_request="after_last_byte",
-                    )
-                )
-                single[kind] = row(PLAYHEAD, result)
-                _log(f"playhead single stream, {kind} first sentence: {_short(single[kind])}")
-            for n in a.counts:
-                sweep.append(row(PLAYHEAD, self._load_playhead(url, n, duration_s=a.duration)))
-                _log(f"playhead N={n:2d}: {_short(sweep[-1])}")
-                time.sleep(1.0)  # let cancelled background streams drain on the server
-        return single, sweep
+        with serve(self.args.config, self.settings, self.out_dir / "server-playhead.log") as url:
+            self.plan = replace(self.plan, options=asyncio.run(_voice_options(url)))
+            return self._measure(PLAYHEAD, url, self.plan)
 
     def piper(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        a = self.args
-        single: dict[str, Any] = {}
-        sweep: list[dict[str, Any]] = []
+        plan = replace(
+            self.plan,
+            options=PEER_OPTIONS,
+            request=peer_request,
+            drain_timeout_s=PEER_DRAIN_TIMEOUT_S,
+        )
         with piper_server(bundled_model_path(), self.out_dir / "server-piper-http.log") as url:
-            asyncio.run(self._warm_piper(url))
-            for kind, texts in (("short", SHORT_FIRST), ("long", LONG_FIRST)):
-                result = asyncio.run(
-                    peer_closed_loop(
-                        url,
-                        texts,
-                        streams=1,
-                        count=a.requests,
-                        seed=a.seed,
-                        next_request="after_last_byte",
-                    )
-                )
-                single[kind] = row(PIPER, result)
-                _log(f"piper-http single stream, {kind} first sentence: {_short(single[kind])}")
-            for n in a.counts:
-                result = asyncio.run(
-                    peer_closed_loop(
-                        url,
-                        self.corpus,
-                        streams=n,
-                        duration_s=a.warmup + a.duration,
-                        warmup_s=a.warmup,
-                        seed=a.seed,
-                    )
-                )
-                sweep.append(row(PIPER, result))
-                _log(f"piper-http N={n:2d}: {_short(sweep[-1])}")
-                time.sleep(1.0)  # piper finishes what it started: let it
-        return single, sweep
+            return self._measure(PIPER, url, plan)
 
     def capacity(self) -> tuple[float, int, dict[str, Any]]:
         """Audio per second received from fifo without window or admission, saturated by
         clients that send their next request at the last byte (as benchmarks/bench.py)."""
-        a = self.args
-        n_sat = a.capacity_streams
-        policy = Policy("fifo", 0, False)
-        overrides = [*SERVER_SETTINGS, *a.overrides, *policy.overrides()]
-        with serve(a.config, overrides, self.out_dir / "server-capacity.log") as url:
-            result = asyncio.run(
-                closed_loop(
-                    url,
-                    self.corpus,
-                    streams=n_sat,
-                    duration_s=a.warmup + a.capacity_duration,
-                    warmup_s=a.warmup,
-                    options=self.options,
-                    seed=a.seed,
-                    drain=False,
-                    next_request="after_last_byte",
-                )
-            )
-        capacity = result.burst_throughput()
-        return capacity, n_sat, run_row(policy, result, capacity)
+        n_sat = self.args.capacity_streams
+        log_path = self.out_dir / "server-capacity.log"
+        capacity, result = measure_capacity(
+            self.args.config, self.settings, n_sat, self.plan, log_path
+        )
+        return capacity, n_sat, run_row(Policy("fifo", 0, False), result, capacity)
 
     def policies(self, capacity: float) -> list[dict[str, Any]]:
         a = self.args
         counts = sorted({max(1, round(f * capacity)) for f in a.factors} | set(a.policy_counts))
+        plan = replace(self.plan, duration_s=a.policy_duration)
         runs: list[dict[str, Any]] = []
         extra = [Policy("edf", k, False) for k in a.extra_windows if k != a.window]
         for policy in [*policies(a.window), *extra]:
-            name = policy.label.replace(" ", "_").replace("+", "plus")
-            overrides = [*SERVER_SETTINGS, *a.overrides, *policy.overrides()]
-            with serve(a.config, overrides, self.out_dir / f"server-{name}.log") as url:
-                for n in counts:
-                    result = self._load_playhead(url, n, duration_s=a.policy_duration)
-                    runs.append(run_row(policy, result, capacity))
-                    r = runs[-1]
-                    _log(
-                        f"{policy.label:22s} N={n:2d} stall ratio {r['stall_ratio']:.3f} "
-                        f"(bound {r['stall_ratio_bound']:.3f}) "
-                        f"stall-free {100 * r['stall_free_share']:.0f}% "
-                        f"TTFA p99 {r['ttfa_p99_ms'] or 0:.0f} ms rejected {r['rejected']} "
-                        f"xRT {r['xrt']:.2f}"
-                    )
-                    time.sleep(1.0)
+            log_path = self.out_dir / f"server-{policy.slug}.log"
+            runs += sweep(a.config, self.settings, policy, counts, plan, capacity, log_path, _log)
         return runs
 
 
@@ -312,14 +264,13 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.voice", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--config", type=Path, default=CONFIG)
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="S.F=V",
-        help="extra Playhead setting (every Playhead server of the run)",
+    add_common_arguments(
+        parser,
+        config=CONFIG,
+        window=WINDOW,
+        factors=FACTORS,
+        duration_s=10.0,
+        latest="voice-latest",
     )
     parser.add_argument("--requests", type=int, default=12, help="single-stream requests per kind")
     parser.add_argument(
@@ -327,17 +278,8 @@ def _parser() -> argparse.ArgumentParser:
         default=",".join(map(str, STREAM_COUNTS)),
         help="concurrent streams of the sweep, comma-separated",
     )
-    parser.add_argument("--duration", type=float, default=10.0, help="sweep: measured window, s")
-    parser.add_argument("--warmup", type=float, default=2.0, help="unmeasured start of a load, s")
-    parser.add_argument("--capacity-duration", type=float, default=10.0)
     parser.add_argument(
         "--capacity-streams", type=int, default=16, help="clients saturating the capacity run"
-    )
-    parser.add_argument("--window", type=int, default=WINDOW, help="K for the windowed policies")
-    parser.add_argument(
-        "--factors",
-        default=",".join(map(str, FACTORS)),
-        help="policy comparison: N as multiples of C, comma-separated",
     )
     parser.add_argument(
         "--policy-counts",
@@ -349,24 +291,13 @@ def _parser() -> argparse.ArgumentParser:
         default=",".join(map(str, EXTRA_WINDOWS)),
         help="edf K=k rows besides the four policies ('' for none)",
     )
-    parser.add_argument("--policy-duration", type=float, default=8.0, help="measured window, s")
     parser.add_argument(
-        "--max-text-chars",
-        type=int,
-        default=150,
-        help="load texts: the corpus texts up to this length",
+        "--policy-duration", type=float, default=8.0, help="policy comparison: measured window, s"
     )
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="smoke run (~2 min)")
     parser.add_argument("--no-peer", action="store_true", help="skip piper's server")
     parser.add_argument("--no-policies", action="store_true", help="skip C and the policies")
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
-    parser.add_argument("--no-latest", action="store_true", help="don't update voice-latest*")
-    return parser  # fmt: skip
-
-
-def _ints(text: str) -> list[int]:
-    return [int(c) for c in str(text).split(",") if c.strip()]
+    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -375,13 +306,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.requests, args.counts, args.duration, args.max_text_chars = 4, "1,4", 6.0, 90
         args.capacity_duration, args.factors, args.policy_duration = 6.0, "1", 5.0
         args.policy_counts = ""
-    args.counts = _ints(args.counts)
-    args.policy_counts = _ints(args.policy_counts)
-    args.extra_windows = _ints(args.extra_windows)
-    args.factors = [float(f) for f in str(args.factors).split(",") if f.strip()]
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    out_dir = args.out / f"voice-{stamp}"
-    out_dir.mkdir(parents=True, exist_ok=True)
+    args.counts = number_list(args.counts, int)
+    args.policy_counts = number_list(args.policy_counts, int)
+    args.extra_windows = number_list(args.extra_windows, int)
+    args.factors = number_list(args.factors, float)
+    out_dir = new_run_dir(args.out, "voice-")
     started = time.monotonic()
     bench = Bench(args, out_dir)
 
@@ -399,8 +328,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "machine": machine(),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "backend": "piper",
-        "voice": bench.options.voice,
-        "sample_rate_hz": bench.options.sample_rate_hz,
+        "voice": bench.plan.options.voice,
+        "sample_rate_hz": bench.plan.options.sample_rate_hz,
         "response_format": "pcm (Playhead), wav (piper-http)",
         "capacity_audio_s_per_s": capacity,
         "capacity_method": (
@@ -416,10 +345,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "single_stream": single,
         "concurrency": concurrency,
         "runs": runs,
-        "config": str(
-            args.config.relative_to(ROOT) if args.config.is_relative_to(ROOT) else args.config
-        ),
-        "settings": [*SERVER_SETTINGS, *args.overrides],
+        "config": config_name(args.config),
+        "settings": bench.settings,
         "seed": args.seed,
         "requests_per_kind": args.requests,
         "duration_s": args.duration,
@@ -428,7 +355,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "texts": {
             "short_first": list(SHORT_FIRST),
             "long_first": list(LONG_FIRST),
-            "load": f"{len(bench.corpus)} corpus texts of <= {args.max_text_chars} chars",
+            "load": f"{len(bench.plan.texts)} corpus texts of <= {args.max_text_chars} chars",
         },
         "notes": [
             "Playhead runs configs/default.yaml as served (edf K=4 + admission) for the single "

@@ -3,19 +3,23 @@ policy table and plots for the policy comparison (results schema: benchmarks/voi
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from benchmarks.player import STALL_TOLERANCE_S
-from benchmarks.report import _pyplot, markdown_table, write_report
+from benchmarks.report import (
+    fmt,
+    markdown_table,
+    plot_cdf,
+    pyplot,
+    redraw_args,
+    save_figure,
+    write_report,
+    write_results_json,
+)
 
 SERVER_NAMES = {"playhead": "Playhead", "piper-http": "piper HTTP server"}
-
-
-def _f(value: Any, spec: str = ".0f") -> str:
-    return "–" if value is None else format(value, spec)
 
 
 def _name(server: str) -> str:
@@ -39,9 +43,9 @@ def voice_tables(results: Mapping[str, Any]) -> str:
             label = "short" if kind == "short" else "30+ words"
             lines.append(
                 f"| {_name(server)} | {label} | {r['streams_ok']} "
-                f"| {_f(r['ttfa_p50_ms'])} / {_f(r['ttfa_p95_ms'])} "
-                f"| {_f(r['rtf_p50'], '.3f')} / {_f(r['rtf_p95'], '.3f')} "
-                f"| {_f(r['audio_s_mean'], '.1f')} |"
+                f"| {fmt(r['ttfa_p50_ms'])} / {fmt(r['ttfa_p95_ms'])} "
+                f"| {fmt(r['rtf_p50'], '.3f')} / {fmt(r['rtf_p95'], '.3f')} "
+                f"| {fmt(r['audio_s_mean'], '.1f')} |"
             )
     lines += [
         "",
@@ -53,11 +57,11 @@ def voice_tables(results: Mapping[str, Any]) -> str:
     ]
     for server, rows in results["concurrency"].items():
         for r in rows:
-            ttfa = " / ".join(_f(r[k]) for k in ("ttfa_p50_ms", "ttfa_p95_ms", "ttfa_p99_ms"))
+            ttfa = " / ".join(fmt(r[k]) for k in ("ttfa_p50_ms", "ttfa_p95_ms", "ttfa_p99_ms"))
             lines.append(
                 f"| {_name(server)} | {r['streams']} | {r['xrt']:.2f} | {r['stall_ratio']:.3f} "
                 f"| {r['stall_free_streams']}/{r['streams_ok']} | {r['interruptions']} | {ttfa} "
-                f"| {_f(r['rtf_p50'], '.3f')} | {r['rejected']} |"
+                f"| {fmt(r['rtf_p50'], '.3f')} | {r['rejected']} |"
             )
     t = results.get("targets") or {}
     if t:
@@ -66,7 +70,7 @@ def voice_tables(results: Mapping[str, Any]) -> str:
         lines += [
             "",
             f"Targets: TTFA p50 (short first sentence, one stream) "
-            f"{_f(t['ttfa_p50_short_ms'])} ms vs <= {t['ttfa_p50_short_target_ms']:.0f} ms: "
+            f"{fmt(t['ttfa_p50_short_ms'])} ms vs <= {t['ttfa_p50_short_target_ms']:.0f} ms: "
             f"{'met' if t['ttfa_met'] else 'MISSED'}. Concurrent streams all playing without "
             f"a stall (and no 429): {best['streams']} ({best['config']}) vs >= "
             f"{t['stall_free_streams_target']}: {'met' if t['stall_free_met'] else 'MISSED'} "
@@ -101,8 +105,7 @@ def _ms_log_axis(axis: Any, values: list[float]) -> None:
 
 
 def plot_concurrency(results: Mapping[str, Any], path: Path) -> None:
-    plt = _pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (left, right) = pyplot().subplots(1, 2, figsize=(10, 4))
     top = 1
     for server, rows in results["concurrency"].items():
         ns = [r["streams"] for r in rows]
@@ -134,23 +137,14 @@ def plot_concurrency(results: Mapping[str, Any], path: Path) -> None:
     right.set_xlabel("concurrent streams N")
     right.set_ylabel("TTFA (ms)")
     right.set_title("Time to first audio")
-    for ax in (left, right):
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path, (left, right), legend_fontsize=7)
 
 
 def plot_single_ttfa(results: Mapping[str, Any], path: Path) -> None:
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = pyplot().subplots(figsize=(6, 4))
     for server, kinds in results["single_stream"].items():
         for kind, r in kinds.items():
-            xs = sorted(r["ttfa_ms"])
-            if xs:
-                ys = [(i + 1) / len(xs) for i in range(len(xs))]
-                ax.step(xs, ys, where="post", label=f"{_name(server)}, {kind} first sentence")
+            plot_cdf(ax, r["ttfa_ms"], f"{_name(server)}, {kind} first sentence")
     ax.set_xscale("log")
     _ms_log_axis(
         ax.xaxis,
@@ -164,24 +158,17 @@ def plot_single_ttfa(results: Mapping[str, Any], path: Path) -> None:
     ax.set_xlabel("TTFA (ms)")
     ax.set_ylabel("share of requests")
     ax.set_title("Single stream TTFA")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path, [ax], legend_fontsize=7)
 
 
 def write_voice_report(results: Mapping[str, Any], out_dir: Path) -> str:
     """results.json, table.md and every plot into `out_dir`; returns the table."""
-    out_dir.mkdir(parents=True, exist_ok=True)
     table = voice_tables(results)
     if results["runs"]:
         write_report(results, out_dir)  # results.json, the policy table and plots
         table += "\nPolicy comparison on the real voice:\n\n" + markdown_table(results)
     else:
-        (out_dir / "results.json").write_text(
-            json.dumps(results, indent=1) + "\n", encoding="utf-8"
-        )
+        write_results_json(results, out_dir)
     (out_dir / "table.md").write_text(table, encoding="utf-8")
     plot_concurrency(results, out_dir / "concurrency.png")
     plot_single_ttfa(results, out_dir / "single_stream_ttfa.png")
@@ -190,14 +177,7 @@ def write_voice_report(results: Mapping[str, Any], out_dir: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m benchmarks.voice_report results.json [out_dir]`: redraw a report."""
-    import argparse
-
-    parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("results", type=Path)
-    parser.add_argument("out_dir", type=Path, nargs="?")
-    args = parser.parse_args(argv)
-    results = json.loads(args.results.read_text(encoding="utf-8"))
-    print(write_voice_report(results, args.out_dir or args.results.parent))
+    print(write_voice_report(*redraw_args(argv, main.__doc__)))
     return 0
 
 
