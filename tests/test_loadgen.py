@@ -8,24 +8,30 @@ import io
 import socket
 import threading
 import time
+import wave
 from collections.abc import Iterator
 
 import av
+import httpx
 import numpy as np
 import pytest
 import uvicorn
 
 from benchmarks.loadgen import (
     Arrival,
+    Clock,
     LoadResult,
     RequestOptions,
+    RequestResult,
+    Tracker,
     closed_loop,
     credit_encoded,
     decoded_durations,
     load_corpus,
     open_loop,
 )
-from benchmarks.player import Outcome, summarize
+from benchmarks.player import Outcome, Player, StreamRecord, summarize
+from benchmarks.voice_peer import PEER_OPTIONS, peer_request
 
 RATE_HZ = 24000
 BYTES_PER_S = 2 * RATE_HZ
@@ -263,3 +269,182 @@ async def test_playhead_sim_streams_arrive_whole(playhead_url: str) -> None:
         frames = expected_frames(by_chars[rec.text_chars])
         assert rec.playback.audio_s == pytest.approx(frames * 0.08)
     assert result.summary.ttfa_p99_ms is not None and result.summary.ttfa_p99_ms < 2000
+
+
+# piper's HTTP server as the peer client sees it (benchmarks/voice_peer.py): POST /synthesize
+# {"text": ...} answered by one WAV file, here sent in three pieces.
+PEER_RATE_HZ = 22050
+PEER_AUDIO_S = {"Hello there.": 1.5, "A somewhat longer sentence, for the peer.": 0.5}
+PEER_PIECES_AT_S = (0.15, 0.35, 0.45)  # after the response headers
+
+
+def _wav(seconds: float, rate_hz: int) -> bytes:
+    samples = (np.arange(round(seconds * rate_hz)) % 200 - 100).astype("<i2")
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(rate_hz)
+        out.writeframes(samples.tobytes())
+    return buf.getvalue()
+
+
+class _ScriptedPiper:
+    """An ASGI app answering POST /synthesize like piper's server: the WAV of
+    PEER_AUDIO_S[text], the header and the first samples together, then the rest in two
+    pieces (cut at odd byte counts, so samples straddle reads); 400 for any other body."""
+
+    def __init__(self) -> None:
+        self.bodies: list[object] = []
+
+    async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                else:
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        import json
+
+        raw = b""
+        while True:
+            message = await receive()
+            raw += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        body = json.loads(raw)
+        self.bodies.append(body)
+        ok = scope["method"] == "POST" and scope["path"] == "/synthesize"
+        if not ok or not isinstance(body, dict) or body.get("text") not in PEER_AUDIO_S:
+            await send({"type": "http.response.start", "status": 400, "headers": []})
+            await send({"type": "http.response.body", "body": b"bad request"})
+            return
+        wav = _wav(PEER_AUDIO_S[body["text"]], PEER_RATE_HZ)
+        data_bytes = len(wav) - 44
+        cuts = [0, 44 + (data_bytes // 3 | 1), 44 + (2 * data_bytes // 3 | 1), len(wav)]
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"audio/wav")],
+            }
+        )
+        start = time.perf_counter()
+        for at_s, lo, hi in zip(PEER_PIECES_AT_S, cuts[:-1], cuts[1:], strict=True):
+            delay = start + at_s - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await send({"type": "http.response.body", "body": wav[lo:hi], "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+
+def test_scripted_wav_is_what_the_peer_test_expects() -> None:
+    wav = _wav(1.5, PEER_RATE_HZ)
+    assert len(wav) == 44 + 2 * 33075  # the canonical header, then 1.5 s of samples
+    with wave.open(io.BytesIO(wav)) as parsed:
+        assert parsed.getnframes() / parsed.getframerate() == 1.5
+
+
+@pytest.fixture
+def scripted_piper() -> Iterator[tuple[str, _ScriptedPiper]]:
+    app = _ScriptedPiper()
+    for url in _serve(app):
+        yield url, app
+
+
+async def test_closed_loop_plays_piper_peer_wavs(
+    scripted_piper: tuple[str, _ScriptedPiper],
+) -> None:
+    url, app = scripted_piper
+    texts = list(PEER_AUDIO_S)
+    result = await closed_loop(
+        url,
+        texts,
+        streams=2,
+        count=4,
+        options=PEER_OPTIONS,
+        request=peer_request,
+        next_request="after_last_byte",
+        seed=2,
+    )
+    assert len(result.records) == 4
+    assert result.options is PEER_OPTIONS
+    by_chars = {len(t): t for t in texts}
+    assert {r.text_chars for r in result.records} == set(by_chars)  # seed 2 sends both
+    for rec in result.records:
+        assert rec.outcome is Outcome.OK, rec.error
+        assert rec.http_status == 200
+        # every sample of the WAV, none of its 44 header bytes, at its own rate
+        assert rec.playback.audio_s == pytest.approx(PEER_AUDIO_S[by_chars[rec.text_chars]])
+        # audio starts with the first body byte (header and samples together), not with
+        # the response headers and not once the whole WAV is in
+        assert rec.playback.started_at_s is not None and rec.ttfa_s is not None
+        assert rec.playback.started_at_s - rec.answered_at_s >= PEER_PIECES_AT_S[0] - 0.05
+        assert PEER_PIECES_AT_S[0] <= rec.ttfa_s < PEER_PIECES_AT_S[1]
+        assert rec.finished_at_s - rec.sent_at_s >= PEER_PIECES_AT_S[-1]
+    assert result.summary.streams_ok == 4
+    assert sorted(result.ttfas_s()) == sorted(r.ttfa_s for r in result.records)
+    # every request sent piper's body, nothing else
+    assert app.bodies and all(b in [{"text": t} for t in texts] for b in app.bodies)
+
+
+async def test_closed_loop_calls_the_given_request_hook() -> None:
+    calls: list[tuple[str, str, float]] = []
+    returned: list[StreamRecord] = []
+    options = RequestOptions(voice="hooked", response_format="wav")
+    base_url = "http://127.0.0.1:9"  # nothing listens: the default client would fail
+
+    async def fake_request(
+        client: httpx.AsyncClient,
+        url: str,
+        text: str,
+        opts: RequestOptions,
+        clock: Clock,
+        waited_s: float = 0.0,
+        tracker: Tracker | None = None,
+    ) -> RequestResult:
+        assert isinstance(client, httpx.AsyncClient) and opts is options
+        assert tracker is not None
+        calls.append((url, text, waited_s))
+        sent = clock()
+        await asyncio.sleep(0.01)
+        arrival = Arrival(clock(), 0.02 * len(calls))  # a distinct duration per call
+        tracker.arrivals.append(arrival)
+        player = Player()
+        player.feed(arrival.at_s, arrival.duration_s)
+        record = StreamRecord(
+            outcome=Outcome.OK,
+            sent_at_s=sent,
+            answered_at_s=arrival.at_s,
+            finished_at_s=arrival.at_s,
+            playback=player.result(),
+            text_chars=len(text),
+            http_status=299,
+        )
+        returned.append(record)
+        return RequestResult(record, (arrival,))
+
+    result = await closed_loop(
+        base_url,
+        ["one", "three"],
+        streams=2,
+        count=5,
+        options=options,
+        request=fake_request,
+        next_request="after_last_byte",
+    )
+    assert len(result.records) == 5
+    assert len(returned) == len(result.records) + result.unmeasured_requests
+    assert len(calls) >= len(returned)  # calls cut off at the end never return
+    assert all(url == base_url and text in ("one", "three") and w == 0.0 for url, text, w in calls)
+    # the LoadResult holds the hook's own records, in the order they were sent
+    assert all(any(rec is mine for mine in returned) for rec in result.records)
+    assert [r.sent_at_s for r in result.records] == sorted(r.sent_at_s for r in result.records)
+    assert all(r.http_status == 299 for r in result.records)
+    assert result.summary.streams_ok == 5
+    assert result.summary.audio_s == pytest.approx(sum(r.playback.audio_s for r in result.records))
+    # and the arrivals it reported through the run's tracker
+    assert len(result.arrivals) >= len(returned)
+    assert {a.duration_s for a in result.arrivals} >= {r.playback.audio_s for r in returned}
