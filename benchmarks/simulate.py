@@ -7,7 +7,7 @@ router. Time is virtual; costs are the sim backend's (../shared/BENCH.md):
 - talker: one call at a time per replica, a segment of F frames yields pieces of
   `talker_piece_frames` at `talker_frames_per_s` (F / rate seconds in all); the next call
   goes to the stream whose audio runs out first, skipping streams more than
-  `high_water_s` ahead (pipeline/engine.py's `_pick_talk`, mirrored);
+  `high_water_s` ahead (pipeline/talker.py's `pick_stream`, mirrored);
 - vocoder: each turn, the streams whose next chunk is ready (the real ChunkPlanner) go to
   the real PlaybackScheduler.select; the chosen chunks cost `base + per_frame * frames`
   (frames with context; base once per batched call) and are emitted when the turn ends;
@@ -471,7 +471,7 @@ class _Simulation:
         if r.talking is None:
             self.talker_pick(t, r)
 
-    # The talker (pipeline/engine.py `_pick_talk` and `_talk`).
+    # The talker (pipeline/talker.py `pick_stream` and `_talk`).
 
     def talker_pick(self, t: float, r: _Replica) -> None:
         if r.talking is not None:
@@ -543,7 +543,7 @@ class _Simulation:
             r.wake_at = at
             self.push(at, _VOCODER_WAKE, r)
 
-    # The vocoder (pipeline/engine.py `_vocoder_loop`).
+    # The vocoder (pipeline/vocoder.py `_vocoder_loop`).
 
     def plan(self, t: float, r: _Replica, s: _Stream):  # type: ignore[no-untyped-def]
         segments = s.text.segments

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 from pipeline.backend import Backend, TalkRequest, VocodeItem, Voice
 from pipeline.backends import build_backend
-from pipeline.engine import BackendError, Engine
-from pipeline.errors import NotReady, PipelineError, Rejected, StreamFailed, UnknownVoice
+from pipeline.engine import Engine
+from pipeline.errors import (
+    BackendError,
+    NotReady,
+    PipelineError,
+    Rejected,
+    StreamFailed,
+    UnknownVoice,
+)
 from pipeline.events import EngineEvents, EngineStats, NullEvents, TurnTiming
 from pipeline.stream import Stream, StreamState, StreamStats
 

@@ -6,6 +6,8 @@
     ├── NotReady        the engine is not running (not started yet, or stopping)
     └── StreamFailed    a backend call failed for this stream (raised from Stream.chunks();
                         the backend's exception is the __cause__ and .cause)
+    BackendError        (a RuntimeError) the backend broke its contract: wrong count or
+                        length of PCM; fails the streams of that vocoder call
 
 Backend exceptions are translated here, at the boundary: one stream's failure never
 escapes into the engine's loops.
@@ -51,3 +53,7 @@ class StreamFailed(PipelineError):
         super().__init__(f"stream {stream_id} failed: {type(cause).__name__}: {cause}")
         self.stream_id = stream_id
         self.cause = cause
+
+
+class BackendError(RuntimeError):
+    """The backend broke its contract (e.g. PCM of the wrong length)."""
