@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import socket
 import threading
 import time
@@ -43,6 +44,25 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+async def _request_body(scope, receive, send) -> bytes | None:  # type: ignore[no-untyped-def]
+    """For the scripted ASGI servers: answer the lifespan protocol (None), or read the whole
+    request body."""
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            else:
+                await send({"type": "lifespan.shutdown.complete"})
+                return None
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return body
+
+
 class _Scripted:
     """An ASGI app answering POST /v1/audio/speech from a script keyed by `input`:
     - "reject-once:<x>": 429 with Retry-After 0.2 the first time, then like "<x>";
@@ -54,22 +74,9 @@ class _Scripted:
         self.seen: set[str] = set()
 
     async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
-        if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                else:
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-        import json
-
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await _request_body(scope, receive, send)
+        if body is None:
+            return
         text = json.loads(body)["input"]
         if text.startswith("reject-once:"):
             if text not in self.seen:
@@ -298,22 +305,9 @@ class _ScriptedPiper:
         self.bodies: list[object] = []
 
     async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
-        if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                else:
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-        import json
-
-        raw = b""
-        while True:
-            message = await receive()
-            raw += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        raw = await _request_body(scope, receive, send)
+        if raw is None:
+            return
         body = json.loads(raw)
         self.bodies.append(body)
         ok = scope["method"] == "POST" and scope["path"] == "/synthesize"
