@@ -91,6 +91,8 @@ class Engine(TalkerLoop, VocoderLoop):
         self._planner = ChunkPlanner(chunking)
         self._admission = Admission(admission)
         self._window = scheduling.active_stream_window
+        self._first_chunk_s = scheduling.first_chunk_ms / 1000.0
+        self._safety_margin_s = scheduling.safety_margin_ms / 1000.0
         self._left_context_frames = chunking.left_context_frames
         self._config = engine
         self._talker_config = talker
@@ -245,8 +247,9 @@ class Engine(TalkerLoop, VocoderLoop):
         self._vocoder_wake.set()
 
     def ack_playback(self, stream_id: str, played_s: float) -> None:
-        """The client has played `played_s` seconds of this stream (client truth)."""
-        if stream_id in self._work:
+        """The client has played `played_s` seconds of this stream (client truth).
+        Ignored before the stream's first audio: there is no playback to correct yet."""
+        if stream_id in self._work and self._scheduler.horizon_s(stream_id) is not None:
             self._scheduler.ack_playback(stream_id, played_s, self._clock())
             self._talker_wake.set()
 

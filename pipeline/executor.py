@@ -85,14 +85,17 @@ class StageExecutor:
         self._closed = True
         loop = asyncio.get_running_loop()
         # The one worker runs calls in order: once this no-op ran, every earlier call ended.
-        await asyncio.shield(loop.run_in_executor(self._pool, _noop))
-        self._pool.shutdown(wait=True)
-
-    def close(self) -> None:
-        """Refuse new calls; let the worker end after the calls in flight (no waiting)."""
-        self._closed = True
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        try:
+            await asyncio.shield(loop.run_in_executor(self._pool, _noop))
+        finally:
+            # cancelled while waiting: the worker still ends after the calls in flight
+            self._pool.shutdown(wait=not _cancelling())
 
 
 def _noop() -> None:
     return None
+
+
+def _cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

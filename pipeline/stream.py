@@ -31,11 +31,6 @@ class StreamState(enum.Enum):
     FAILED = "failed"  # a backend call failed for it; chunks() raises StreamFailed
 
     @property
-    def needs_work(self) -> bool:
-        """The engine still has talker or vocoder work for a stream in this state."""
-        return self in (StreamState.QUEUED, StreamState.TALKING, StreamState.VOCODING)
-
-    @property
     def terminal(self) -> bool:
         return self in (StreamState.DONE, StreamState.CANCELLED, StreamState.FAILED)
 

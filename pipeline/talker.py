@@ -1,10 +1,11 @@
 """The engine's talker half: which stream gets the next talker call, and the call itself.
 
 One talker call at a time, in the talker thread. The next segment goes to the stream
-whose audio runs out first (`pick_stream`); streams more than `talker.high_water_s` ahead
-of their playback, and parked streams, are skipped. Pieces reach the stream's frame queue
-as the talker yields them: the generator is consumed in the talker thread, which hands
-each piece to the loop with call_soon_threadsafe.
+whose audio is due first, ranked like the vocoder's edf (`pick_stream`); streams more
+than `talker.high_water_s` ahead of their playback, and parked streams, are skipped.
+Pieces reach the stream's frame queue as the talker yields them: the generator is
+consumed in the talker thread, which hands each piece to the loop with
+call_soon_threadsafe.
 
 `TalkerLoop` is mixed into Engine and works on the engine's state (the attributes it
 declares); `pick_stream` is a pure function of that state and the time.
@@ -32,19 +33,25 @@ _HIGH_WATER_SLACK_S = 0.001  # a timer set for the mark may fire a hair early
 
 def pick_stream(
     waiting: Iterable[StreamWork],
-    horizon_s: Callable[[str], float | None],
+    scheduler: PlaybackScheduler,
     now_s: float,
+    *,
     high_water_s: float,
+    first_chunk_s: float,
+    safety_margin_s: float,
 ) -> tuple[StreamWork | None, float | None]:
-    """The stream whose audio runs out first among `waiting` (those with text waiting).
+    """The stream among `waiting` (those with text waiting) whose audio is due first,
+    ranked like the vocoder's edf: `(0 if protected else 1, deadline, order)`.
 
-    Runs out at: max(horizon, now) + the queued frames' duration (now standing in
-    for the horizon before the first audio). A stream with no audio and no frames yet
-    is the most urgent (oldest first). Streams more than high_water_s ahead, parked
-    streams and streams with a talker call in flight are skipped. The second value is how
-    long until the first stream skipped for the high-water mark falls back under it as its
-    playback advances (a stream without audio yet has no playback: its first audio wakes
-    the talker instead).
+    A stream's audio runs out at max(horizon, now) + its queued frames' duration (now
+    standing in for the horizon before the first audio); that is its deadline. A stream
+    with no audio and no frames yet has the first-audio deadline, first_seen +
+    first_chunk_s. A playing stream within safety_margin_s of running out is protected:
+    a burst of newcomers never passes it over. Streams more than high_water_s ahead,
+    parked streams and streams with a talker call in flight are skipped. The second value
+    is how long until the first stream skipped for the high-water mark falls back under
+    it as its playback advances (a stream without audio yet has no playback: its first
+    audio wakes the talker instead).
     """
     best: StreamWork | None = None
     best_key: tuple[int, float, int] | None = None
@@ -54,9 +61,10 @@ def pick_stream(
         if work.job is not None or stream.parked:
             continue
         queued = work.frames.queued_frames
-        stream_horizon_s = horizon_s(stream.id)
+        stream_horizon_s = scheduler.horizon_s(stream.id)
         if stream_horizon_s is None and queued == 0:
-            key = (0, 0.0, work.order)
+            first_seen_s = scheduler.first_seen_s(stream.id)
+            key = (1, (now_s if first_seen_s is None else first_seen_s) + first_chunk_s, work.order)
         else:
             voice = stream.voice
             queued_s = queued * voice.samples_per_frame / voice.sample_rate_hz
@@ -68,7 +76,8 @@ def pick_stream(
                     wait_s = ahead_s - high_water_s
                     retry_in_s = wait_s if retry_in_s is None else min(retry_in_s, wait_s)
                 continue
-            key = (1, run_out_s, work.order)
+            protected = stream_horizon_s is not None and ahead_s <= safety_margin_s
+            key = (0 if protected else 1, run_out_s, work.order)
         if best_key is None or key < best_key:
             best, best_key = work, key
     return best, retry_in_s
@@ -81,6 +90,8 @@ class TalkerLoop:
     _clock: Callable[[], float]
     _loop: asyncio.AbstractEventLoop | None
     _talker_config: TalkerConfig
+    _first_chunk_s: float  # scheduling.first_chunk_ms, in s
+    _safety_margin_s: float  # scheduling.safety_margin_ms, in s
     _talker_stage: StageExecutor
     _talker_rate: CapacityEstimate
     _talker_wake: asyncio.Event
@@ -118,9 +129,11 @@ class TalkerLoop:
     def _pick_talk(self, now_s: float) -> tuple[StreamWork | None, float | None]:
         return pick_stream(
             self._text_waiting.values(),
-            self._scheduler.horizon_s,
+            self._scheduler,
             now_s,
-            self._talker_config.high_water_s,
+            high_water_s=self._talker_config.high_water_s,
+            first_chunk_s=self._first_chunk_s,
+            safety_margin_s=self._safety_margin_s,
         )
 
     async def _talk(self, work: StreamWork) -> None:

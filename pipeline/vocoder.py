@@ -124,9 +124,7 @@ class VocoderLoop:
         sent_perf_s = time.perf_counter()
         try:
             timed = await self._vocoder_stage.run_timed(self._backend.vocode, items)
-        except asyncio.CancelledError:
-            raise
-        except Exception as error:
+        except Exception as error:  # CancelledError (a BaseException) passes through
             for work, _ in batch:
                 self._fail(work, error)
             return

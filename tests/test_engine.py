@@ -400,3 +400,12 @@ async def test_not_ready_before_start_and_stop_ends_every_stream(
     assert not engine.ready
     with pytest.raises(NotReady):
         engine.submit("hi", voice="sim")
+
+
+async def test_an_ack_before_the_first_audio_is_ignored(make_engine: EngineFactory) -> None:
+    engine = await make_engine()
+    stream = engine.submit(TEXTS[0], voice="sim")
+    engine.ack_playback(stream.id, 0.0)  # no audio yet: nothing to correct
+    assert engine._scheduler.horizon_s(stream.id) is None
+    _check_signal(await _read_all(stream), TEXTS[0])
+    assert stream.stats.stalls == 0
