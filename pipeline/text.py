@@ -92,6 +92,10 @@ def _word_cut(text: str, words: int) -> int | None:
     return position
 
 
+def _has_word(text: str) -> bool:
+    return any(c.isalnum() for c in text)
+
+
 def _first_fragment(text: str, max_words: int) -> int | None:
     """Where to cut the stream's first fragment off normalised `text` (its first sentence,
     or the start of it), or None when the sentence is short enough as it is, or when the
@@ -99,7 +103,8 @@ def _first_fragment(text: str, max_words: int) -> int | None:
     and a vocoder turn for a fraction of a second of audio)."""
     if max_words <= 0 or len(text.split()) <= max_words:
         return None
-    clause = _CLAUSE_END.search(text)
+    # the first clause end with a word before it (a leading dash is no clause)
+    clause = next((m for m in _CLAUSE_END.finditer(text) if _has_word(text[: m.start()])), None)
     if clause is not None and len(text[: clause.end()].split()) <= max_words:
         cut = clause.end()
     else:

@@ -92,6 +92,11 @@ def test_the_first_fragment_leaves_no_one_or_two_word_remainder() -> None:
     ]
 
 
+def test_a_leading_dash_is_not_a_first_fragment() -> None:
+    text = "— And then, after a long pause, the old man finally spoke again."
+    assert split_text(text, first_fragment_words=6)[0] == "— And then,"
+
+
 def test_incremental_text_emits_the_first_fragment_before_the_sentence_ends() -> None:
     segmenter = Segmenter(first_fragment_words=3)
     assert segmenter.push("Hello there, my") == []  # 3 words: maybe the whole sentence
