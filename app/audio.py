@@ -119,7 +119,6 @@ class StreamEncoder:
         self.response_format = response_format
         self.content_type = FORMATS[response_format]
         self.input_rate_hz = input_rate_hz
-        self.requested_rate_hz = output_rate_hz
         self.output_rate_hz = encoded_rate_hz(response_format, output_rate_hz)
         self.output_samples = 0  # samples at output_rate_hz handed to the codec so far
         self._resampler = (

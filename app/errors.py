@@ -41,8 +41,11 @@ class ApiError(Exception):
         param: str | None = None,
         code: str | None = None,
         headers: Mapping[str, str] | None = None,
+        status_code: int | None = None,
     ) -> None:
         super().__init__(message)
+        if status_code is not None:
+            self.status_code = status_code
         self.message = message
         self.param = param
         self.code = code
@@ -140,11 +143,6 @@ def validation_error(errors: Sequence[Mapping[str, Any]]) -> InvalidRequest:
     param = ".".join(loc) or None
     kind = str(err.get("type", ""))
     value = err.get("input")
-    if kind == "json_invalid":
-        return InvalidRequest(
-            "We could not parse the JSON body of your request: expected a JSON object.",
-            code="invalid_json",
-        )
     if param is None and kind in ("model_type", "model_attributes_type", "dict_type"):
         return InvalidRequest(
             f"The request body must be a JSON object, but got {json_type_name(value)}.",
@@ -190,7 +188,8 @@ def to_api_error(exc: Exception) -> ApiError:
             return Unauthorized(str(exc.detail), code="invalid_api_key", headers=headers)
         if 400 <= exc.status_code < 500:
             return InvalidRequest(str(exc.detail), headers=headers)
-        return ServiceUnavailable(str(exc.detail), headers=headers)
+        # a 5xx keeps its own status (500, 501, 503...)
+        return ApiError(str(exc.detail), headers=headers, status_code=exc.status_code)
     return ApiError("The server had an error while processing your request.")
 
 
@@ -205,11 +204,12 @@ async def handle_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def handle_client_gone(request: Request, exc: Exception) -> JSONResponse:
-    """The client left while its request body was being read: nobody gets this answer,
-    and it is not a server error (no traceback in the log)."""
-    logger.debug("client disconnected before its request body was read: %s", request.url.path)
+    """The client left before its response started (while its request body was read, or
+    while its first audio was made): nobody gets this answer, and it is not a server
+    error (no traceback in the log)."""
+    logger.debug("client disconnected before its response started: %s", request.url.path)
     return error_response(
-        InvalidRequest("The client disconnected before the request was read.", code="client_gone")
+        InvalidRequest("The client disconnected before the response started.", code="client_gone")
     )
 
 

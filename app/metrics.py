@@ -145,7 +145,8 @@ class Metrics:
         self.audio_s.inc(max(0.0, stats.audio_s))
 
     def capacity(self, audio_s_per_s: float) -> None:
-        self.capacity_gauge.set(audio_s_per_s)
+        """A no-op: the capacity gauge is read from `engine.stats()` at scrape time (in
+        `render`), not set on every vocoder turn."""
 
     # scrape ---------------------------------------------------------------------------
 

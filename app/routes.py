@@ -1,4 +1,5 @@
-"""HTTP routes of ../shared/API.md (the WebSocket lives elsewhere).
+"""HTTP routes of ../shared/API.md. The WebSocket endpoint (/v1/audio/speech/stream) is
+not implemented yet.
 
 POST /v1/audio/speech validates everything, opens the encoder and submits to the engine
 before the first byte, so every refusal (400, 404, 413, 429, 503) is a real status code;
@@ -13,8 +14,10 @@ import hmac
 import logging
 from typing import TYPE_CHECKING, Any
 
+import anyio
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
+from starlette.requests import ClientDisconnect
 
 from app.audio import UnsupportedFormat, UnsupportedSampleRate, open_encoder
 from app.errors import (
@@ -107,6 +110,35 @@ def resolve_voice(engine: Engine, name: str) -> Voice:
         ) from exc
 
 
+async def start_unless_client_gone(request: Request, body: SpeechBody) -> None:
+    """`await body.start()`, unless the client disconnects first: then ClientDisconnect.
+
+    The request body was read already, so `request.receive()` only yields http.disconnect;
+    without this a client that left before the first audio would keep its stream until
+    the first chunk was vocoded. Errors of `body.start()` propagate as they are."""
+    client_gone = False
+    failure: Exception | None = None
+    async with anyio.create_task_group() as task_group:
+
+        async def watch_disconnect() -> None:
+            nonlocal client_gone
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            client_gone = True
+            task_group.cancel_scope.cancel()
+
+        task_group.start_soon(watch_disconnect)
+        try:
+            await body.start()
+        except Exception as exc:  # raised below, not wrapped in an ExceptionGroup
+            failure = exc
+        task_group.cancel_scope.cancel()
+    if client_gone:
+        raise ClientDisconnect()
+    if failure is not None:
+        raise failure
+
+
 @v1_router.post("/audio/speech", response_model=None)
 async def create_speech(request: Request) -> Response:
     state = app_state(request)
@@ -173,7 +205,7 @@ async def create_speech(request: Request) -> Response:
         inline_encode_max_s=state.settings.encoding.inline_encode_max_s,
     )
     try:
-        await body.start()
+        await start_unless_client_gone(request, body)
     except StreamFailed as exc:
         body.close()
         logger.error("stream %s failed before its first audio: %s", stream.id, exc)
@@ -242,5 +274,6 @@ async def ready(request: Request) -> JSONResponse:
 @open_router.get("/metrics")
 async def metrics(request: Request) -> Response:
     state = app_state(request)
-    stats = state.engine.stats() if state.ready and state.engine is not None else None
+    engine = state.ready_engine
+    stats = engine.stats() if engine is not None else None
     return Response(state.metrics.render(stats), media_type=METRICS_CONTENT_TYPE)

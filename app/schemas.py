@@ -15,7 +15,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from app.errors import InvalidRequest, json_type_name, validation_error
 
-OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 OPENAI_VOICES = (
     "alloy",
     "ash",
@@ -31,7 +30,6 @@ OPENAI_VOICES = (
     "marin",
     "cedar",
 )
-RESPONSE_FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
 MAX_INSTRUCTIONS_CHARS = 4096
 MIN_SPEED = 0.25
 MAX_SPEED = 4.0

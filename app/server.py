@@ -42,8 +42,14 @@ class AppState:
         self._loaded: asyncio.Event | None = None
 
     @property
+    def ready_engine(self) -> Engine | None:
+        """The engine when it is loaded and its loops run, else None: the one readiness test."""
+        engine = self.engine
+        return engine if engine is not None and engine.ready else None
+
+    @property
     def ready(self) -> bool:
-        return self.engine is not None and self.engine.ready
+        return self.ready_engine is not None
 
     def not_ready_error(self) -> ServiceUnavailable:
         if self.load_error is not None:
@@ -60,9 +66,10 @@ class AppState:
 
     def require_engine(self) -> Engine:
         """The engine, or ServiceUnavailable (503) while loading or when it stopped."""
-        if self.engine is None or not self.engine.ready:
+        engine = self.ready_engine
+        if engine is None:
             raise self.not_ready_error()
-        return self.engine
+        return engine
 
     async def wait_loaded(self) -> None:
         """Returns once loading ended (ready, or failed: see load_error)."""

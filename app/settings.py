@@ -39,7 +39,6 @@ from scheduling import AdmissionConfig, ChunkingConfig, SchedulingConfig
 
 ENV_PREFIX = "PLAYHEAD_"
 OPENAI_MODEL_IDS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
-LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 # A JSON body can spell each input character as a 6-byte \uXXXX escape.
 JSON_BYTES_PER_CHAR = 6
 MAX_REQUEST_BYTES_LIMIT = 16 * 1024 * 1024  # a request body is held in memory while parsed

@@ -29,7 +29,7 @@ import numpy as np
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from app.audio import StreamEncoder
+from app.audio import EncoderClosed, EncoderError, StreamEncoder
 from app.encoding_config import DEFAULT_ENCODING
 from app.errors import ServiceUnavailable
 from pipeline import Engine, Stream, StreamFailed, StreamState
@@ -131,7 +131,9 @@ class SpeechBody:
             yield pcm
 
     async def iter_bytes(self) -> AsyncGenerator[bytes, None]:
-        """The response body; raises StreamAborted when an audio body must be cut."""
+        """The response body. A failure after the first byte (the engine stream or the
+        encoder) ends an SSE body with an error event; an audio body raises StreamAborted,
+        so that it is cut."""
         try:
             async with aclosing(self._chunks), aclosing(self._pcm()) as chunks:
                 async for pcm in chunks:
@@ -141,12 +143,17 @@ class SpeechBody:
             if self._stream.state is StreamState.CANCELLED:  # the engine stopped under us
                 raise StreamFailed(self.stream_id, RuntimeError("the server is shutting down"))
             tail = self._call_encoder(self._encoder.finish)
-        except StreamFailed as exc:
+        except (StreamFailed, EncoderError, EncoderClosed, ValueError) as exc:
+            # Exception subclasses only: a cancellation (client gone) still propagates.
+            if isinstance(exc, StreamFailed):
+                message, code = f"Speech generation failed: {exc}", "stream_failed"
+            else:  # the encoder refused the PCM or the codec failed
+                message, code = f"Audio encoding failed: {exc}", "encoding_failed"
             logger.error("stream %s failed after the response started: %s", self.stream_id, exc)
             if self._sse:
-                yield error_event(f"Speech generation failed: {exc}")
+                yield error_event(message, code=code)
                 return
-            raise StreamAborted(str(exc)) from exc
+            raise StreamAborted(message) from exc
         if self._sse:
             if tail:
                 yield delta_event(tail)

@@ -31,6 +31,7 @@ from api_support import (
     speech_body,
 )
 
+from app.audio import EncoderError, StreamEncoder
 from app.server import create_app
 from pipeline.backend import TalkRequest, VocodeItem
 from pipeline.backends.sim import SimBackend, decode_sim_signal
@@ -231,6 +232,42 @@ def test_a_failure_before_the_first_audio_is_a_500() -> None:
         live.stop()
 
 
+def test_an_encoder_failure_after_the_first_byte_ends_the_stream(
+    server: LiveServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    encode = StreamEncoder.encode
+    calls: dict[int, int] = {}
+
+    def encode_failing_second(self: StreamEncoder, pcm: np.ndarray) -> bytes:
+        calls[id(self)] = calls.get(id(self), 0) + 1
+        if calls[id(self)] == 2:
+            raise EncoderError("the codec broke")
+        return encode(self, pcm)
+
+    monkeypatch.setattr(StreamEncoder, "encode", encode_failing_second)
+    cancelled = metric_value(server.metrics(), "playhead_streams_total", 'state="cancelled"')
+    body = speech_body(TEXT, response_format="wav", stream_format="sse")
+    response, data, _ = _post_stream(server.base_url, body)
+    assert response.status_code == 200
+    first, last = parse_sse(data)
+    assert first["type"] == "speech.audio.delta"
+    assert last["type"] == "error"
+    error = last["error"]
+    assert isinstance(error, dict) and set(error) == {"message", "type", "param", "code"}
+    assert (error["type"], error["code"]) == ("server_error", "encoding_failed")
+    assert "the codec broke" in str(error["message"])
+    # a raw audio body is cut (no last chunk), so a client cannot take it for whole
+    with pytest.raises(httpx.RemoteProtocolError):
+        _post_stream(server.base_url, speech_body(TEXT, response_format="wav"))
+    assert server.wait_metric("playhead_active_streams", lambda v: v == 0) == 0
+    assert (
+        server.wait_metric(
+            "playhead_streams_total", lambda v: v == cancelled + 2, 'state="cancelled"'
+        )
+        == cancelled + 2
+    )
+
+
 def test_429_carries_retry_after_and_the_sdk_retry_succeeds() -> None:
     openai = pytest.importorskip("openai")
     live, backend = _gated_server("admission.max_streams=1")
@@ -323,6 +360,23 @@ def test_a_disconnect_mid_stream_frees_the_stream() -> None:
         engine = live.app.state.playhead.engine
         assert engine.traces(stream_id) == []
         assert metric_value(live.metrics(), "playhead_streams_total", 'state="done"') == 0
+
+
+def test_a_disconnect_before_the_first_audio_frees_the_stream() -> None:
+    live, backend = _gated_server()
+    try:
+        sock = _open_raw(live, speech_body("HOLD. Then more.", response_format="pcm"))
+        assert live.wait_metric("playhead_active_streams", lambda v: v == 1) == 1
+        sock.close()
+        # the first chunk is still held: the stream goes with its client, not at the gate
+        assert live.wait_metric("playhead_active_streams", lambda v: v == 0) == 0
+        assert (
+            live.wait_metric("playhead_streams_total", lambda v: v == 1, 'state="cancelled"') == 1
+        )
+        assert not backend.gate.is_set() and not backend.vocoded.is_set()
+    finally:
+        backend.gate.set()
+        live.stop()
 
 
 def test_first_bytes_leave_before_the_stream_is_done() -> None:

@@ -288,6 +288,10 @@ async def test_foreign_errors_become_the_envelope() -> None:
         ),
         (HTTPException(404), 404, ("invalid_request_error", None, "not_found")),
         (RuntimeError("boom"), 500, ("server_error", None, None)),
+        # a 5xx keeps its own status
+        (HTTPException(500), 500, ("server_error", None, None)),
+        (HTTPException(501), 501, ("server_error", None, None)),
+        (HTTPException(503), 503, ("server_error", None, None)),
     ]
     for exc, status, (type_, param, code) in cases:
         response = await handle_error(None, exc)  # type: ignore[arg-type]

@@ -48,7 +48,7 @@ def test_every_required_metric_is_exposed_after_events() -> None:
     m.talker_call(0.04)
     m.rejected("max_streams")
     m.stream_finished(StreamStats("a", 0.0, ttfa_s=0.12, audio_s=2.5), StreamState.DONE)
-    m.capacity(7.5)
+    m.capacity(3.0)  # the event is ignored: the scrape reads the engine's estimate
     text = m.render(_stats(active_streams=2, parked_streams=1, capacity_audio_s_per_s=7.5)).decode()
     names = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line[:1] != "#"}
     missing = [name for name in REQUIRED if name not in names]
@@ -75,6 +75,14 @@ def test_not_ready_render_zeroes_the_engine_gauges() -> None:
     assert metric_value(text, "playhead_active_streams") == 0
     assert metric_value(text, "playhead_parked_streams") == 0
     assert metric_value(text, "playhead_ready") == 0
+
+
+def test_the_capacity_gauge_comes_from_the_scrape_only() -> None:
+    m = Metrics()
+    m.capacity(3.0)
+    assert metric_value(m.render(None).decode(), "playhead_capacity_audio_seconds_per_second") == 0
+    text = m.render(_stats(capacity_audio_s_per_s=7.5)).decode()
+    assert metric_value(text, "playhead_capacity_audio_seconds_per_second") == 7.5
 
 
 def test_two_apps_do_not_share_counters() -> None:
