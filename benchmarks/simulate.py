@@ -313,6 +313,8 @@ class _Simulation:
         self.period_s = 1.0 / sc.cost.talker_frames_per_s
         self.piece = sc.cost.talker_piece_frames
         self.high_water_s = sc.talker.high_water_s
+        self.first_chunk_s = sc.scheduling.first_chunk_ms / 1000.0
+        self.safety_margin_s = sc.scheduling.safety_margin_ms / 1000.0
         self.records: list[StreamRecord] = []
         self.measured_issued = 0
         self.measured_open = 0
@@ -467,6 +469,7 @@ class _Simulation:
         s = _Stream(f"s{self.order}", self.order, text, client, t, t - first_sent)
         s.measured = measured
         r.active[s.id] = s
+        r.scheduler.admit(s.id, t)  # its first-audio deadline counts from arrival, as in the engine
         r.text_waiting[s.id] = s
         if r.talking is None:
             self.talker_pick(t, r)
@@ -485,7 +488,8 @@ class _Simulation:
             queued = s.produced - s.emitted
             h = horizon(s.id)
             if h is None and queued == 0:
-                key = (0, 0.0, s.order)
+                first_seen = r.scheduler.first_seen_s(s.id)
+                key = (1, (t if first_seen is None else first_seen) + self.first_chunk_s, s.order)
             else:
                 run_out = max(t if h is None else h, t) + queued * frame_s
                 ahead = run_out - t
@@ -493,7 +497,8 @@ class _Simulation:
                     wait = ahead - self.high_water_s
                     retry_in = wait if retry_in is None else min(retry_in, wait)
                     continue
-                key = (1, run_out, s.order)
+                protected = h is not None and ahead <= self.safety_margin_s
+                key = (0 if protected else 1, run_out, s.order)
             if best_key is None or key < best_key:
                 best, best_key = s, key
         if best is None:
