@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from scheduling._checks import check_int
 from scheduling.errors import ConfigError
@@ -100,7 +100,7 @@ class _Progress:
     segment: int = 0  # index of the current segment
     sent_frames: int = 0  # frames of the current segment already emitted
     chunks: int = 0  # non-empty chunks committed so far, all segments (the ramp index)
-    planned: Chunk | None = field(default=None)  # what next_chunk last answered
+    planned: Chunk | None = None  # what next_chunk last answered
     finished: bool = False  # the final chunk was committed
 
 
@@ -136,7 +136,6 @@ class ChunkPlanner:
         if progress is None:
             progress = self._streams[stream_id] = _Progress()
         if progress.finished:
-            progress.planned = None
             return None
         sent = progress.sent_frames
         if available_frames < sent:
@@ -171,7 +170,7 @@ class ChunkPlanner:
     def commit(self, stream_id: str, chunk: Chunk) -> None:
         """`chunk` (the one next_chunk last answered) was emitted."""
         progress = self._streams.get(stream_id)
-        if progress is None or progress.planned is None or progress.planned != chunk:
+        if progress is None or progress.planned != chunk:
             raise ValueError(f"commit of a chunk that was not planned for {stream_id!r}: {chunk}")
         progress.planned = None
         if not chunk.empty:

@@ -119,8 +119,9 @@ class PiperBackend:
                 load_split(spec.model_path, cache_dir, spec.id, refresh=True), talker, vocoder
             )
         talker_session, vocoder_session = sessions
-        latent, frame_count = (o.name for o in talker_session.get_outputs())
-        channels = talker_session.get_outputs()[0].shape[1]
+        talker_outputs = talker_session.get_outputs()
+        latent, frame_count = (o.name for o in talker_outputs)
+        channels = talker_outputs[0].shape[1]
         if [i.name for i in vocoder_session.get_inputs()] != [latent] or not isinstance(
             channels, int
         ):

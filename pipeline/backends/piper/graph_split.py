@@ -59,11 +59,8 @@ def default_cache_dir() -> Path:
 
 
 def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def find_cut(model: onnx.ModelProto, voice_id: str) -> CutPoints:

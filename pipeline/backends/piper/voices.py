@@ -83,17 +83,18 @@ def _spec_from_config(
     inference = config.get("inference", {})
     language = config.get("language", {})
     clusters = config.get("vowel_clusters")
+    espeak_voice = str(config.get("espeak", {}).get("voice", ""))
     id_map = {str(k): tuple(int(i) for i in v) for k, v in config["phoneme_id_map"].items()}
     return VoiceSpec(
         id=voice_id,
         name=str(config.get("dataset") or voice_id),
-        language=str(language.get("code") or config.get("espeak", {}).get("voice", "")),
+        language=str(language.get("code") or espeak_voice),
         model_path=model_path,
         config_path=config_path,
         sample_rate_hz=int(config["audio"]["sample_rate"]),
         samples_per_frame=int(config.get("hop_length", DEFAULT_HOP_LENGTH)),
         phoneme_type=phoneme_type,
-        espeak_voice=str(config.get("espeak", {}).get("voice", "")),
+        espeak_voice=espeak_voice,
         phoneme_id_map=MappingProxyType(id_map),
         noise_scale=float(inference.get("noise_scale", 0.667)),
         length_scale=float(inference.get("length_scale", 1.0)),
