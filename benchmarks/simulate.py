@@ -167,6 +167,10 @@ def prepare_texts(texts: Sequence[str], talker: TalkerConfig, frame_s: float) ->
     return out
 
 
+def mean_audio_s(texts: Sequence[_Text]) -> float:
+    return sum(t.audio_s for t in texts) / len(texts)
+
+
 class _Stream:
     __slots__ = (
         "chunk",
@@ -427,7 +431,7 @@ class _Simulation:
             rnd = self.rng.random
             return sorted(replicas, key=lambda r: (len(r.active), rnd()))
 
-        first_chunk_s = self.sc.scheduling.first_chunk_ms / 1000.0
+        first_chunk_s = self.first_chunk_s
 
         def key(r: _Replica) -> tuple[float, float, int]:
             # A stream sent since the report has its first-chunk deadline as its slack.
@@ -446,7 +450,7 @@ class _Simulation:
     def report(self, t: float) -> None:
         """Each replica's slack: horizon - now per stream; before its first audio, its
         first-chunk deadline - now. Minimum and mean (inf for an idle replica)."""
-        first_chunk_s = self.sc.scheduling.first_chunk_ms / 1000.0
+        first_chunk_s = self.first_chunk_s
         for r in self.replicas:
             horizon = r.scheduler.horizon_s
             total = 0.0
@@ -681,11 +685,7 @@ class _Simulation:
         per_replica_clients = max(1, math.ceil(sc.clients / sc.replicas)) if sc.clients else 0
         batch = window if window > 0 else (per_replica_clients or 10**6)
         capacity = sc.replicas * sc.cost.capacity_audio_s_per_s(batch, sc.chunking)
-        if sc.clients:
-            load = float(sc.clients)
-        else:
-            mean_audio_s = sum(x.audio_s for x in self.texts) / len(self.texts)
-            load = sc.rate_per_s * mean_audio_s
+        load = float(sc.clients) if sc.clients else sc.rate_per_s * mean_audio_s(self.texts)
         return SimResult(
             sc, summary, capacity, load, virtual_s, wall_s, events, tuple(self.records)
         )
@@ -728,6 +728,11 @@ def policy_scenario(name: str, window: int, **kw: object) -> Scenario:
     )
 
 
+def _corpus_mean_audio_s() -> float:
+    """Mean audio of a corpus text with the default talker and cost model."""
+    return mean_audio_s(prepare_texts(load_corpus(), TalkerConfig(), DEFAULT_COST.frame_s))
+
+
 def default_plan(quick: bool = False, window: int = DEFAULT_WINDOW) -> list[Scenario]:
     """`make sim`: policies on one replica over N; routers on four; one 10^5-stream run."""
     c = replica_capacity(window)
@@ -738,9 +743,7 @@ def default_plan(quick: bool = False, window: int = DEFAULT_WINDOW) -> list[Scen
         for name in POLICIES:
             plan.append(policy_scenario(name, window, streams=per_point, clients=clients))
     replicas = 4
-    mean_audio_s = sum(t.audio_s for t in prepare_texts(load_corpus(), TalkerConfig(), 0.08))
-    mean_audio_s /= len(load_corpus())
-    rate = 0.95 * replicas * c / mean_audio_s
+    rate = 0.95 * replicas * c / _corpus_mean_audio_s()
     for router in ROUTERS:
         plan.append(
             Scenario(
@@ -832,9 +835,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "seed": args.seed,
         }
         if args.rate is not None:
-            texts = prepare_texts(load_corpus(), TalkerConfig(), DEFAULT_COST.frame_s)
-            mean_audio_s = sum(t.audio_s for t in texts) / len(texts)
-            kw["rate_per_s"] = args.rate * c / mean_audio_s
+            kw["rate_per_s"] = args.rate * c / _corpus_mean_audio_s()
         else:
             kw["clients"] = max(1, round((args.clients or 1.0) * c))
         plan = [policy_scenario(args.policy, args.window, **kw)]
@@ -842,10 +843,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         plan = [replace(sc, seed=args.seed) for sc in default_plan(args.quick, args.window)]
 
     results = []
+    rows = []
     for sc in plan:
         res = simulate(sc)
         results.append(res)
         row = res.row()
+        rows.append(row)
         print(
             f"{row['label']}: {row['requests']} requests, N/C {row['streams_per_capacity']:.2f}, "
             f"stall ratio {row['stall_ratio']:.3f} (bound {row['stall_ratio_bound']:.3f}), "
@@ -863,7 +866,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     payload = {
         "date": stamp,
         "kind": "simulation",
-        "runs": [{**res.row(), "scenario": _scenario_json(res.scenario)} for res in results],
+        "runs": [
+            {**row, "scenario": _scenario_json(res.scenario)}
+            for row, res in zip(rows, results, strict=True)
+        ],
     }
     out.write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
     if args.out is None and not args.policy:  # the default plan: the copy the README shows
