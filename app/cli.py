@@ -55,8 +55,8 @@ def _parser() -> argparse.ArgumentParser:
 def _config_path(explicit: str | None) -> Path | None:
     if explicit:
         return Path(explicit)
-    if os.environ.get(CONFIG_ENV):
-        return Path(os.environ[CONFIG_ENV])
+    if from_env := os.environ.get(CONFIG_ENV):
+        return Path(from_env)
     return DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else None
 
 

@@ -15,6 +15,7 @@ variable, `--set` or the flag) and the dotted field.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 import types
@@ -133,6 +134,7 @@ def _section_type(section: str) -> type:
     return Settings.model_fields[section].annotation  # type: ignore[return-value]
 
 
+@functools.cache  # read-only: the sections' types never change
 def _field_types(section: str) -> dict[str, Any]:
     cls = _section_type(section)
     if dataclasses.is_dataclass(cls):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import re
 import socket
 import threading
@@ -66,7 +67,7 @@ def metric_value(text: str, name: str, labels: str = "") -> float:
     pattern = (
         rf"^{re.escape(name)}(\{{{re.escape(labels)}\}})? (\S+)$"
         if labels
-        else (rf"^{re.escape(name)} (\S+)$")
+        else rf"^{re.escape(name)} (\S+)$"
     )
     for line in text.splitlines():
         match = re.match(pattern, line)
@@ -175,8 +176,6 @@ def speech_body(text: str = "Hello there. This is a test.", **fields: object) ->
 
 def parse_sse(data: bytes) -> list[dict[str, object]]:
     """The events of an SSE body; every event must be one `data:` line and a blank line."""
-    import json
-
     text = data.decode()
     assert text.endswith("\n\n"), "an SSE body ends with a blank line"
     events = []
