@@ -210,6 +210,11 @@ class Segmenter:
                 out.extend(split_long(text[:cut].strip(), self._max_segment_chars))
                 self._emitted_any = True
                 text = text[cut:].strip()
+            elif self._first_fragment_words > 0:
+                # whether the first fragment is cut off is not known until more words
+                # (or the sentence end) arrive: splitting a long sentence now would cut
+                # it differently from the whole text
+                return []
         if len(text) > self._max_segment_chars:
             pieces = split_long(text, self._max_segment_chars)
             out.extend(pieces[:-1])

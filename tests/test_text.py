@@ -92,6 +92,15 @@ def test_the_first_fragment_leaves_no_one_or_two_word_remainder() -> None:
     ]
 
 
+def test_a_long_first_sentence_in_pieces_waits_for_the_first_fragment() -> None:
+    # found by the property below: a too-long sentence was split before the first
+    # fragment was known, unlike the whole text
+    text = "word " + "supercalifragilistic" * 3 + " word word word word "
+    segmenter = Segmenter(first_fragment_words=3, max_segment_chars=20)
+    pieces = segmenter.push(text[:66]) + segmenter.push(text[66:]) + segmenter.flush()
+    assert pieces == split_text(text, first_fragment_words=3, max_segment_chars=20)
+
+
 def test_a_leading_dash_is_not_a_first_fragment() -> None:
     text = "— And then, after a long pause, the old man finally spoke again."
     assert split_text(text, first_fragment_words=6)[0] == "— And then,"
