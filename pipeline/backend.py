@@ -3,17 +3,29 @@
 A backend has two halves, each called only from its own stage thread (see
 pipeline/executor.py):
 
-- the talker turns one text segment into codec frames, yielded in one or more pieces;
+- the talker works in steps, like an autoregressive language model. `open_segment` takes
+  one text segment of one stream and returns the backend's per-segment state (for a codec
+  LM: a cache slot and a position; for Piper: the phoneme ids). `step` advances a batch
+  of open segments by one model step: for each it returns the new frames (none, one or
+  many) and whether the segment ended. `close_segment` frees a segment's state; the
+  engine calls it exactly once per opened segment, after its last step, on cancel and on
+  failure. Segments join and leave the batch between steps (continuous batching); a
+  segment left out of a step keeps its state.
 - the vocoder turns a batch of chunks (new frames plus left/right context) into PCM,
   with the context already trimmed away.
 
 Frames are numpy arrays with frames on axis 0 (Piper: float32 [frames, 192]; sim:
-int64 [frames, 2]). PCM is float32 mono in [-1, 1] at the voice's sample rate.
+int64 [frames, 2]; codec LM: int64 [frames, codebooks]). PCM is float32 mono in [-1, 1]
+at the voice's sample rate.
+
+Errors: an exception from `open_segment` fails that one stream; one from `step` fails
+the streams of that step; one from `vocode` fails the streams of that turn. The engine's
+loops survive all three.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -44,6 +56,14 @@ class TalkRequest:
 
 
 @dataclass(frozen=True)
+class TalkStep:
+    """One open segment's outcome of one talker step."""
+
+    frames: np.ndarray  # new frames, frames on axis 0; may hold none
+    done: bool  # the segment ended: no more frames will come; close it
+
+
+@dataclass(frozen=True)
 class VocodeItem:
     """One chunk to decode: `frames` spans [context_start, context_stop) of a segment."""
 
@@ -53,9 +73,13 @@ class VocodeItem:
     emit_frames: int  # new frames to return audio for
 
 
+class SegmentState(Protocol):
+    """A backend's per-segment talker state (opaque to the engine)."""
+
+
 @runtime_checkable
 class Backend(Protocol):
-    """A voice model split into talker and vocoder.
+    """A voice model split into a step-wise talker and a batched vocoder.
 
     `samples_per_frame` and `sample_rate_hz` describe the default voice; every Voice
     carries its own.
@@ -69,8 +93,16 @@ class Backend(Protocol):
 
     def default_voice(self) -> str: ...
 
-    def talk(self, request: TalkRequest) -> Iterator[np.ndarray]:
-        """Frames for one segment, in pieces; runs (and is iterated) in the talker thread."""
+    def open_segment(self, request: TalkRequest) -> SegmentState:
+        """Per-segment state for one text segment (talker thread)."""
+        ...
+
+    def step(self, segments: Sequence[SegmentState]) -> list[TalkStep]:
+        """One model step for every segment given, in order (talker thread)."""
+        ...
+
+    def close_segment(self, segment: SegmentState) -> None:
+        """Free a segment's state; idempotent (talker thread)."""
         ...
 
     def vocode(self, items: Sequence[VocodeItem]) -> list[np.ndarray]:

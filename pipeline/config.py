@@ -38,6 +38,7 @@ class BackendConfig:
 @dataclass(frozen=True)
 class TalkerConfig:
     intra_op_threads: int = 1  # ONNX Runtime threads inside the talker's one worker thread
+    batch: int = 1  # most open segments stepped together in one talker step
     high_water_s: float = 8.0  # a stream this many seconds of audio ahead gets no talker work
     first_fragment_words: int = 6  # a first sentence longer than this is cut early
     max_segment_chars: int = 300  # sentences longer than this split at clause boundaries
@@ -47,6 +48,8 @@ class TalkerConfig:
             raise ConfigError(
                 f"intra_op_threads must be an integer >= 1, got {self.intra_op_threads!r}"
             )
+        if not (isinstance(self.batch, int) and self.batch >= 1):
+            raise ConfigError(f"batch must be an integer >= 1, got {self.batch!r}")
         _positive("high_water_s", self.high_water_s)
         if not (isinstance(self.first_fragment_words, int) and self.first_fragment_words >= 0):
             raise ConfigError(
@@ -88,18 +91,20 @@ class SimConfig:
 
     sample_rate_hz: int = 24000
     samples_per_frame: int = 1920  # 80 ms frames, like a 12.5 Hz codec
-    talker_frames_per_s: float = 250.0  # wall-clock rate at which the talker yields frames
-    talker_piece_frames: int = 4  # frames per yielded piece
+    talker_frames_per_step: int = 4  # frames each open segment gets per talker step
+    talker_step_base_ms: float = 2.0  # fixed cost of one talker step
+    talker_step_per_stream_ms: float = 0.5  # cost per segment in the step
     vocoder_base_ms: float = 20.0  # fixed cost of one vocoder call
     vocoder_per_frame_ms: float = 2.0  # cost per decoded frame (context included)
     batched: bool = True  # True: one call's base cost covers the whole batch
 
     def __post_init__(self) -> None:
-        for name in ("sample_rate_hz", "samples_per_frame", "talker_piece_frames"):
+        for name in ("sample_rate_hz", "samples_per_frame", "talker_frames_per_step"):
             value = getattr(self, name)
             if not (isinstance(value, int) and value >= 1):
                 raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
-        _positive("talker_frames_per_s", self.talker_frames_per_s)
+        _non_negative("talker_step_base_ms", self.talker_step_base_ms)
+        _non_negative("talker_step_per_stream_ms", self.talker_step_per_stream_ms)
         _non_negative("vocoder_base_ms", self.vocoder_base_ms)
         _non_negative("vocoder_per_frame_ms", self.vocoder_per_frame_ms)
 
