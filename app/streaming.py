@@ -31,8 +31,8 @@ from starlette.types import Receive, Scope, Send
 
 from app.audio import EncoderClosed, EncoderError, StreamEncoder
 from app.encoding_config import DEFAULT_ENCODING
-from app.errors import ServiceUnavailable
-from pipeline import Engine, Stream, StreamFailed, StreamState
+from app.errors import ApiError, pipeline_api_error, shutting_down
+from pipeline import Engine, PipelineError, Stream, StreamState
 
 logger = logging.getLogger("playhead.app")
 
@@ -57,9 +57,13 @@ def done_event(input_tokens: int, output_tokens: int) -> bytes:
     return sse_event({"type": "speech.audio.done", "usage": usage})
 
 
-def error_event(message: str, *, code: str | None = "stream_failed") -> bytes:
-    error = {"message": message, "type": "server_error", "param": None, "code": code}
-    return sse_event({"type": "error", "error": error})
+def error_event(error: ApiError) -> bytes:
+    """The last event of an SSE body that failed after it started: the error's envelope."""
+    return sse_event({"type": "error", **error.envelope()})
+
+
+def encoding_error(exc: Exception) -> ApiError:
+    return ApiError(f"Audio encoding failed: {exc}", code="encoding_failed")
 
 
 class StreamAborted(Exception):
@@ -102,15 +106,14 @@ class SpeechBody:
         return self._stream.id
 
     async def start(self) -> None:
-        """Wait for the first chunk. Raises StreamFailed, or ServiceUnavailable when the
-        engine stopped meanwhile; the caller closes the body on any error."""
+        """Wait for the first chunk. Raises the pipeline's error (StreamFailed), or
+        ServiceUnavailable when the engine stopped meanwhile; the caller closes the body on
+        any error."""
         try:
             self._first = await anext(self._chunks)
         except StopAsyncIteration:
             if self._stream.state is StreamState.CANCELLED:
-                raise ServiceUnavailable(
-                    "The server is shutting down.", code="shutting_down"
-                ) from None
+                raise shutting_down() from None
 
     def _call_encoder(self, method: Callable[..., bytes], *args: Any) -> bytes:
         with self._lock:
@@ -141,19 +144,21 @@ class SpeechBody:
                     if data:
                         yield delta_event(data) if self._sse else data
             if self._stream.state is StreamState.CANCELLED:  # the engine stopped under us
-                raise StreamFailed(self.stream_id, RuntimeError("the server is shutting down"))
+                raise shutting_down()
             tail = self._call_encoder(self._encoder.finish)
-        except (StreamFailed, EncoderError, EncoderClosed, ValueError) as exc:
+        except (ApiError, PipelineError, EncoderError, EncoderClosed, ValueError) as exc:
             # Exception subclasses only: a cancellation (client gone) still propagates.
-            if isinstance(exc, StreamFailed):
-                message, code = f"Speech generation failed: {exc}", "stream_failed"
+            if isinstance(exc, ApiError):
+                error = exc
+            elif isinstance(exc, PipelineError):
+                error = pipeline_api_error(exc)
             else:  # the encoder refused the PCM or the codec failed
-                message, code = f"Audio encoding failed: {exc}", "encoding_failed"
+                error = encoding_error(exc)
             logger.error("stream %s failed after the response started: %s", self.stream_id, exc)
             if self._sse:
-                yield error_event(message, code=code)
+                yield error_event(error)
                 return
-            raise StreamAborted(message) from exc
+            raise StreamAborted(error.message) from exc
         if self._sse:
             if tail:
                 yield delta_event(tail)
