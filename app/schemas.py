@@ -1,4 +1,4 @@
-"""Request models of the HTTP API (../shared/API.md), validated strictly.
+"""Request models of the HTTP API (docs/api.md), validated strictly.
 
 The body is parsed here rather than by FastAPI so that a missing or odd Content-Type,
 malformed JSON, a non-object body, an unknown field and a wrong type all become the same

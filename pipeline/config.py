@@ -1,27 +1,25 @@
 """Typed configuration of the pipeline: the engine, its two stages, and the backends.
 
-Frozen dataclasses that validate themselves (ConfigError names the field), so that the
-engine can be built from plain Python in tests and benchmarks, and app/settings.py can
-embed them in the YAML-backed settings.
+Frozen dataclasses that validate themselves through scheduling/validation.py (ConfigError
+names the field), so that the engine can be built from plain Python in tests and
+benchmarks, and app/settings.py can embed them in the YAML-backed settings. Their defaults
+are the measured ones: configs/default.yaml writes out the same values (a test compares
+them field by field).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from scheduling.errors import ConfigError
-
-
-def _positive(name: str, value: float) -> None:
-    if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-        raise ConfigError(f"{name} must be a finite number > 0, got {value!r}")
-
-
-def _non_negative(name: str, value: float) -> None:
-    if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
-        raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
-
+from scheduling.validation import (
+    check_bool,
+    check_choice,
+    check_int,
+    check_non_negative,
+    check_optional_non_negative,
+    check_positive,
+    check_text,
+)
 
 BACKEND_KINDS = ("piper", "sim")
 
@@ -31,8 +29,7 @@ class BackendConfig:
     kind: str = "piper"  # which backend serves: piper (real voice) or sim
 
     def __post_init__(self) -> None:
-        if self.kind not in BACKEND_KINDS:
-            raise ConfigError(f"kind must be one of {', '.join(BACKEND_KINDS)}, got {self.kind!r}")
+        check_choice("kind", self.kind, BACKEND_KINDS)
 
 
 @dataclass(frozen=True)
@@ -44,21 +41,11 @@ class TalkerConfig:
     max_segment_chars: int = 300  # sentences longer than this split at clause boundaries
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.intra_op_threads, int) and self.intra_op_threads >= 1):
-            raise ConfigError(
-                f"intra_op_threads must be an integer >= 1, got {self.intra_op_threads!r}"
-            )
-        if not (isinstance(self.batch, int) and self.batch >= 1):
-            raise ConfigError(f"batch must be an integer >= 1, got {self.batch!r}")
-        _positive("high_water_s", self.high_water_s)
-        if not (isinstance(self.first_fragment_words, int) and self.first_fragment_words >= 0):
-            raise ConfigError(
-                f"first_fragment_words must be an integer >= 0, got {self.first_fragment_words!r}"
-            )
-        if not (isinstance(self.max_segment_chars, int) and self.max_segment_chars >= 20):
-            raise ConfigError(
-                f"max_segment_chars must be an integer >= 20, got {self.max_segment_chars!r}"
-            )
+        check_int("intra_op_threads", self.intra_op_threads, 1)
+        check_int("batch", self.batch, 1)
+        check_positive("high_water_s", self.high_water_s)
+        check_int("first_fragment_words", self.first_fragment_words, 0)
+        check_int("max_segment_chars", self.max_segment_chars, 20)
 
 
 @dataclass(frozen=True)
@@ -66,10 +53,7 @@ class VocoderConfig:
     intra_op_threads: int = 1  # ONNX Runtime threads inside the vocoder's one worker thread
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.intra_op_threads, int) and self.intra_op_threads >= 1):
-            raise ConfigError(
-                f"intra_op_threads must be an integer >= 1, got {self.intra_op_threads!r}"
-            )
+        check_int("intra_op_threads", self.intra_op_threads, 1)
 
 
 @dataclass(frozen=True)
@@ -80,14 +64,14 @@ class EngineConfig:
     initial_capacity_audio_s_per_s: float = 0.0
 
     def __post_init__(self) -> None:
-        _positive("max_pending_audio_s", self.max_pending_audio_s)
-        _positive("capacity_window_s", self.capacity_window_s)
-        _non_negative("initial_capacity_audio_s_per_s", self.initial_capacity_audio_s_per_s)
+        check_positive("max_pending_audio_s", self.max_pending_audio_s)
+        check_positive("capacity_window_s", self.capacity_window_s)
+        check_non_negative("initial_capacity_audio_s_per_s", self.initial_capacity_audio_s_per_s)
 
 
 @dataclass(frozen=True)
 class SimConfig:
-    """The sim backend's cost model (../shared/BENCH.md): costs are set, not measured."""
+    """The sim backend's cost model (docs/benchmarking.md): costs are set, not measured."""
 
     sample_rate_hz: int = 24000
     samples_per_frame: int = 1920  # 80 ms frames, like a 12.5 Hz codec
@@ -100,13 +84,15 @@ class SimConfig:
 
     def __post_init__(self) -> None:
         for name in ("sample_rate_hz", "samples_per_frame", "talker_frames_per_step"):
-            value = getattr(self, name)
-            if not (isinstance(value, int) and value >= 1):
-                raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
-        _non_negative("talker_step_base_ms", self.talker_step_base_ms)
-        _non_negative("talker_step_per_stream_ms", self.talker_step_per_stream_ms)
-        _non_negative("vocoder_base_ms", self.vocoder_base_ms)
-        _non_negative("vocoder_per_frame_ms", self.vocoder_per_frame_ms)
+            check_int(name, getattr(self, name), 1)
+        for name in (
+            "talker_step_base_ms",
+            "talker_step_per_stream_ms",
+            "vocoder_base_ms",
+            "vocoder_per_frame_ms",
+        ):
+            check_non_negative(name, getattr(self, name))
+        check_bool("batched", self.batched)
 
 
 @dataclass(frozen=True)
@@ -119,8 +105,8 @@ class PiperConfig:
     noise_w: float | None = None  # phoneme-duration noise; None: each voice's own
 
     def __post_init__(self) -> None:
-        _positive("output_gain", self.output_gain)
-        for name in ("noise_scale", "noise_w"):
-            value = getattr(self, name)
-            if value is not None:
-                _non_negative(name, value)
+        for name in ("model_path", "voices_dir", "cache_dir"):
+            check_text(name, getattr(self, name), optional=True)
+        check_positive("output_gain", self.output_gain)
+        check_optional_non_negative("noise_scale", self.noise_scale)
+        check_optional_non_negative("noise_w", self.noise_w)
