@@ -16,8 +16,8 @@ than about a millisecond by an encoder.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import base64
+import contextlib
 import json
 import logging
 import threading
