@@ -31,7 +31,7 @@ from pipeline.errors import NotReady, Rejected, UnknownVoice
 from pipeline.events import EngineEvents, EngineStats, NullEvents
 from pipeline.executor import StageExecutor
 from pipeline.stream import Stream
-from pipeline.talker import Talker
+from pipeline.talker import Talker, talker_order
 from pipeline.vocoder import Vocoder
 from scheduling import (
     Admission,
@@ -40,7 +40,6 @@ from scheduling import (
     ChunkPlanner,
     PlaybackScheduler,
     SchedulingConfig,
-    TalkerOrderConfig,
     warn_if_first_chunk_too_short,
 )
 
@@ -100,12 +99,7 @@ class Engine:
             self.book,
             self._backend,
             self.talker_stage,
-            TalkerOrderConfig(
-                batch=talker.batch,
-                high_water_s=talker.high_water_s,
-                first_chunk_s=scheduling.first_chunk_ms / 1000.0,
-                safety_margin_s=scheduling.safety_margin_ms / 1000.0,
-            ),
+            talker_order(talker, scheduling),
             clock=self._clock,
             events=self._events,
             capacity_window_s=engine.capacity_window_s,
