@@ -22,6 +22,7 @@ from app.errors import ServiceUnavailable, install_error_handlers
 from app.metrics import Metrics
 from app.routes import open_router, v1_router
 from app.settings import Settings
+from app.ws.route import install as install_websocket
 from pipeline import Backend, Engine, build_backend
 
 logger = logging.getLogger("playhead.app")
@@ -171,4 +172,5 @@ def create_app(settings: Settings, *, backend_factory: BackendFactory | None = N
     install_error_handlers(app)
     app.include_router(v1_router)
     app.include_router(open_router)
+    install_websocket(app)
     return app
