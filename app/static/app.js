@@ -190,9 +190,11 @@ async function speak() {
 
 function stop() {
   if (!state.ws || !busy()) return;
-  state.stopAt = performance.now();
-  state.flushAt = state.stopAt;
+  const serverBusy = Boolean(state.open) || state.receiving !== null;
+  state.flushAt = performance.now();
+  state.stopAt = serverBusy ? state.flushAt : null;
   state.player?.port.postMessage({ type: "flush" });
+  ui.cancelServer.textContent = serverBusy ? "server: cancelling…" : "server: all audio was in";
   send({ type: "cancel" });
   state.open = null;
   if (ui.live.checked) state.liveSent = ui.text.value.length;
