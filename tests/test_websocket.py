@@ -122,6 +122,19 @@ async def test_session_close_answers_session_closed(server: LiveServer) -> None:
     assert events == [{"type": "session.closed"}]
 
 
+async def test_session_close_cancels_what_is_in_progress(server: LiveServer) -> None:
+    long_text = "This utterance is long enough to be closed on. " * 40
+    async with connect(server.base_url, config=CONFIG) as client:
+        await client.send("input.text", text=long_text)
+        await client.until("audio.start")
+        await client.send("session.close")
+        code, events = await client.closed()
+    assert code == 1000
+    assert [e["type"] for e in events] == ["audio.done", "session.closed"]
+    assert events[0]["cancelled"] is True
+    assert await _wait_engine_idle(server) == 0
+
+
 async def test_a_dropped_socket_frees_its_streams(server: LiveServer) -> None:
     long_text = "This utterance is long enough to be cut off. " * 40
     async with connect(server.base_url, config=CONFIG) as client:
@@ -224,7 +237,7 @@ async def test_limits() -> None:
             await client.send("input.text", text="Thirty more characters here.  ")  # 60: fine
             await client.send("input.text", text="!")
             code, events = await client.closed()
-        assert code == 1008
+        assert code == 1008, events
         assert [e["error"]["code"] for e in events if e["type"] == "error"] == ["text_too_long"]
         assert events[-1] == {
             "type": "audio.done",
@@ -252,6 +265,19 @@ async def test_idle_timeout_waits_while_audio_plays() -> None:
     # 50 frames of 10 ms each: the utterance outlasts the idle timeout several times over
     assert "cancelled" not in done and done["audio_ms"] > 3000
     assert (code, events[-1]["error"]["code"]) == (1008, "idle_timeout")
+
+
+async def test_an_utterance_left_open_and_silent_times_out() -> None:
+    with live_server(sim_settings("websocket.idle_timeout_s=0.5")) as live:
+        async with connect(live.base_url, config=CONFIG) as client:
+            await client.send("input.text", text="Said, and then nothing more. ")  # no input.done
+            code, events = await client.closed()
+        assert code == 1008
+        assert [e["type"] for e in events][-2:] == ["error", "audio.done"]
+        assert events[-2]["error"]["code"] == "idle_timeout"
+        assert events[-1]["cancelled"] is True
+        assert client.pcm(0).size > 0  # what was said was spoken before
+        assert await _wait_engine_idle(live) == 0
 
 
 # Admission.

@@ -10,7 +10,7 @@ class WebSocketConfig(BaseModel):
 
     # The client's first message (session.config) must arrive within this many seconds.
     first_message_timeout_s: float = Field(10.0, gt=0, le=3600)
-    # A socket with no utterance in progress and no client message for this long is closed.
+    # No client message and no audio sent for this long (nothing being said): closed (1008).
     idle_timeout_s: float = Field(120.0, gt=0, le=86400)
     # A larger client message gets an error event and close code 1009.
     max_message_bytes: int = Field(65536, ge=1024, le=16 * 1024 * 1024)

@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections import deque
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -107,6 +108,7 @@ class Session:
     _drained: asyncio.Event = field(default_factory=asyncio.Event)  # the queue is empty
     _sending: Utterance | None = None
     _send_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _last_audio_s: float = field(default_factory=time.monotonic)  # the last audio sent
 
     # Sending.
 
@@ -117,6 +119,7 @@ class Session:
     async def _send_bytes(self, data: bytes) -> None:
         async with self._send_lock:
             await self.websocket.send_bytes(data)
+        self._last_audio_s = time.monotonic()
 
     async def _sender(self) -> None:
         try:
@@ -306,15 +309,23 @@ class Session:
                 text = await self._receive(ws_config.idle_timeout_s)
                 if text is not None:
                     break
-                if not self.in_flight:
+                if self._idle(ws_config.idle_timeout_s):
                     await self._refuse(
                         ProtocolError(
-                            f"No message for {ws_config.idle_timeout_s:g} s and nothing "
-                            "playing: the session is closed.",
+                            f"No message and no audio for {ws_config.idle_timeout_s:g} s: "
+                            "the session is closed.",
                             code="idle_timeout",
                             close_code=CLOSE_POLICY,
                         )
                     )
+
+    def _idle(self, timeout_s: float) -> bool:
+        """Nothing for the client is under way: no utterance whose text is complete is
+        still being sent, and no audio left for `timeout_s` (an utterance left open, its
+        text said, waits for more text: that is idle)."""
+        if any(u.text_closed for u in self.in_flight):
+            return False
+        return time.monotonic() - self._last_audio_s >= timeout_s
 
     def _handle(self, message: object) -> None:
         if isinstance(message, SessionConfig):
@@ -394,6 +405,7 @@ class Session:
         self.current = utterance
         self.in_flight.append(utterance)
         self._queue.append(utterance)
+        self._drained.clear()
         self._queued.set()
 
     def _input_done(self) -> None:
