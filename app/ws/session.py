@@ -218,6 +218,17 @@ class Session:
             close_code = ended.close_code
         except WebSocketDisconnect:
             close_code = None
+        except Exception:
+            logger.exception("websocket session failed")
+            close_code = CLOSE_SERVER_ERROR
+            with contextlib.suppress(Exception):
+                await self.send_json(
+                    error_event(
+                        "The server had an error while processing your message.",
+                        code="internal_error",
+                        error_type="server_error",
+                    )
+                )
         finally:
             for utterance in list(self.in_flight):
                 self._cancel(utterance)
