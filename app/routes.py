@@ -1,5 +1,5 @@
-"""HTTP routes (docs/api.md). The WebSocket endpoint (/v1/audio/speech/stream) is
-not implemented yet.
+"""HTTP routes (docs/api.md). The WebSocket endpoint (/v1/audio/speech/stream) and
+the page at / are in app/ws/ (docs/websocket.md).
 
 POST /v1/audio/speech validates everything, opens the encoder and submits to the engine
 before the first byte, so every refusal (400, 404, 413, 429, 503) is a real status code;

@@ -2,7 +2,8 @@
 
 It picks the backend factory, creates the AppState (app/state.py: settings, metrics, the
 engine and the model's loading), installs the error handlers (app/errors.py) and the routes
-(app/routes.py). Nothing imports this module but the command line and tests.
+(app/routes.py; the WebSocket and the page at / in app/ws/). Nothing imports this module
+but the command line and tests.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from app.errors import install_error_handlers
 from app.routes import open_router, v1_router
 from app.settings import Settings
 from app.state import AppState, BackendFactory, attach_state
+from app.ws.route import install as install_websocket
 from pipeline import build_backend
 
 __all__ = ["AppState", "BackendFactory", "create_app"]
@@ -43,4 +45,5 @@ def create_app(settings: Settings, *, backend_factory: BackendFactory | None = N
     install_error_handlers(app)
     app.include_router(v1_router)
     app.include_router(open_router)
+    install_websocket(app)
     return app

@@ -30,6 +30,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from app.encoding_config import EncodingConfig
+from app.ws.config import WebSocketConfig
 from pipeline.config import (
     BackendConfig,
     EngineConfig,
@@ -121,6 +122,7 @@ class Settings(BaseModel):
     scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
     chunking: ChunkingConfig = Field(default_factory=lambda: DEFAULT_CHUNKING)
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
+    websocket: WebSocketConfig = Field(default_factory=WebSocketConfig)
 
 
 SECTIONS: tuple[str, ...] = tuple(Settings.model_fields)
