@@ -141,6 +141,7 @@ class CodecLMConfig:
     seed: int = 0  # seed of the random weights
     device: str = "auto"  # auto: cuda when available, else cpu
     dtype: str = "auto"  # auto: bfloat16 on cuda, float32 on cpu
+    cpu_threads: int = 0  # torch intra-op threads (process-wide) on a cpu; 0: torch's default
     speakers: int = 1  # voices speaker-0 .. speaker-(n-1) (CSM speaker ids)
     temperature: float = 0.0  # 0: greedy (frames independent of the batch); > 0: sampling
     top_k: int = 0  # sampling: keep the k most likely codes (0: all)
@@ -194,6 +195,7 @@ class CodecLMConfig:
         _positive("frames_per_char", self.frames_per_char)
         minimums = {
             "seed": 0,
+            "cpu_threads": 0,
             "speakers": 1,
             "top_k": 0,
             "min_frames_per_segment": 1,

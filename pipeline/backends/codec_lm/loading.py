@@ -190,6 +190,8 @@ def load_model(config: CodecLMConfig) -> LoadedModel:
     from transformers import AutoTokenizer, CsmForConditionalGeneration
 
     device, dtype = resolve_device(config)
+    if device.type == "cpu" and config.cpu_threads:
+        torch.set_num_threads(config.cpu_threads)
     if config.model is None and not config.save_random:
         model, tokenizer = _build_random(config, device)
         source = f"random:{random_model_digest(config)}"
