@@ -170,7 +170,7 @@ async def _closed_loop(engine: Any, streams: int, duration_s: float, texts: list
             player = Player()
             sent = time.monotonic()
             first: float | None = None
-            stream = engine.submit(rng.choice(texts))
+            stream = engine.submit(rng.choice(texts), voice=engine.backend.default_voice())
             rate = engine.backend.sample_rate_hz
             try:
                 async for pcm in stream.chunks():

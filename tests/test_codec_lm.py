@@ -174,6 +174,9 @@ def test_pcm_length_matches_the_emitted_frames(backend: CodecLMBackend) -> None:
     assert [p.shape for p in pcm] == [(6 * 1920,), (2 * 1920,), (0,)]
     assert all(p.dtype == np.float32 and np.all(np.abs(p) <= 1.0) for p in pcm)
     assert np.std(pcm[0]) > 0
+    # the audio depends on the codes (the random codebooks are not all alike)
+    (other,) = backend.vocode([VocodeItem("speaker-0", _codes(11, 10), 4, 6)])
+    assert np.abs(other - pcm[0]).max() > 0.1
 
 
 def test_batched_vocoder_equals_decoding_each_chunk_alone(backend: CodecLMBackend) -> None:
@@ -184,7 +187,8 @@ def test_batched_vocoder_equals_decoding_each_chunk_alone(backend: CodecLMBacken
     batched = backend.vocode(items)
     for item, pcm in zip(items, batched, strict=True):
         (alone,) = backend.vocode([item])
-        np.testing.assert_allclose(pcm, alone, rtol=0, atol=1e-5)
+        # equal to float32 noise: the convolution kernels sum in a batch-dependent order
+        np.testing.assert_allclose(pcm, alone, rtol=0, atol=1e-4)
 
 
 def test_a_chunk_equals_the_same_frames_of_a_whole_decode(backend: CodecLMBackend) -> None:
@@ -193,7 +197,7 @@ def test_a_chunk_equals_the_same_frames_of_a_whole_decode(backend: CodecLMBacken
     codes = _codes(8, 20)
     (whole,) = backend.vocode([VocodeItem("speaker-0", codes, 0, 20)])
     (chunk,) = backend.vocode([VocodeItem("speaker-0", codes[:12], 6, 6)])
-    np.testing.assert_allclose(chunk, whole[6 * 1920 : 12 * 1920], rtol=0, atol=1e-5)
+    np.testing.assert_allclose(chunk, whole[6 * 1920 : 12 * 1920], rtol=0, atol=1e-4)
 
 
 def test_transformers_streaming_decoder_state_is_not_exact(backend: CodecLMBackend) -> None:

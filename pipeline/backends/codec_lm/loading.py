@@ -31,7 +31,7 @@ BOS_TOKEN = "<|begin_of_text|>"
 EOS_TOKEN = "<|end_of_text|>"
 PAD_TOKEN = "<|pad|>"
 _SPECIAL_TOKENS = (BOS_TOKEN, EOS_TOKEN, PAD_TOKEN)
-_BUILD_VERSION = 1  # bump when the random build changes, so caches are rebuilt
+_BUILD_VERSION = 2  # bump when the random build changes, so caches are rebuilt
 
 
 @dataclass
@@ -159,7 +159,19 @@ def _build_random(config: CodecLMConfig, device: torch.device) -> tuple[Any, Any
     torch.manual_seed(config.seed)
     with torch.device(device):
         model = CsmForConditionalGeneration(_csm_config(config))
+    _randomize_codebooks(model.codec_model)
     return model.eval(), build_byte_tokenizer()
+
+
+def _randomize_codebooks(codec: torch.nn.Module) -> None:
+    """Mimi initialises its codebooks to zeros (they are learned as running sums), which
+    would make every code decode alike: give a random model random centroids instead."""
+    with torch.no_grad():
+        for module in codec.modules():
+            if hasattr(module, "embed_sum") and hasattr(module, "cluster_usage"):
+                module.embed_sum.normal_()
+                module.cluster_usage.fill_(1.0)
+                module._embed = None
 
 
 def random_model_path(config: CodecLMConfig) -> Path:
