@@ -39,6 +39,7 @@ from scheduling import AdmissionConfig, ChunkingConfig, SchedulingConfig
 
 CORPUS = Path(__file__).with_name("corpus.txt")
 BATCHES = (1, 8, 32, 64)
+DRAIN_S = 20.0  # most seconds an engine run waits for its last requests
 SECTIONS = {
     "backend": BackendConfig,
     "codec_lm": CodecLMConfig,
@@ -182,7 +183,8 @@ async def _closed_loop(engine: Any, streams: int, duration_s: float, texts: list
 
     tasks = [asyncio.create_task(client()) for _ in range(streams)]
     await asyncio.sleep(duration_s)
-    await asyncio.wait(tasks, timeout=duration_s)  # let the last requests finish, bounded
+    # let the last requests finish (their players count), bounded
+    await asyncio.wait(tasks, timeout=min(duration_s, DRAIN_S))
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
