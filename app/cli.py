@@ -139,3 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(settings_yaml(settings))
         return 0
     return _serve(settings, path)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

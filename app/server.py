@@ -33,6 +33,7 @@ def create_app(settings: Settings, *, backend_factory: BackendFactory | None = N
         piper=settings.piper,
         talker=settings.talker,
         vocoder=settings.vocoder,
+        codec_lm=settings.codec_lm,
     )
     state = AppState(settings, factory)
     app = FastAPI(

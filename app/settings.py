@@ -33,6 +33,7 @@ from app.encoding_config import EncodingConfig
 from app.ws.config import WebSocketConfig
 from pipeline.config import (
     BackendConfig,
+    CodecLMConfig,
     EngineConfig,
     PiperConfig,
     SimConfig,
@@ -116,6 +117,7 @@ class Settings(BaseModel):
     backend: BackendConfig = Field(default_factory=BackendConfig)
     sim: SimConfig = Field(default_factory=SimConfig)
     piper: PiperConfig = Field(default_factory=PiperConfig)
+    codec_lm: CodecLMConfig = Field(default_factory=CodecLMConfig)
     talker: TalkerConfig = Field(default_factory=TalkerConfig)
     vocoder: VocoderConfig = Field(default_factory=VocoderConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from scheduling.errors import ConfigError
 from scheduling.validation import (
     check_bool,
     check_choice,
@@ -21,12 +22,12 @@ from scheduling.validation import (
     check_text,
 )
 
-BACKEND_KINDS = ("piper", "sim")
+BACKEND_KINDS = ("piper", "sim", "codec_lm")
 
 
 @dataclass(frozen=True)
 class BackendConfig:
-    kind: str = "piper"  # which backend serves: piper (real voice) or sim
+    kind: str = "piper"  # which backend serves: piper (real voice), sim or codec_lm
 
     def __post_init__(self) -> None:
         check_choice("kind", self.kind, BACKEND_KINDS)
@@ -110,3 +111,122 @@ class PiperConfig:
         check_positive("output_gain", self.output_gain)
         check_optional_non_negative("noise_scale", self.noise_scale)
         check_optional_non_negative("noise_w", self.noise_w)
+
+
+CODEC_LM_DEVICES = ("auto", "cpu", "cuda")
+CODEC_LM_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class CodecLMConfig:
+    """The codec-LM backend (CSM + Mimi, pipeline/backends/codec_lm): where the model comes
+    from, how it runs, how long a segment may get, and the sizes of a random-weight model."""
+
+    model: str | None = None  # CSM checkpoint: a local directory or hub id; None: random weights
+    cache_dir: str | None = None  # where a random model is saved; None: the user's cache dir
+    save_random: bool = True  # save a random model and load it back like a checkpoint
+    seed: int = 0  # seed of the random weights
+    device: str = "auto"  # auto: cuda when available, else cpu
+    dtype: str = "auto"  # auto: bfloat16 on cuda, float32 on cpu
+    cpu_threads: int = 0  # torch intra-op threads (process-wide) on a cpu; 0: torch's default
+    speakers: int = 1  # voices speaker-0 .. speaker-(n-1) (CSM speaker ids)
+    temperature: float = 0.0  # 0: greedy (frames independent of the batch); > 0: sampling
+    top_k: int = 0  # sampling: keep the k most likely codes (0: all)
+    stop_on_end_frame: bool = True  # an all-zero frame ends a segment (CSM's end condition)
+    frames_per_char: float = 1.0  # a segment gets at most this many frames per character
+    min_frames_per_segment: int = 2  # ... but at least this many
+    max_frames_per_segment: int = 400  # ... and never more (400 x 80 ms = 32 s)
+    max_prompt_tokens: int = 512  # a longer tokenised segment fails its stream
+    initial_slots: int = 8  # KV-cache slots allocated at start (doubled when all are taken)
+    row_multiple: int = 4  # batch rows padded to a multiple of this (CPU gemm tiles, see talker)
+    # sizes of a random-weight model (model: null); defaults: the published CSM-1B + Mimi
+    num_codebooks: int = 32
+    codebook_size: int = 2051  # CSM's codebook vocabulary (codec codes + 3 special ids)
+    text_vocab_size: int = 128256
+    backbone_hidden_size: int = 2048
+    backbone_layers: int = 16
+    backbone_heads: int = 32
+    backbone_kv_heads: int = 8
+    backbone_intermediate_size: int = 8192
+    depth_hidden_size: int = 1024
+    depth_layers: int = 4
+    depth_heads: int = 8
+    depth_kv_heads: int = 2
+    depth_intermediate_size: int = 8192
+    codec_hidden_size: int = 512
+    codec_layers: int = 8
+    codec_heads: int = 8
+    codec_intermediate_size: int = 2048
+    codec_filters: int = 64
+    codec_codebook_size: int = 2048
+    codec_codebook_dim: int = 256
+
+    def __post_init__(self) -> None:
+        if self.model is not None and not (isinstance(self.model, str) and self.model.strip()):
+            raise ConfigError(f"model must be a path or hub id (or null), got {self.model!r}")
+        if self.device not in CODEC_LM_DEVICES:
+            raise ConfigError(
+                f"device must be one of {', '.join(CODEC_LM_DEVICES)}, got {self.device!r}"
+            )
+        if self.dtype not in CODEC_LM_DTYPES:
+            raise ConfigError(
+                f"dtype must be one of {', '.join(CODEC_LM_DTYPES)}, got {self.dtype!r}"
+            )
+        if not isinstance(self.save_random, bool):
+            raise ConfigError(f"save_random must be true or false, got {self.save_random!r}")
+        if not isinstance(self.stop_on_end_frame, bool):
+            raise ConfigError(
+                f"stop_on_end_frame must be true or false, got {self.stop_on_end_frame!r}"
+            )
+        check_non_negative("temperature", self.temperature)
+        check_positive("frames_per_char", self.frames_per_char)
+        minimums = {
+            "seed": 0,
+            "cpu_threads": 0,
+            "speakers": 1,
+            "top_k": 0,
+            "min_frames_per_segment": 1,
+            "max_frames_per_segment": 1,
+            "max_prompt_tokens": 2,
+            "initial_slots": 1,
+            "row_multiple": 1,
+        }
+        sizes = [f for f in self.__dataclass_fields__ if f.startswith(_SIZE_PREFIXES)]
+        minimums.update({name: 1 for name in sizes})
+        for name, minimum in minimums.items():
+            value = getattr(self, name)
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= minimum):
+                raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        if self.max_frames_per_segment < self.min_frames_per_segment:
+            raise ConfigError(
+                f"max_frames_per_segment ({self.max_frames_per_segment}) must be >= "
+                f"min_frames_per_segment ({self.min_frames_per_segment})"
+            )
+        if self.codebook_size <= self.codec_codebook_size:
+            raise ConfigError(
+                f"codebook_size ({self.codebook_size}) must exceed codec_codebook_size "
+                f"({self.codec_codebook_size}): CSM adds special ids after the codec's codes"
+            )
+        for heads, kv in (
+            ("backbone_heads", "backbone_kv_heads"),
+            ("depth_heads", "depth_kv_heads"),
+        ):
+            if getattr(self, heads) % getattr(self, kv):
+                raise ConfigError(f"{heads} must be a multiple of {kv}")
+        for hidden, heads in (
+            ("backbone_hidden_size", "backbone_heads"),
+            ("depth_hidden_size", "depth_heads"),
+            ("codec_hidden_size", "codec_heads"),
+        ):
+            if getattr(self, hidden) % getattr(self, heads):
+                raise ConfigError(f"{hidden} must be a multiple of {heads}")
+
+
+_SIZE_PREFIXES = (
+    "num_codebooks",
+    "codebook_size",
+    "text_vocab_size",
+    "backbone_",
+    "depth_",
+    "codec_",
+)
