@@ -31,6 +31,7 @@ from app.encoding_config import EncodingConfig
 from pipeline.config import (
     BackendConfig,
     EngineConfig,
+    NormalizeConfig,
     PiperConfig,
     SimConfig,
     TalkerConfig,
@@ -120,6 +121,7 @@ class Settings(BaseModel):
     sim: SimConfig = Field(default_factory=SimConfig)
     piper: PiperConfig = Field(default_factory=PiperConfig)
     talker: TalkerConfig = Field(default_factory=TalkerConfig)
+    normalize: NormalizeConfig = Field(default_factory=NormalizeConfig)
     vocoder: VocoderConfig = Field(default_factory=VocoderConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)

@@ -42,6 +42,10 @@ class TalkerConfig:
     high_water_s: float = 8.0  # a stream this many seconds of audio ahead gets no talker work
     first_fragment_words: int = 6  # a first sentence longer than this is cut early
     max_segment_chars: int = 300  # sentences longer than this split at clause boundaries
+    # no segment has more estimated phonemes than this (pipeline/text.py's proxy)
+    max_segment_phonemes: int = 400
+    # a stream's first segment is at most this long, even one unbroken token (0: no cap)
+    first_segment_chars: int = 80
 
     def __post_init__(self) -> None:
         if not (isinstance(self.intra_op_threads, int) and self.intra_op_threads >= 1):
@@ -59,6 +63,41 @@ class TalkerConfig:
             raise ConfigError(
                 f"max_segment_chars must be an integer >= 20, got {self.max_segment_chars!r}"
             )
+        if not (isinstance(self.max_segment_phonemes, int) and self.max_segment_phonemes >= 20):
+            raise ConfigError(
+                f"max_segment_phonemes must be an integer >= 20, got {self.max_segment_phonemes!r}"
+            )
+        if not (isinstance(self.first_segment_chars, int) and self.first_segment_chars >= 0):
+            raise ConfigError(
+                f"first_segment_chars must be an integer >= 0, got {self.first_segment_chars!r}"
+            )
+
+
+NORMALIZE_LANGUAGES = ("en",)  # languages with normalisation rules
+
+
+@dataclass(frozen=True)
+class NormalizeConfig:
+    """The text normaliser (pipeline/normalize): numbers, dates, symbols... to words."""
+
+    enabled: bool = True  # false: text goes to the phonemiser as written
+    # languages whose rules run (a voice of another language only gets symbols dropped)
+    languages: tuple[str, ...] = NORMALIZE_LANGUAGES
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise ConfigError(f"enabled must be true or false, got {self.enabled!r}")
+        if isinstance(self.languages, str) or not all(
+            isinstance(code, str) for code in self.languages
+        ):
+            raise ConfigError(f"languages must be a list of language codes, got {self.languages!r}")
+        unknown = [code for code in self.languages if code not in NORMALIZE_LANGUAGES]
+        if unknown:
+            raise ConfigError(
+                f"languages: no normalisation rules for {', '.join(map(repr, unknown))} "
+                f"(available: {', '.join(NORMALIZE_LANGUAGES)})"
+            )
+        object.__setattr__(self, "languages", tuple(self.languages))
 
 
 @dataclass(frozen=True)
