@@ -29,9 +29,11 @@ from app.errors import (
     Unauthorized,
 )
 from app.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from app.schemas import OPENAI_VOICES, parse_speech_request
+from app.request_id import REQUEST_ID_HEADER
+from app.schemas import is_openai_voice, model_accepted, parse_speech_request
 from app.streaming import SSE_CONTENT_TYPE, SpeechBody, SpeechResponse
 from pipeline import NotReady, Rejected, StreamFailed, UnknownVoice, Voice
+from pipeline.normalize import normalize_text, speakable
 
 if TYPE_CHECKING:
     from app.server import AppState
@@ -99,7 +101,7 @@ def resolve_voice(engine: Engine, name: str) -> Voice:
     try:
         return engine.resolve_voice(name)
     except UnknownVoice as exc:
-        if name in OPENAI_VOICES:
+        if is_openai_voice(name):
             return engine.resolve_voice(engine.backend.default_voice())
         available = ", ".join(v.id for v in engine.backend.voices())
         raise InvalidRequest(
@@ -144,10 +146,10 @@ async def create_speech(request: Request) -> Response:
     state = app_state(request)
     server = state.settings.server
     speech = parse_speech_request(await read_body(request, server.max_request_bytes))
-    if speech.model not in server.accepted_model_ids:
+    if not model_accepted(speech.model, server.accepted_model_ids):
         raise NotFound(
             f"The model '{speech.model}' does not exist. Available models: "
-            f"{', '.join(server.accepted_model_ids)}.",
+            f"{', '.join(server.accepted_model_ids)} (and any tts-1* or gpt-4o-mini-tts* id).",
             param="model",
             code="model_not_found",
         )
@@ -166,6 +168,15 @@ async def create_speech(request: Request) -> Response:
         )
     engine = state.require_engine()
     voice = resolve_voice(engine, speech.voice_id)
+    # numbers, dates, symbols... -> words, by the voice's language (pipeline/normalize)
+    spoken = normalize_text(text, voice.language, state.settings.normalize)
+    if not speakable(spoken):
+        raise InvalidRequest(
+            "Invalid 'input': nothing speakable is left after text normalization (the input "
+            "has no words or numbers, only punctuation, symbols or emoji).",
+            param="input",
+            code="nothing_to_speak",
+        )
     sample_rate_hz = speech.sample_rate or server.default_sample_rate_hz
     try:
         encoder = open_encoder(
@@ -179,7 +190,7 @@ async def create_speech(request: Request) -> Response:
     except UnsupportedSampleRate as exc:
         raise InvalidRequest(str(exc), param="sample_rate", code="invalid_value") from exc
     try:
-        stream = engine.submit(text, voice=voice.id, speed=speech.speed)
+        stream = engine.submit(spoken, voice=voice.id, speed=speech.speed)
     except Rejected as exc:
         encoder.close()
         decision = exc.decision
@@ -213,7 +224,11 @@ async def create_speech(request: Request) -> Response:
     except BaseException:
         body.close()
         raise
-    headers = {"Cache-Control": "no-cache", "X-Playhead-Stream-Id": stream.id}
+    headers = {
+        "Cache-Control": "no-cache",
+        "X-Playhead-Stream-Id": stream.id,
+        REQUEST_ID_HEADER: stream.id,
+    }
     if sse:
         headers["X-Accel-Buffering"] = "no"
     return SpeechResponse(
@@ -235,7 +250,7 @@ async def list_models(request: Request) -> dict[str, Any]:
 @v1_router.get("/models/{model_id}")
 async def get_model(request: Request, model_id: str) -> dict[str, Any]:
     state = app_state(request)
-    if model_id not in state.settings.server.accepted_model_ids:
+    if not model_accepted(model_id, state.settings.server.accepted_model_ids):
         raise NotFound(
             f"The model '{model_id}' does not exist.", param="model", code="model_not_found"
         )

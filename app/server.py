@@ -20,6 +20,7 @@ from fastapi import FastAPI
 from app import __version__
 from app.errors import ServiceUnavailable, install_error_handlers
 from app.metrics import Metrics
+from app.request_id import RequestIdMiddleware
 from app.routes import open_router, v1_router
 from app.settings import Settings
 from pipeline import Backend, Engine, build_backend
@@ -169,6 +170,7 @@ def create_app(settings: Settings, *, backend_factory: BackendFactory | None = N
     )
     app.state.playhead = state
     install_error_handlers(app)
+    app.add_middleware(RequestIdMiddleware)
     app.include_router(v1_router)
     app.include_router(open_router)
     return app

@@ -230,7 +230,8 @@ class Segmenter:
         pieces: list[str] = []
         if not self._emitted_any and self._first_fragment_words > 0:
             first_chars = min(self._first_segment_chars, self._max_segment_chars)
-            cut = _cut(text, first_chars, self._max_segment_phonemes)
+            # in phonemes too: about one per character of plain English text
+            cut = _cut(text, first_chars, min(first_chars, self._max_segment_phonemes))
             if cut is not None:
                 pieces.append(text[:cut].strip())
                 text = text[cut:].strip()
@@ -239,10 +240,10 @@ class Segmenter:
         return [piece for piece in pieces if piece]
 
     def _too_long(self, text: str) -> bool:
-        first = not self._emitted_any and self._first_fragment_words > 0
-        limit = self._first_segment_chars if first else self._max_segment_chars
-        limit = min(limit, self._max_segment_chars)
-        return _cut(text, limit, self._max_segment_phonemes) is not None
+        if not self._emitted_any and self._first_fragment_words > 0:
+            limit = min(self._first_segment_chars, self._max_segment_chars)
+            return _cut(text, limit, min(limit, self._max_segment_phonemes)) is not None
+        return _cut(text, self._max_segment_chars, self._max_segment_phonemes) is not None
 
     def _drain(self, *, final: bool) -> list[str]:
         out: list[str] = []

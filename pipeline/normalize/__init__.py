@@ -80,12 +80,43 @@ def normalizer_for(language: str, config: NormalizeConfig | None = None) -> Norm
     return clean
 
 
+def normalize_text(text: str, language: str, config: NormalizeConfig | None = None) -> str:
+    """`text` normalised for a voice of `language` (as it is when normalisation is off)."""
+    normalize = normalizer_for(language, config)
+    return normalize(text) if normalize is not None else text
+
+
 def speakable(text: str) -> bool:
-    """Whether `text` has anything to say: a letter or a digit."""
-    return any(char.isalnum() for char in text)
+    """Whether `text` has anything to say: a letter, a digit, or (normalisation off) a
+    symbol that the phonemiser reads by its name."""
+    return any(char.isalnum() or unicodedata.category(char) == "So" for char in text)
 
 
-_SENTENCE_END = re.compile(r"[.!?…;]+[\"')\]]*\s+|\n\s*\n")
+# A release point: a sentence end followed by a capital, or a blank line.
+_SENTENCE_END = re.compile(r"(?P<word>\S*?)[.!?…]+[\"')\]]*\s+(?=[\"'(]?[A-Z])|\n\s*\n")
+_NOT_SENTENCE_ENDS = frozenset(
+    [
+        *tables.TITLES,
+        *tables.ABBREVIATIONS,
+        *tables.MONTH_ABBREVIATIONS,
+        *tables.WEEKDAY_ABBREVIATIONS,
+        "no",
+    ]
+)
+
+
+def _release_point(text: str) -> int:
+    """Index just after the last sentence end of `text` that is not an abbreviation's
+    period ("Dr. Smith", "Jan. 5") nor an initial ("J. Doe"); 0 when none."""
+    cut = 0
+    for match in _SENTENCE_END.finditer(text):
+        word = (match["word"] or "").lower()
+        if word in _NOT_SENTENCE_ENDS or (len(word) == 1 and word.isalpha()):
+            continue
+        cut = match.end()
+    return cut
+
+
 HOLD_WORDS = 4  # words kept back at the end of unfinished text: the longest rule's reach
 
 
@@ -100,9 +131,7 @@ class StreamNormalizer:
 
     def push(self, text: str) -> str:
         self._buffer += text
-        cut = 0
-        for match in _SENTENCE_END.finditer(self._buffer):
-            cut = match.end()
+        cut = _release_point(self._buffer)
         spaces = [m.start() for m in re.finditer(r"\s+", self._buffer[cut:].rstrip())]
         if len(spaces) >= 2 * HOLD_WORDS:
             cut += spaces[-HOLD_WORDS]
@@ -123,6 +152,7 @@ __all__ = [
     "StreamNormalizer",
     "clean",
     "language_code",
+    "normalize_text",
     "normalizer_for",
     "speakable",
 ]

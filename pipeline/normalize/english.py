@@ -128,7 +128,8 @@ def _valid_date(month: int, day: int) -> bool:
 def _slash_date(match: re.Match[str]) -> str:
     month, day, year_text = int(match["m"]), int(match["d"]), match["y"]
     if not _valid_date(month, day):
-        return match.group()
+        parts = [cardinal(match["m"]), cardinal(match["d"]), _year_or_number_text(year_text)]
+        return " slash ".join(parts)
     number = int(year_text) if len(year_text) == 4 else 2000 + int(year_text)
     return f"{_month_day(month, day)}, {year(number)}"
 
@@ -158,7 +159,7 @@ def _month_name_date(match: re.Match[str]) -> str:
 
 def _day_month_date(match: re.Match[str]) -> str:
     month = tables.MONTHS[_month_index(match["month"]) - 1]
-    said = f"the {ordinal(int(match['day']))} of {month}"
+    said = f"{match['the'] or 'the'} {ordinal(int(match['day']))} of {month}"
     return f"{said} {year(int(match['year']))}" if match["year"] else said
 
 
@@ -259,14 +260,21 @@ def _number_sign(match: re.Match[str]) -> str:
     return f"{tables.NUMBER_WORD} {match['n']}"
 
 
-def _year_or_number(match: re.Match[str]) -> str:
-    text = match["n"]
+def _year_or_number_text(text: str) -> str:
+    """A year when it looks like one (four digits, 1100-2099), else the number; a code or
+    a zero-padded number digit by digit."""
     value = int(text)
-    if len(text) == 4 and 1100 <= value <= 2099 and not match["sign"]:
+    if len(text) == 4 and 1100 <= value <= 2099:
         return year(value)
     if len(text) > 1 and text[0] == "0":
-        return digits(text)  # a code or a zero-padded number: digit by digit
-    return ("minus " if match["sign"] else "") + cardinal(text)
+        return digits(text)
+    return cardinal(text)
+
+
+def _year_or_number(match: re.Match[str]) -> str:
+    if match["sign"]:
+        return "minus " + cardinal(match["n"])
+    return _year_or_number_text(match["n"])
 
 
 def _number(match: re.Match[str]) -> str:
@@ -294,6 +302,7 @@ def _alternatives(words: list[str]) -> str:
 _GLUED_UNITS = _alternatives(list(tables.UNITS))
 _SPACED_UNITS = _alternatives([u for u in tables.UNITS if u not in tables.UNITS_NEEDING_NO_SPACE])
 
+_WEEKDAYS = _alternatives([day.title() for day in tables.WEEKDAY_ABBREVIATIONS])
 _TITLES = _alternatives([title.title() for title in tables.TITLES])
 
 _B = r"(?<![\w.,])"  # a number starts here (not inside a word or another number)
@@ -317,7 +326,8 @@ RULES: tuple[Rule, ...] = (
     ),
     (
         re.compile(
-            rf"{_B}(?P<day>\d{{1,2}})(?:st|nd|rd|th)?\s+(?:of\s+)?(?P<month>{_MONTH_NAMES})"
+            rf"(?:\b(?P<the>[Tt]he)\s+)?{_B}(?P<day>\d{{1,2}})(?:st|nd|rd|th)?\s+(?:of\s+)?"
+            rf"(?P<month>{_MONTH_NAMES})"
             r"(?:,?\s+(?P<year>\d{4})\b)?"
         ),
         _day_month_date,
@@ -371,7 +381,9 @@ RULES: tuple[Rule, ...] = (
         _abbreviation,
     ),
     (
-        re.compile(r"\b(?P<a>" + "|".join(tables.WEEKDAY_ABBREVIATIONS) + r")\.(?!\w)"),
+        re.compile(
+            rf"\b(?P<a>{_alternatives([d.title() for d in tables.WEEKDAY_ABBREVIATIONS])})\.(?!\w)"
+        ),
         lambda m: tables.WEEKDAY_ABBREVIATIONS[m["a"].lower()],
     ),
     (re.compile(rf"(?<![\w.,])(?P<sign>-)?(?P<n>\d+){_E}"), _year_or_number),
@@ -386,6 +398,9 @@ def _time_hour(match: re.Match[str]) -> str:
         return match.group()
     suffix = match["ampm"].replace(".", "").strip().upper()
     return f"{cardinal(str(hour))} {' '.join(suffix)}"
+
+
+num2words(1)  # loads its English module now (~0.2 s), not on the first request
 
 
 def normalize_english(text: str) -> str:
