@@ -1,9 +1,9 @@
 """`x-request-id` on every response, as OpenAI sends it (clients log it; the SDK exposes it
 as `response.request_id`).
 
-A route that has an id of its own (the speech route: the engine stream's id, which is
-also in the server's log line for that stream) sets the header itself; every other
-response, errors included, gets a fresh id here.
+A route that has an id of its own sets the header itself: the speech route sends the
+engine stream's id, the id in the engine's log line for that stream ("stream <id> done
+..."). Every other response, errors included, gets a fresh id here.
 """
 
 from __future__ import annotations

@@ -172,19 +172,6 @@ class SpeechBody:
                 return
             self._closed = True
             self._encoder.close()
-        stats = self._stream.stats
-        ttfa_ms = "-" if stats.ttfa_s is None else f"{stats.ttfa_s * 1000:.0f}"
-        # the stream id is the response's x-request-id
-        logger.info(
-            "stream %s %s: ttfa_ms=%s audio_s=%.2f segments=%d stalls=%d stall_s=%.3f",
-            self.stream_id,
-            self._stream.state.name.lower(),
-            ttfa_ms,
-            stats.audio_s,
-            stats.segments,
-            stats.stalls,
-            stats.stall_s,
-        )
 
 
 class SpeechResponse(StreamingResponse):
