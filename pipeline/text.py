@@ -210,7 +210,7 @@ class Segmenter:
         # the stream's first segment, whatever it is, is at most this long (0: no cap)
         self._first_segment_chars = first_segment_chars or max_segment_chars
         self._buffer = ""  # raw text not yet emitted
-        self._emitted_any = False
+        self._emitted = 0  # segments emitted so far (the ramp's position)
 
     def push(self, text: str) -> list[str]:
         """Add text; return the segments now complete."""
@@ -223,27 +223,30 @@ class Segmenter:
         self._buffer = ""
         return segments
 
+    def _bounds(self, index: int) -> tuple[int, int]:
+        """(chars, estimated phonemes) allowed to the stream's segment number `index`: a
+        ramp from `first_segment_chars`, doubling, up to the configured maxima. Each
+        segment's talker call then costs about what the segments before it play for, even
+        in text that is one long token (a spelled-out URL plays far longer per character
+        than prose)."""
+        if self._first_fragment_words <= 0 or index >= 16:
+            return self._max_segment_chars, self._max_segment_phonemes
+        ramp = self._first_segment_chars << index
+        return min(ramp, self._max_segment_chars), min(ramp, self._max_segment_phonemes)
+
     def _split(self, text: str) -> list[str]:
-        """`text` in bounded pieces; the stream's very first piece is shorter."""
-        if not text:
-            return []
+        """`text` in bounded pieces, each within the bounds of its place in the stream."""
         pieces: list[str] = []
-        if not self._emitted_any and self._first_fragment_words > 0:
-            first_chars = min(self._first_segment_chars, self._max_segment_chars)
-            # in phonemes too: about one per character of plain English text
-            cut = _cut(text, first_chars, min(first_chars, self._max_segment_phonemes))
-            if cut is not None:
-                pieces.append(text[:cut].strip())
-                text = text[cut:].strip()
-        self._emitted_any = True
-        pieces.extend(split_long(text, self._max_segment_chars, self._max_segment_phonemes))
-        return [piece for piece in pieces if piece]
+        while text:
+            cut = _cut(text, *self._bounds(self._emitted))
+            piece, text = (text, "") if cut is None else (text[:cut].strip(), text[cut:].strip())
+            if piece:
+                pieces.append(piece)
+                self._emitted += 1
+        return pieces
 
     def _too_long(self, text: str) -> bool:
-        if not self._emitted_any and self._first_fragment_words > 0:
-            limit = min(self._first_segment_chars, self._max_segment_chars)
-            return _cut(text, limit, min(limit, self._max_segment_phonemes)) is not None
-        return _cut(text, self._max_segment_chars, self._max_segment_phonemes) is not None
+        return _cut(text, *self._bounds(self._emitted)) is not None
 
     def _drain(self, *, final: bool) -> list[str]:
         out: list[str] = []
@@ -265,7 +268,7 @@ class Segmenter:
         if not sentence:
             return []
         out: list[str] = []
-        if not self._emitted_any:
+        if self._emitted == 0:
             cut = _first_fragment(sentence, self._first_fragment_words)
             if cut is not None:
                 out.extend(self._split(sentence[:cut].strip()))
@@ -284,7 +287,7 @@ class Segmenter:
         settled, tail = stripped[:settled_end], stripped[settled_end:]
         text = normalise(settled)
         out: list[str] = []
-        if not self._emitted_any:
+        if self._emitted == 0:
             # cut once the sentence so far (its last word maybe still growing) has more
             # than first_fragment_words words: the cut is then the one the whole
             # sentence would get
@@ -302,6 +305,7 @@ class Segmenter:
             pieces = self._split(text)
             out.extend(pieces[:-1])
             text = pieces[-1]
+            self._emitted -= 1  # the last piece stays: it may grow
         if out:
             self._buffer = text + tail
         return out

@@ -99,7 +99,8 @@ def test_the_phoneme_proxy_bounds_symbols_and_other_letters() -> None:
 def test_the_first_segment_of_a_stream_is_short_even_for_one_long_token() -> None:
     token = "é" * 1000
     segments = split_text(f"{token} then.", first_fragment_words=6, first_segment_chars=40)
-    assert len(segments[0]) == 13  # 40 estimated phonemes
+    # 40, 80, 160, 320, then 400 estimated phonemes (3 per letter)
+    assert [len(s) for s in segments[:5]] == [13, 26, 53, 106, 133]
     assert all(len(s) <= 300 for s in segments)
     # no first-fragment cut (0): no first-segment cap either
     assert len(split_text(token, first_fragment_words=0)[0]) == 133  # 400 phonemes / 3
@@ -210,9 +211,11 @@ def test_nothing_is_lost_and_pieces_match_the_whole(
     for segment in whole:
         assert len(segment) <= max_chars
         assert estimated_phonemes(segment) <= max_phonemes or len(segment) == 1
-    if whole and words > 0 and first_chars > 0:
-        assert len(whole[0]) <= first_chars
-        assert estimated_phonemes(whole[0]) <= first_chars or len(whole[0]) == 1
+    if words > 0 and first_chars > 0:
+        for index, segment in enumerate(whole[:8]):  # the ramp: first_chars, doubling
+            ramp = first_chars << index
+            assert len(segment) <= ramp
+            assert estimated_phonemes(segment) <= ramp or len(segment) == 1
 
     cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=12)))
     segmenter = Segmenter(**bounds)
