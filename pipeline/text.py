@@ -7,13 +7,19 @@ A stream's text is cut into segments, one talker call each:
 - the stream's first segment is short so that the first chunk comes fast: the first
   clause when it ends within `first_fragment_words` words, else the first
   `first_fragment_words` words (0 disables the cut);
-- a sentence longer than `max_segment_chars` is split at clause boundaries (, ; : and
-  spaced dashes), or at a word boundary when no clause boundary fits; never mid-word
-  (a single word longer than the limit stays whole);
+- a sentence longer than `max_segment_chars` characters or `max_segment_phonemes`
+  estimated phonemes (`estimated_phonemes`) is split at clause boundaries (, ; : and
+  spaced dashes), else at a word boundary; a single token longer than that (a URL, a run
+  of one letter) is cut at its own punctuation (/ . - ? ...), else by length;
+- with a first fragment (`first_fragment_words` > 0) the bounds ramp up: the stream's
+  first segment gets `first_segment_chars` (characters and estimated phonemes), each next
+  one twice the one before, up to the maxima. A talker call then costs about what the
+  segments before it play for, even for text that plays far longer per character than
+  prose (a spelled-out link);
 - whitespace is normalised (runs become one space, ends trimmed).
 
-Cuts happen only at whitespace, so the words of the segments, in order, are exactly the
-words of the input (`" ".join(segments).split() == text.split()`).
+Cuts happen at whitespace, or inside a token longer than the bounds, so the characters of
+the segments, in order, are exactly those of the input, whitespace aside.
 
 `Segmenter` works incrementally (live text arrives in pieces): `push` returns the
 segments that are complete so far, `flush` the rest. A boundary is confirmed only once
