@@ -96,6 +96,9 @@ CASES = [
     ("Call 555-123-4567", "Call five five five, one two three, four five six seven"),
     ("Call +1 555 123 4567", "Call five five five, one two three, four five six seven"),
     ("555.123.4567", "five five five, one two three, four five six seven"),
+    ("dial 555-1234", "dial five five five, one two three four"),
+    ("COVID-19 cases", "COVID-nineteen cases"),
+    ("from 2019-2021", "from twenty nineteen to twenty twenty-one"),
     # titles and abbreviations
     ("Dr. Smith", "Doctor Smith"),
     ("Mr. Jones and Mrs. Jones", "Mister Jones and Missus Jones"),

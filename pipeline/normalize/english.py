@@ -315,6 +315,7 @@ RULES: tuple[Rule, ...] = (
         re.compile(r"(?<![\w+])(?:\+?1[\s.-]?)?\(?(\d{3})\)?[\s.-]?(\d{3})[\s.-](\d{4})\b"),
         _phone,
     ),
+    (re.compile(r"(?<![\w+-])(\d{3})-(\d{4})(?![\w-])"), _phone),  # 555-1234
     (re.compile(rf"{_B}(?P<m>\d{{1,2}})/(?P<d>\d{{1,2}})/(?P<y>\d{{4}}|\d{{2}}){_E}"), _slash_date),
     (re.compile(rf"{_B}(?P<y>\d{{4}})-(?P<m>\d{{2}})-(?P<d>\d{{2}}){_E}"), _iso_date),
     (
