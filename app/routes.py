@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+from functools import partial
 from typing import Any
 
 import anyio
@@ -31,12 +32,16 @@ from app.errors import (
     pipeline_api_error,
 )
 from app.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from app.schemas import OPENAI_VOICES, parse_speech_request
+from app.request_id import REQUEST_ID_HEADER
+from app.schemas import is_openai_voice, model_accepted, parse_speech_request
 from app.state import AppState, StateDep
 from app.streaming import SSE_CONTENT_TYPE, SpeechBody, SpeechResponse
 from pipeline import Engine, StreamFailed, UnknownVoice, Voice
+from pipeline.normalize import normalize_text, speakable
 
 logger = logging.getLogger("playhead.app")
+
+INLINE_NORMALIZE_MAX_CHARS = 100  # longer inputs are normalised in a worker thread
 
 
 def _too_large(max_bytes: int) -> RequestTooLarge:
@@ -94,7 +99,7 @@ def resolve_voice(engine: Engine, name: str) -> Voice:
     try:
         return engine.resolve_voice(name)
     except UnknownVoice as exc:
-        if name in OPENAI_VOICES:
+        if is_openai_voice(name):
             return engine.resolve_voice(engine.backend.default_voice())
         raise pipeline_api_error(exc) from exc
 
@@ -132,10 +137,10 @@ async def start_unless_client_gone(request: Request, body: SpeechBody) -> None:
 async def create_speech(request: Request, state: StateDep) -> Response:
     server = state.settings.server
     speech = parse_speech_request(await read_body(request, server.max_request_bytes))
-    if speech.model not in server.accepted_model_ids:
+    if not model_accepted(speech.model, server.accepted_model_ids):
         raise NotFound(
             f"The model '{speech.model}' does not exist. Available models: "
-            f"{', '.join(server.accepted_model_ids)}.",
+            f"{', '.join(server.accepted_model_ids)} (and any tts-1* or gpt-4o-mini-tts* id).",
             param="model",
             code="model_not_found",
         )
@@ -154,6 +159,21 @@ async def create_speech(request: Request, state: StateDep) -> Response:
         )
     engine = state.require_engine()
     voice = resolve_voice(engine, speech.voice_id)
+    # numbers, dates, symbols... -> words, by the voice's language (pipeline/normalize).
+    # ~10 us a character: a long input is normalised off the event loop (which runs the
+    # engine's loops too)
+    normalize = partial(normalize_text, text, voice.language, state.settings.normalize)
+    if len(text) <= INLINE_NORMALIZE_MAX_CHARS:
+        spoken = normalize()
+    else:
+        spoken = await anyio.to_thread.run_sync(normalize)
+    if not speakable(spoken):
+        raise InvalidRequest(
+            "Invalid 'input': nothing speakable is left after text normalization (the input "
+            "has no words or numbers, only punctuation, symbols or emoji).",
+            param="input",
+            code="nothing_to_speak",
+        )
     sample_rate_hz = speech.sample_rate or server.default_sample_rate_hz
     try:
         encoder = open_encoder(
@@ -168,7 +188,7 @@ async def create_speech(request: Request, state: StateDep) -> Response:
         raise InvalidRequest(str(exc), param="sample_rate", code="invalid_value") from exc
     try:
         # Rejected (429) and NotReady (503) propagate to the error handler
-        stream = engine.submit(text, voice=voice.id, speed=speech.speed)
+        stream = engine.submit(spoken, voice=voice.id, speed=speech.speed)
     except BaseException:
         encoder.close()
         raise
@@ -190,7 +210,11 @@ async def create_speech(request: Request, state: StateDep) -> Response:
     except BaseException:
         body.close()
         raise
-    headers = {"Cache-Control": "no-cache", "X-Playhead-Stream-Id": stream.id}
+    headers = {
+        "Cache-Control": "no-cache",
+        "X-Playhead-Stream-Id": stream.id,
+        REQUEST_ID_HEADER: stream.id,
+    }
     if sse:
         headers["X-Accel-Buffering"] = "no"
     return SpeechResponse(
@@ -210,7 +234,7 @@ async def list_models(state: StateDep) -> dict[str, Any]:
 
 @v1_router.get("/models/{model_id}")
 async def get_model(state: StateDep, model_id: str) -> dict[str, Any]:
-    if model_id not in state.settings.server.accepted_model_ids:
+    if not model_accepted(model_id, state.settings.server.accepted_model_ids):
         raise NotFound(
             f"The model '{model_id}' does not exist.", param="model", code="model_not_found"
         )

@@ -14,6 +14,7 @@ from fastapi import FastAPI
 
 from app import __version__
 from app.errors import install_error_handlers
+from app.request_id import RequestIdMiddleware
 from app.routes import open_router, v1_router
 from app.settings import Settings
 from app.state import AppState, BackendFactory, attach_state
@@ -44,6 +45,7 @@ def create_app(settings: Settings, *, backend_factory: BackendFactory | None = N
     )
     attach_state(app, state)
     install_error_handlers(app)
+    app.add_middleware(RequestIdMiddleware)
     app.include_router(v1_router)
     app.include_router(open_router)
     install_websocket(app)

@@ -35,6 +35,7 @@ from pipeline.config import (
     BackendConfig,
     CodecLMConfig,
     EngineConfig,
+    NormalizeConfig,
     PiperConfig,
     SimConfig,
     TalkerConfig,
@@ -119,6 +120,7 @@ class Settings(BaseModel):
     piper: PiperConfig = Field(default_factory=PiperConfig)
     codec_lm: CodecLMConfig = Field(default_factory=CodecLMConfig)
     talker: TalkerConfig = Field(default_factory=TalkerConfig)
+    normalize: NormalizeConfig = Field(default_factory=NormalizeConfig)
     vocoder: VocoderConfig = Field(default_factory=VocoderConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)

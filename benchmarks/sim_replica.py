@@ -31,18 +31,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Protocol
 
 import numpy as np
 
 from pipeline.backend import TalkStep
 from pipeline.backends.sim import SimBackend, vocoder_cost_s
-from pipeline.book import OpenSegment, SegmenterSettings, StreamBook, StreamRecord, Wakes
+from pipeline.book import OpenSegment, StreamBook, StreamRecord, Wakes
 from pipeline.capacity import CapacityEstimate, pipeline_capacity
 from pipeline.config import EngineConfig, SimConfig, TalkerConfig
 from pipeline.events import NullEvents
 from pipeline.stream import Stream
 from pipeline.talker import talker_order
+from pipeline.text import Segmenter, segment_options
 from scheduling import (
     Admission,
     AdmissionConfig,
@@ -124,7 +126,7 @@ class Replica:
         self.book = StreamBook(
             scheduler=PlaybackScheduler(setup.scheduling),
             planner=ChunkPlanner(setup.chunking),
-            segmenter=SegmenterSettings(talker.first_fragment_words, talker.max_segment_chars),
+            segmenter=partial(Segmenter, **segment_options(talker)),
             max_pending_audio_s=_NEVER_PARK_S,
             left_context_frames=setup.chunking.left_context_frames,
             clock=self._now,

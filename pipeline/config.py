@@ -40,6 +40,10 @@ class TalkerConfig:
     high_water_s: float = 8.0  # a stream this many seconds of audio ahead gets no talker work
     first_fragment_words: int = 6  # a first sentence longer than this is cut early
     max_segment_chars: int = 300  # sentences longer than this split at clause boundaries
+    # no segment has more estimated phonemes than this (pipeline/text.py's proxy)
+    max_segment_phonemes: int = 400
+    # a stream's first segment is at most this long, even one unbroken token (0: no cap)
+    first_segment_chars: int = 80
 
     def __post_init__(self) -> None:
         check_int("intra_op_threads", self.intra_op_threads, 1)
@@ -47,6 +51,34 @@ class TalkerConfig:
         check_positive("high_water_s", self.high_water_s)
         check_int("first_fragment_words", self.first_fragment_words, 0)
         check_int("max_segment_chars", self.max_segment_chars, 20)
+        check_int("max_segment_phonemes", self.max_segment_phonemes, 20)
+        check_int("first_segment_chars", self.first_segment_chars, 0)
+
+
+NORMALIZE_LANGUAGES = ("en",)  # languages with normalisation rules
+
+
+@dataclass(frozen=True)
+class NormalizeConfig:
+    """The text normaliser (pipeline/normalize): numbers, dates, symbols... to words."""
+
+    enabled: bool = True  # false: text goes to the phonemiser as written
+    # languages whose rules run (a voice of another language only gets symbols dropped)
+    languages: tuple[str, ...] = NORMALIZE_LANGUAGES
+
+    def __post_init__(self) -> None:
+        check_bool("enabled", self.enabled)
+        if isinstance(self.languages, str) or not all(
+            isinstance(code, str) for code in self.languages
+        ):
+            raise ConfigError(f"languages must be a list of language codes, got {self.languages!r}")
+        unknown = [code for code in self.languages if code not in NORMALIZE_LANGUAGES]
+        if unknown:
+            raise ConfigError(
+                f"languages: no normalisation rules for {', '.join(map(repr, unknown))} "
+                f"(available: {', '.join(NORMALIZE_LANGUAGES)})"
+            )
+        object.__setattr__(self, "languages", tuple(self.languages))
 
 
 @dataclass(frozen=True)

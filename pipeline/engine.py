@@ -22,9 +22,10 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from functools import partial
 
 from pipeline.backend import Backend, Voice
-from pipeline.book import SegmenterSettings, StreamBook, Wakes
+from pipeline.book import StreamBook, Wakes
 from pipeline.capacity import pipeline_capacity
 from pipeline.config import EngineConfig, TalkerConfig
 from pipeline.errors import NotReady, Rejected, UnknownVoice
@@ -32,6 +33,7 @@ from pipeline.events import EngineEvents, EngineStats, NullEvents
 from pipeline.executor import StageExecutor
 from pipeline.stream import Stream
 from pipeline.talker import Talker, talker_order
+from pipeline.text import Segmenter, segment_options
 from pipeline.vocoder import Vocoder
 from scheduling import (
     Admission,
@@ -88,7 +90,7 @@ class Engine:
         self.book = StreamBook(
             scheduler=PlaybackScheduler(scheduling),
             planner=ChunkPlanner(self._chunking),
-            segmenter=SegmenterSettings(talker.first_fragment_words, talker.max_segment_chars),
+            segmenter=partial(Segmenter, **segment_options(talker)),
             max_pending_audio_s=engine.max_pending_audio_s,
             left_context_frames=self._chunking.left_context_frames,
             clock=self._clock,

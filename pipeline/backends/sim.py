@@ -35,7 +35,7 @@ import numpy as np
 
 from pipeline.backend import TalkRequest, TalkStep, VocodeItem, Voice
 from pipeline.config import SimConfig, TalkerConfig
-from pipeline.text import split_text
+from pipeline.text import segment_options, split_text
 from scheduling.errors import ConfigError
 
 CHARS_PER_FRAME = 1.2
@@ -59,11 +59,7 @@ def frames_for_text(text: str, speed: float = 1.0) -> int:
 def expected_frames(text: str, speed: float = 1.0, talker: TalkerConfig | None = None) -> int:
     """Frames a whole submitted text becomes: the sum over the engine's segments."""
     talker = talker or TalkerConfig()
-    segments = split_text(
-        text,
-        first_fragment_words=talker.first_fragment_words,
-        max_segment_chars=talker.max_segment_chars,
-    )
+    segments = split_text(text, **segment_options(talker))
     return sum(frames_for_text(segment, speed) for segment in segments)
 
 
