@@ -4,7 +4,7 @@
            -> [Vocoder: PlaybackScheduler picks K ready streams] -> PCM -> Stream.chunks()
 
 - pipeline/book.py: the StreamBook owns every stream's state and transitions;
-- pipeline/talker.py: the Talker loop (scheduling.plan_talker_step picks the batch);
+- pipeline/talker.py: the Talker loop (the book's scheduling.TalkerQueue picks the batch);
 - pipeline/vocoder.py: the Vocoder loop (PlaybackScheduler.select picks the K chunks);
 - pipeline/channel.py: a stream's audio, a send half (the book's) and a receive half
   (the caller's Stream).
@@ -93,6 +93,7 @@ class Engine:
             segmenter=partial(Segmenter, **segment_options(talker)),
             max_pending_audio_s=engine.max_pending_audio_s,
             left_context_frames=self._chunking.left_context_frames,
+            first_chunk_s=scheduling.first_chunk_ms / 1000.0,
             clock=self._clock,
             events=self._events,
             wakes=Wakes(talker=self._wake_talker, vocoder=self._wake_vocoder),

@@ -2,7 +2,8 @@
 
 Each turn of the loop:
 
-1. scheduling.plan_talker_step ranks the streams that want talker work (text waiting or
+1. the book's talker queue (scheduling.TalkerQueue, the indexed form of
+   scheduling.plan_talker_step) ranks the streams that want talker work (text waiting or
    a segment open) by when their audio runs out, and takes up to `talker.batch` of them;
    a stream more than `talker.high_water_s` ahead of its playback sits the step out
    without losing its open segment, and parked streams are not candidates;
@@ -36,7 +37,7 @@ from pipeline.config import TalkerConfig
 from pipeline.errors import BackendError
 from pipeline.events import EngineEvents
 from pipeline.executor import StageExecutor
-from scheduling import SchedulingConfig, TalkerOrderConfig, plan_talker_step
+from scheduling import SchedulingConfig, TalkerOrderConfig
 
 log = logging.getLogger("playhead.engine")
 
@@ -93,7 +94,7 @@ class Talker:
             self.wake.clear()
             now_s = self._clock()
             orphans = self._book.take_orphans()
-            plan = plan_talker_step(self._book.talker_candidates(), now_s, self._order)
+            plan = self._book.plan_talker(now_s, self._order)
             if plan.step_ids or orphans:
                 await self._step(plan.step_ids, orphans)
                 continue
