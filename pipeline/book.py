@@ -67,7 +67,7 @@ class OpenSegment:
     the event loop when the stream ends first and read in the talker thread.
     """
 
-    __slots__ = ("cancelled", "closed", "record", "request", "segment", "state")
+    __slots__ = ("cancelled", "closed", "in_flight", "record", "request", "segment", "state")
 
     def __init__(self, record: StreamRecord, segment: Segment, request: TalkRequest) -> None:
         self.record = record
@@ -76,6 +76,7 @@ class OpenSegment:
         self.state: SegmentState | None = None
         self.cancelled = False
         self.closed = False
+        self.in_flight = False  # a talker lane is stepping it
 
 
 @dataclass(slots=True, eq=False)
@@ -167,11 +168,16 @@ class StreamBook:
 
     def plan_talker(self, now_s: float, order: TalkerOrderConfig) -> TalkerPlan:
         """The streams for the next talker step (scheduling.TalkerQueue's plan; parked
-        streams pass)."""
-        return self.talker_queue.plan(now_s, order, skip=self._parked)
+        streams and those a talker lane is stepping pass)."""
+        return self.talker_queue.plan(now_s, order, skip=self._busy)
 
-    def _parked(self, stream_id: str) -> bool:
-        return self._records[stream_id].sender.parked
+    def plan_first_audio_talker(self, now_s: float, order: TalkerOrderConfig) -> tuple[str, ...]:
+        """Streams with no audio yet, for a second talker lane."""
+        return self.talker_queue.plan_first_audio(now_s, order, skip=self._busy)
+
+    def _busy(self, stream_id: str) -> bool:
+        record = self._records[stream_id]
+        return record.sender.parked or (record.talking is not None and record.talking.in_flight)
 
     def playing_streams(self, now_s: float) -> int:
         """Streams a player listens to: those with work left, and those whose audio is

@@ -199,6 +199,21 @@ class TalkerQueue:
             pass
         return TalkerPlan(tuple(chosen), retry[0] if retry else None)
 
+    def plan_first_audio(
+        self, now_s: float, config: TalkerOrderConfig, skip: Callable[[str], bool] = _never
+    ) -> tuple[str, ...]:
+        """Up to `batch` of the streams with no audio yet, in the order `plan` ranks them
+        (what a second talker lane takes while the first is busy)."""
+        limit_s = now_s + config.high_water_s + HIGH_WATER_SLACK_S
+        no_audio = itertools.takewhile(lambda item: item[0] <= limit_s, self._no_audio(now_s))
+        chosen: list[str] = []
+        for _, _, stream_id in heapq.merge(no_audio, self._fresh):
+            if not skip(stream_id):
+                chosen.append(stream_id)
+                if len(chosen) == config.batch:
+                    break
+        return tuple(chosen)
+
     # internals
 
     def _no_audio(self, now_s: float) -> Iterator[tuple[float, int, str]]:

@@ -156,3 +156,21 @@ def test_the_indexed_queue_plans_like_the_plain_ranking(
     if len(got.step_ids) < batch:
         assert got.retry_in_s == expected.retry_in_s
     assert len(queue) == len(candidates)
+
+
+def test_the_first_audio_plan_takes_streams_without_audio_in_plan_order() -> None:
+    queue = TalkerQueue(first_chunk_s=0.1)
+    for candidate in [
+        _c("playing", 1, horizon=100.01),  # protected: the main plan's first, not this one's
+        _c("fresh-late", 4, seen=99.9),  # deadline 100.0
+        _c("queued", 3, queued=0.05),  # no audio yet, runs out at 100.05
+        _c("fresh-early", 2, seen=99.5),  # deadline 99.6
+    ]:
+        queue.update(candidate)
+    config = TalkerOrderConfig(batch=3)
+    assert queue.plan_first_audio(100.0, config) == ("fresh-early", "fresh-late", "queued")
+    assert queue.plan_first_audio(100.0, config, skip={"fresh-early"}.__contains__) == (
+        "fresh-late",
+        "queued",
+    )
+    assert queue.plan(100.0, TalkerOrderConfig(batch=1)).step_ids == ("playing",)
