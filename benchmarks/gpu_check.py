@@ -231,6 +231,26 @@ async def engine_runs(backend: Any, sections: dict[str, Any], duration_s: float)
     return best
 
 
+def graphs_match_eager(backend: Any, text: str, steps: int = 8) -> bool:
+    """With CUDA graphs on, a segment's first frames equal the eager path's."""
+    stepper = backend.stepper
+
+    def frames() -> list[Any]:
+        segment = backend.open_segment(TalkRequest(text, backend.default_voice(), 1.0, 0, 0, 0))
+        try:
+            return [backend.step([segment])[0].frames.tolist() for _ in range(steps)]
+        finally:
+            backend.close_segment(segment)
+
+    graphed = frames()
+    stepper.cuda_graphs = False
+    try:
+        eager = frames()
+    finally:
+        stepper.cuda_graphs = True
+    return graphed == eager
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="configs/codec-lm-1b-random.yaml")
@@ -256,6 +276,9 @@ def main() -> None:
     if backend.loaded.device.type == "cuda":
         print(f"device: {torch.cuda.get_device_name(backend.loaded.device)}")
     texts = corpus()
+    if backend.stepper.cuda_graphs:
+        same = graphs_match_eager(backend, texts[0])
+        print(f"cuda graphs on: the depth decoder replayed; frames equal to eager: {same}")
     talker_steps(backend, texts, args.steps)
     vocoder_turns(backend, sections["chunking"], args.turns)
     if not args.skip_engine:

@@ -175,6 +175,9 @@ class CodecLMConfig:
     max_prompt_tokens: int = 512  # a longer tokenised segment fails its stream
     initial_slots: int = 8  # KV-cache slots allocated at start (doubled when all are taken)
     row_multiple: int = 4  # batch rows padded to a multiple of this (CPU gemm tiles, see talker)
+    # on cuda with greedy decoding, replay the depth decoder's 31 passes as one CUDA graph
+    # per padded batch size (captured on first use) instead of launching every kernel
+    cuda_graphs: bool = True
     # sizes of a random-weight model (model: null); defaults: the published CSM-1B + Mimi
     num_codebooks: int = 32
     codebook_size: int = 2051  # CSM's codebook vocabulary (codec codes + 3 special ids)
@@ -210,6 +213,7 @@ class CodecLMConfig:
             )
         if not isinstance(self.save_random, bool):
             raise ConfigError(f"save_random must be true or false, got {self.save_random!r}")
+        check_bool("cuda_graphs", self.cuda_graphs)
         if not isinstance(self.stop_on_end_frame, bool):
             raise ConfigError(
                 f"stop_on_end_frame must be true or false, got {self.stop_on_end_frame!r}"

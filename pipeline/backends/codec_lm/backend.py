@@ -56,6 +56,7 @@ class CodecLMBackend:
             codec_codebook_size=int(codec_config.codebook_size),
             temperature=self.config.temperature,
             top_k=self.config.top_k,
+            cuda_graphs=self.config.cuda_graphs,
         )
         self.vocoder = MimiVocoder(
             codec, num_codebooks=self.num_codebooks, samples_per_frame=self.samples_per_frame

@@ -99,6 +99,7 @@ class CsmStepper:
         codec_codebook_size: int,
         temperature: float = 0.0,
         top_k: int = 0,
+        cuda_graphs: bool = False,
     ) -> None:
         self.model = model
         cfg = model.config
@@ -118,6 +119,9 @@ class CsmStepper:
         dcfg = cfg.depth_decoder_config
         self.depth_head_dim = dcfg.head_dim
         self.depth_kv_repeat = dcfg.num_attention_heads // dcfg.num_key_value_heads
+        # the depth decoder's passes replayed as CUDA graphs, one per padded row count
+        self.cuda_graphs = cuda_graphs and self.device.type == "cuda" and temperature <= 0
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self.cache = KVSlots(
             layers=cfg.num_hidden_layers,
             kv_heads=cfg.num_key_value_heads,
@@ -258,6 +262,37 @@ class CsmStepper:
         return torch.multinomial(torch.softmax(logits, dim=-1), 1).squeeze(-1)
 
     def _frames(self, backbone_hidden: torch.Tensor) -> torch.Tensor:
+        if self.cuda_graphs:
+            return self._frames_graphed(backbone_hidden)
+        return self._frames_eager(backbone_hidden)
+
+    def _frames_graphed(self, backbone_hidden: torch.Tensor) -> torch.Tensor:
+        """`_frames_eager` replayed from a CUDA graph captured for this padded row count:
+        the same kernels on the same shapes, launched at once (greedy decoding only: no
+        random draws inside the graph)."""
+        count = backbone_hidden.shape[0]
+        rows = self._padded(count)
+        entry = self._graphs.get(rows)
+        if entry is None:
+            static_in = backbone_hidden.new_zeros((rows, backbone_hidden.shape[1]))
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):  # warm-up outside the capture (allocations, autotuning)
+                    self._frames_eager(static_in)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                static_out = self._frames_eager(static_in)
+            entry = (graph, static_in, static_out)
+            self._graphs[rows] = entry
+        graph, static_in, static_out = entry
+        static_in.zero_()
+        static_in[:count].copy_(backbone_hidden)
+        graph.replay()
+        return static_out[:count].clone()
+
+    def _frames_eager(self, backbone_hidden: torch.Tensor) -> torch.Tensor:
         count = backbone_hidden.shape[0]
         rows = self._padded(count)
         if rows > count:
