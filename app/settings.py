@@ -27,6 +27,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from app.cluster.config import ClusterConfig
 from app.encoding_config import EncodingConfig
 from pipeline.config import (
     BackendConfig,
@@ -125,6 +126,7 @@ class Settings(BaseModel):
     scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
     chunking: ChunkingConfig = Field(default_factory=lambda: DEFAULT_CHUNKING)
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
 
 
 SECTIONS: tuple[str, ...] = tuple(Settings.model_fields)
