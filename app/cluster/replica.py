@@ -58,9 +58,9 @@ class PlayheadReplica:
         self._settings = Settings.model_validate(settings)
         self._admission = Admission(self._settings.admission)
         self._first_chunk_s = self._settings.scheduling.first_chunk_ms / 1000.0
-        self._seq = 0
         self._replica_id = serve.get_replica_context().replica_id.unique_id
         self._app: FastAPI | None = None
+        self._ingress: _NameReplica | None = None
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         from app.server import create_app
@@ -68,18 +68,19 @@ class PlayheadReplica:
         app = create_app(self._settings)
         _replace_ready(app, self._replica_id, self._settings.cluster.replicas)
         self._app = app
-        return _NameReplica(app, self._replica_id)
+        self._ingress = _NameReplica(app, self._replica_id)
+        return self._ingress
 
     @property
     def _state(self) -> Any:
         return None if self._app is None else self._app.state.playhead
 
     def record_routing_stats(self) -> dict[str, Any]:
-        self._seq += 1
         state = self._state
         engine = None if state is None else state.ready_engine
+        received = 0 if self._ingress is None else self._ingress.received
         return routing_stats(
-            engine, self._admission, time.monotonic(), self._first_chunk_s, self._seq
+            engine, self._admission, time.monotonic(), self._first_chunk_s, received
         )
 
     def check_health(self) -> None:
@@ -94,16 +95,19 @@ class PlayheadReplica:
 
 class _NameReplica:
     """ASGI wrapper adding the replica header to every HTTP response (a plain ASGI layer:
-    Starlette's BaseHTTPMiddleware would re-buffer streamed bodies through a queue)."""
+    Starlette's BaseHTTPMiddleware would re-buffer streamed bodies through a queue), and
+    counting the HTTP requests received: the router compares it with what it sent."""
 
     def __init__(self, app: FastAPI, replica_id: str) -> None:
         self.app = app
         self._header = (REPLICA_HEADER.lower().encode(), replica_id.encode())
+        self.received = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        self.received += 1
 
         async def named_send(message: Message) -> None:
             if message["type"] == "http.response.start":

@@ -3,7 +3,13 @@
 Ray Serve calls `choose_replicas` for each request (in the HTTP proxy, whose handle routes
 to the Playhead deployment). The ranking is scheduling/routing.py's `rank_replicas` over
 each replica's last routing report (`RunningReplica.routing_stats`, see
-app/cluster/stats.py) plus the requests routed to it since that report. The answer is one
+app/cluster/stats.py) plus the requests this router sent it that the report does not
+count yet: the report carries how many HTTP requests the replica had received when it was
+taken, the router counts what it sent, and the difference is in flight or too new for
+the report (a report reaches the router some 100 ms after it is taken, so resetting a
+counter when a report arrives would forget requests sent in between). With several
+proxies (one router each) a replica's count includes the others' requests, so this
+under-counts; the replica's own admission stays the last word. The answer is one
 rank per replica, in order: Ray takes the first rank whose replica has room in its
 queue (`max_ongoing_requests`, a backstop far above admission), so the order is ours.
 
@@ -37,32 +43,27 @@ class SlackRouter(FIFOMixin, RequestRouter):
     def initialize_state(self, first_chunk_s: float = 0.1, seed: int | None = None, **_: Any):
         self._first_chunk_s = first_chunk_s
         self._rng = random.Random(seed)
-        self._routed_since: dict[ReplicaID, int] = {}
-        self._report_seq: dict[ReplicaID, Any] = {}
+        self._sent: dict[ReplicaID, int] = {}  # requests this router sent each replica
 
-    def _routed(self, replica: RunningReplica) -> int:
-        """Requests sent to `replica` since its last report (reset when a new one arrives)."""
-        seq = (replica.routing_stats or {}).get("seq")
-        if self._report_seq.get(replica.replica_id) != seq:
-            self._report_seq[replica.replica_id] = seq
-            self._routed_since[replica.replica_id] = 0
-        return self._routed_since.get(replica.replica_id, 0)
+    def _unreported(self, replica: RunningReplica) -> int:
+        """Requests sent to `replica` that its last report does not count."""
+        received = (replica.routing_stats or {}).get("received", 0)
+        return max(0, self._sent.get(replica.replica_id, 0) - int(received))
 
     async def choose_replicas(
         self,
         candidate_replicas: list[RunningReplica],
         pending_request: PendingRequest | None = None,
     ) -> list[list[RunningReplica]]:
-        loads = [load_from_stats(r.routing_stats, self._routed(r)) for r in candidate_replicas]
+        loads = [load_from_stats(r.routing_stats, self._unreported(r)) for r in candidate_replicas]
         order = rank_replicas(loads, self._rng, self._first_chunk_s)
         return [[candidate_replicas[i]] for i in order]
 
     def on_request_routed(
         self, pending_request: PendingRequest, replica_id: ReplicaID, result: ReplicaResult
     ) -> None:
-        self._routed_since[replica_id] = self._routed_since.get(replica_id, 0) + 1
+        self._sent[replica_id] = self._sent.get(replica_id, 0) + 1
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
-        self._routed_since.pop(replica_id, None)
-        self._report_seq.pop(replica_id, None)
+        self._sent.pop(replica_id, None)

@@ -11,8 +11,9 @@ dict to every router). It reports:
   the horizon = first audio + audio sent + stall time (the 1x player the engine assumes),
   or the first-chunk deadline - now before its first audio (negative: a player ran dry);
   None when it has no stream;
-- `streams`, `capacity_audio_s_per_s`, `ready`, and `seq` (a counter, so a router knows a
-  report is new and resets what it routed since).
+- `streams`, `capacity_audio_s_per_s`, `ready`, and `received`: the HTTP requests the
+  replica had received when the report was taken (the router subtracts it from what it
+  sent there to know what the report does not count yet).
 
 The stream table is read through `live_streams`, the one place that knows where the
 engine keeps its streams.
@@ -68,13 +69,13 @@ def free_streams(admission: Admission, playing: int, capacity_audio_s_per_s: flo
 
 
 def routing_stats(
-    engine: Any | None, admission: Admission, now_s: float, first_chunk_s: float, seq: int
+    engine: Any | None, admission: Admission, now_s: float, first_chunk_s: float, received: int
 ) -> dict[str, Any]:
     """The report of one replica (`engine` None: still loading, or stopped)."""
     if engine is None or not engine.ready:
         return {
             "ready": False,
-            "seq": seq,
+            "received": received,
             "streams": 0,
             "free_streams": 0.0,
             "slack_min_s": NO_VALUE,
@@ -87,7 +88,7 @@ def routing_stats(
     free = free_streams(admission, playing_streams(engine, now_s, streams), capacity)
     return {
         "ready": True,
-        "seq": seq,
+        "received": received,
         "streams": len(streams),
         "free_streams": NO_VALUE if math.isinf(free) else free,
         "slack_min_s": min(slacks) if slacks else NO_VALUE,
