@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # unpinned torch pulls a multi-GB CUDA build.
 TORCH := torch==2.13.0
 
-.PHONY: install serve serve-sim test test-fast lint format bench bench-voice sim micro clean
+.PHONY: install serve serve-sim test test-fast lint format bench bench-voice bench-cluster sim micro clean
 
 install: $(STAMP)
 
@@ -15,13 +15,16 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install $(TORCH)
-	$(BIN)/pip install -e '.[dev]'
+	$(BIN)/pip install -e '.[dev,cluster]'
 	touch $(STAMP)
 
 serve: $(STAMP)
 	$(BIN)/playhead serve --config configs/default.yaml --host 127.0.0.1 --port 8000
 
-serve-sim: $(STAMP)
+serve-bench-cluster: $(STAMP)
+	$(BIN)/python -m benchmarks.cluster
+
+sim: $(STAMP)
 	$(BIN)/playhead serve --config configs/sim.yaml --host 127.0.0.1 --port 8000
 
 test: $(STAMP)
@@ -46,6 +49,9 @@ bench: $(STAMP)
 
 bench-voice: $(STAMP)
 	$(BIN)/python -m benchmarks.voice
+
+bench-cluster: $(STAMP)
+	$(BIN)/python -m benchmarks.cluster
 
 sim: $(STAMP)
 	$(BIN)/python -m benchmarks.simulate

@@ -30,7 +30,7 @@ from tests.api_support import (  # noqa: E402
     speech_body,
 )
 
-MAX_STREAMS = 3  # per replica
+MAX_STREAMS = 6  # per replica
 LONG_TEXT = " ".join(["This sentence keeps a listener busy for a while."] * 40)
 START_TIMEOUT_S = 120
 
@@ -84,8 +84,8 @@ async def _open_stream(client: httpx.AsyncClient, stack, text: str = LONG_TEXT):
 async def test_admission_spreads_streams_and_429_only_when_every_replica_refuses(
     cluster,
 ) -> None:
-    """Six long streams fit (three per replica): the router sends none to a full replica;
-    the seventh finds both full and gets 429 with Retry-After. (First in the module: the
+    """Twelve long streams fit (six per replica): the router sends none to a full replica;
+    the thirteenth finds both full and gets 429 with Retry-After. (First in the module: the
     short streams of the other tests count for admission until their players end.)"""
     url, _ = cluster
     async with httpx.AsyncClient(base_url=url, timeout=30) as client, AsyncExitStack() as stack:
