@@ -21,10 +21,7 @@ $(STAMP): pyproject.toml
 serve: $(STAMP)
 	$(BIN)/playhead serve --config configs/default.yaml --host 127.0.0.1 --port 8000
 
-serve-bench-cluster: $(STAMP)
-	$(BIN)/python -m benchmarks.cluster
-
-sim: $(STAMP)
+serve-sim: $(STAMP)
 	$(BIN)/playhead serve --config configs/sim.yaml --host 127.0.0.1 --port 8000
 
 test: $(STAMP)
