@@ -116,6 +116,22 @@ def hop_ttfa(url: str, plan: LoadPlan) -> dict[str, Any]:
     }
 
 
+def measure_hop(
+    config: Path, settings: Sequence[str], plan: LoadPlan, out_dir: Path
+) -> dict[str, Any]:
+    """TTFA of one listener at a time: a plain server, then a one-replica cluster."""
+    with serve(config, settings, out_dir / "server-plain.log") as url:
+        plain = hop_ttfa(url, plan)
+    with cluster(config, settings, 1, "slack", out_dir / "cluster-hop.log") as url:
+        through = hop_ttfa(url, plan)
+    _log(f"hop: TTFA p50 {plain['ttfa_p50_ms']:.1f} -> {through['ttfa_p50_ms']:.1f} ms")
+    return {
+        "plain": plain,
+        "cluster": through,
+        "cost_p50_ms": through["ttfa_p50_ms"] - plain["ttfa_p50_ms"],
+    }
+
+
 def cluster_row(replicas: int, router: str, n: int, result: Any, c1: float) -> dict[str, Any]:
     capacity = replicas * c1
     row = run_row(POLICY, result, capacity)
@@ -146,7 +162,7 @@ def stall_free_capacity(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, f
 
 def markdown_table(results: dict[str, Any]) -> str:
     c1 = results["capacity_audio_s_per_s"]
-    hop = results["hop"]
+    hop = results.get("hop")
     lines = [
         f"One replica's capacity C1 = {c1:.2f} audio s per wall s; a cluster of R replicas "
         f"has C = R x C1 (sim backend, {results['machine']}, {results['date']}). Each "
@@ -177,6 +193,8 @@ def markdown_table(results: dict[str, Any]) -> str:
             f"- {label}: N = {cap['streams']:g} ({cap['per_c']:.2f} C); at most "
             f"{cap['served']:.1f} listeners served at once up to there"
         )
+    if hop is None:
+        return "\n".join(lines) + "\n"
     lines += [
         "",
         f"The proxy hop: TTFA p50 of one listener at a time, {hop['plain']['ttfa_p50_ms']:.1f} ms "
@@ -233,6 +251,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--routers", default=",".join(ROUTERS))
     parser.add_argument("--format", default="pcm", help="response_format (default pcm)")
     parser.add_argument("--quick", action="store_true", help="smoke run: 1 and 2, 2 points")
+    parser.add_argument(
+        "--c1", type=float, default=None, help="one replica's capacity, known (skips measuring it)"
+    )
+    parser.add_argument("--no-hop", action="store_true", help="skip the hop measurement")
     args = parser.parse_args(argv)
     if args.quick:
         args.replicas, args.factors = "1,2", "0.5,0.95"
@@ -251,19 +273,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
 
     n_sat = round(2.5 * EXPECTED_CAPACITY)
-    c1, _ = measure_capacity(args.config, settings, n_sat, plan, out_dir / "server-capacity.log")
+    c1 = args.c1
+    if c1 is None:
+        log_path = out_dir / "server-capacity.log"
+        c1, _ = measure_capacity(args.config, settings, n_sat, plan, log_path)
     _log(f"C1 = {c1:.2f} audio s per s")
-
-    with serve(args.config, settings, out_dir / "server-plain.log") as url:
-        plain = hop_ttfa(url, plan)
-    with cluster(args.config, settings, 1, "slack", out_dir / "cluster-hop.log") as url:
-        through = hop_ttfa(url, plan)
-    hop = {
-        "plain": plain,
-        "cluster": through,
-        "cost_p50_ms": through["ttfa_p50_ms"] - plain["ttfa_p50_ms"],
-    }
-    _log(f"hop: TTFA p50 {plain['ttfa_p50_ms']:.1f} -> {through['ttfa_p50_ms']:.1f} ms")
+    hop = None if args.no_hop else measure_hop(args.config, settings, plan, out_dir)
 
     factors = number_list(args.factors, float)
     runs: list[dict[str, Any]] = []
