@@ -40,7 +40,7 @@ _TURN_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2
 _BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
 
 if TYPE_CHECKING:
-    from pipeline import EngineStats, StreamState, StreamStats
+    from pipeline import EngineStats, StreamState, StreamStats, TurnTiming
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -149,6 +149,9 @@ class Metrics:
         `render`), not set on every vocoder turn."""
 
     # scrape ---------------------------------------------------------------------------
+
+    def turn_timing(self, timing: TurnTiming) -> None:
+        """Per-turn timings are for benchmarks; the histograms above cover operators."""
 
     def render(self, engine_stats: EngineStats | None) -> bytes:
         """The Prometheus text, after reading the engine's current gauges (None: not ready)."""

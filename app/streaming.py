@@ -32,7 +32,7 @@ from starlette.types import Receive, Scope, Send
 from app.audio import EncoderClosed, EncoderError, StreamEncoder
 from app.encoding_config import DEFAULT_ENCODING
 from app.errors import ServiceUnavailable
-from pipeline import Engine, Stream, StreamFailed, StreamState
+from pipeline import Engine, Stream, StreamCancelled, StreamFailed
 
 logger = logging.getLogger("playhead.app")
 
@@ -107,10 +107,9 @@ class SpeechBody:
         try:
             self._first = await anext(self._chunks)
         except StopAsyncIteration:
-            if self._stream.state is StreamState.CANCELLED:
-                raise ServiceUnavailable(
-                    "The server is shutting down.", code="shutting_down"
-                ) from None
+            pass  # a stream with no audio at all
+        except StreamCancelled:  # the engine stopped under us (a client gone never gets here)
+            raise ServiceUnavailable("The server is shutting down.", code="shutting_down") from None
 
     def _call_encoder(self, method: Callable[..., bytes], *args: Any) -> bytes:
         with self._lock:
@@ -135,13 +134,15 @@ class SpeechBody:
         encoder) ends an SSE body with an error event; an audio body raises StreamAborted,
         so that it is cut."""
         try:
-            async with aclosing(self._chunks), aclosing(self._pcm()) as chunks:
-                async for pcm in chunks:
-                    data = await self._encode(pcm)
-                    if data:
-                        yield delta_event(data) if self._sse else data
-            if self._stream.state is StreamState.CANCELLED:  # the engine stopped under us
-                raise StreamFailed(self.stream_id, RuntimeError("the server is shutting down"))
+            try:
+                async with aclosing(self._chunks), aclosing(self._pcm()) as chunks:
+                    async for pcm in chunks:
+                        data = await self._encode(pcm)
+                        if data:
+                            yield delta_event(data) if self._sse else data
+            except StreamCancelled as exc:  # the engine stopped under us
+                cause = RuntimeError("the server is shutting down")
+                raise StreamFailed(self.stream_id, cause) from exc
             tail = self._call_encoder(self._encoder.finish)
         except (StreamFailed, EncoderError, EncoderClosed, ValueError) as exc:
             # Exception subclasses only: a cancellation (client gone) still propagates.

@@ -31,8 +31,9 @@ from pipeline.engine import Engine
 from scheduling import AdmissionConfig, ChunkingConfig, SchedulingConfig
 
 ZERO_COST_SIM = SimConfig(
-    talker_frames_per_s=1e6,  # a segment (tens of frames) arrives at once, in one piece
-    talker_piece_frames=64,
+    talker_frames_per_step=64,  # a segment (tens of frames) arrives in one step
+    talker_step_base_ms=0.0,
+    talker_step_per_stream_ms=0.0,
     vocoder_base_ms=0.0,
     vocoder_per_frame_ms=0.0,
 )

@@ -84,7 +84,10 @@ def time_call_ms(call: Callable[[], object], min_calls: int = 5, min_total_s: fl
 
 def talk(backend: PiperBackend, text: str) -> np.ndarray:
     voice = backend.default_voice()
-    (frames,) = backend.talk(TalkRequest(text, voice, 1.0, 0, 0, 0))
+    segment = backend.open_segment(TalkRequest(text, voice, 1.0, 0, 0, 0))
+    (step,) = backend.step([segment])
+    backend.close_segment(segment)
+    frames = step.frames
     return frames
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.backend import Backend, TalkRequest, VocodeItem, Voice
+from pipeline.backend import Backend, TalkRequest, TalkStep, VocodeItem, Voice
 from pipeline.backends import build_backend
 from pipeline.engine import Engine
 from pipeline.errors import (
@@ -10,6 +10,7 @@ from pipeline.errors import (
     NotReady,
     PipelineError,
     Rejected,
+    StreamCancelled,
     StreamFailed,
     UnknownVoice,
 )
@@ -27,10 +28,12 @@ __all__ = [
     "PipelineError",
     "Rejected",
     "Stream",
+    "StreamCancelled",
     "StreamFailed",
     "StreamState",
     "StreamStats",
     "TalkRequest",
+    "TalkStep",
     "TurnTiming",
     "UnknownVoice",
     "VocodeItem",

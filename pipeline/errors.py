@@ -4,8 +4,10 @@
     ├── Rejected        admission refused the stream (.decision.retry_after_s: int >= 1)
     ├── UnknownVoice    no voice has this id or name (.voice, .available)
     ├── NotReady        the engine is not running (not started yet, or stopping)
-    └── StreamFailed    a backend call failed for this stream (raised from Stream.chunks();
+    ├── StreamFailed    a backend call failed for this stream (raised from Stream.chunks();
                         the backend's exception is the __cause__ and .cause)
+    └── StreamCancelled the stream was cancelled (its client left, engine.cancel, engine
+                        stop); raised from Stream.chunks(), unread audio dropped
     BackendError        (a RuntimeError) the backend broke its contract: wrong count or
                         length of PCM; fails the streams of that vocoder call
 
@@ -57,3 +59,11 @@ class StreamFailed(PipelineError):
 
 class BackendError(RuntimeError):
     """The backend broke its contract (e.g. PCM of the wrong length)."""
+
+
+class StreamCancelled(PipelineError):
+    """The stream was cancelled; its unread audio was dropped."""
+
+    def __init__(self, stream_id: str) -> None:
+        super().__init__(f"stream {stream_id} was cancelled")
+        self.stream_id = stream_id

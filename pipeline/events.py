@@ -27,6 +27,8 @@ class EngineEvents(Protocol):
 
     def capacity(self, audio_s_per_s: float) -> None: ...
 
+    def turn_timing(self, timing: TurnTiming) -> None: ...
+
 
 class NullEvents:
     """EngineEvents that record nothing."""
@@ -53,6 +55,9 @@ class NullEvents:
         pass
 
     def capacity(self, audio_s_per_s: float) -> None:
+        pass
+
+    def turn_timing(self, timing: TurnTiming) -> None:
         pass
 
 

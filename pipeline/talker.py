@@ -1,213 +1,179 @@
-"""The engine's talker half: which stream gets the next talker call, and the call itself.
+"""The talker stage: step-wise, continuously batched, deadline-ordered.
 
-One talker call at a time, in the talker thread. The next segment goes to the stream
-whose audio is due first, ranked like the vocoder's edf (`pick_stream`); streams more
-than `talker.high_water_s` ahead of their playback, and parked streams, are skipped.
-Pieces reach the stream's frame queue as the talker yields them: the generator is
-consumed in the talker thread, which hands each piece to the loop with
-call_soon_threadsafe.
+Each turn of the loop:
 
-`TalkerLoop` is mixed into Engine and works on the engine's state (the attributes it
-declares); `pick_stream` is a pure function of that state and the time.
+1. scheduling.plan_talker_step ranks the streams that want talker work (text waiting or
+   a segment open) by when their audio runs out, and takes up to `talker.batch` of them;
+   a stream more than `talker.high_water_s` ahead of its playback sits the step out
+   without losing its open segment, and parked streams are not candidates;
+2. the chosen streams without an open segment get their next text segment opened;
+3. one call in the talker thread closes the segments of streams that ended (orphans),
+   opens the new segments (`backend.open_segment`), runs one `backend.step` over the
+   whole batch, and closes the segments that ended;
+4. back on the event loop, each segment's new frames go to the stream book.
+
+Streams join and leave the batch between steps: that is continuous batching. With
+nothing to step the loop waits on its wake event (set by the book on new text, a first
+audio, an ack, an unpark, a cancel), or until the first stream held back by the
+high-water mark falls under it.
+
+Errors: `open_segment` failing fails its stream only; `step` failing fails the streams
+of that step; their segments are closed either way.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
-import numpy as np
-
-from pipeline.backend import Backend, TalkRequest
+from pipeline.backend import Backend, TalkStep
+from pipeline.book import OpenSegment, StreamBook
 from pipeline.capacity import CapacityEstimate
-from pipeline.config import TalkerConfig
+from pipeline.errors import BackendError
+from pipeline.events import EngineEvents
 from pipeline.executor import StageExecutor
-from pipeline.stream import StreamState
-from pipeline.work import StreamWork, TalkJob
-from scheduling import PlaybackScheduler
+from scheduling import TalkerOrderConfig, plan_talker_step
 
-_HIGH_WATER_SLACK_S = 0.001  # a timer set for the mark may fire a hair early
+log = logging.getLogger("playhead.engine")
 
 
-def pick_stream(
-    waiting: Iterable[StreamWork],
-    scheduler: PlaybackScheduler,
-    now_s: float,
-    *,
-    high_water_s: float,
-    first_chunk_s: float,
-    safety_margin_s: float,
-) -> tuple[StreamWork | None, float | None]:
-    """The stream among `waiting` (those with text waiting) whose audio is due first,
-    ranked like the vocoder's edf: `(0 if protected else 1, deadline, order)`.
+@dataclass(slots=True)
+class _StepOutcome:
+    """What one talker-thread call did."""
 
-    A stream's audio runs out at max(horizon, now) + its queued frames' duration (now
-    standing in for the horizon before the first audio); that is its deadline. A stream
-    with no audio and no frames yet has the first-audio deadline, first_seen +
-    first_chunk_s. A playing stream within safety_margin_s of running out is protected:
-    a burst of newcomers never passes it over. Streams more than high_water_s ahead,
-    parked streams and streams with a talker call in flight are skipped. The second value
-    is how long until the first stream skipped for the high-water mark falls back under
-    it as its playback advances (a stream without audio yet has no playback: its first
-    audio wakes the talker instead).
-    """
-    best: StreamWork | None = None
-    best_key: tuple[int, float, int] | None = None
-    retry_in_s: float | None = None
-    for work in waiting:
-        stream = work.stream
-        if work.job is not None or stream.parked:
-            continue
-        queued = work.frames.queued_frames
-        stream_horizon_s = scheduler.horizon_s(stream.id)
-        if stream_horizon_s is None and queued == 0:
-            first_seen_s = scheduler.first_seen_s(stream.id)
-            key = (1, (now_s if first_seen_s is None else first_seen_s) + first_chunk_s, work.order)
-        else:
-            voice = stream.voice
-            queued_s = queued * voice.samples_per_frame / voice.sample_rate_hz
-            start_s = now_s if stream_horizon_s is None else stream_horizon_s
-            run_out_s = max(start_s, now_s) + queued_s
-            ahead_s = run_out_s - now_s
-            if ahead_s > high_water_s + _HIGH_WATER_SLACK_S:
-                if stream_horizon_s is not None:
-                    wait_s = ahead_s - high_water_s
-                    retry_in_s = wait_s if retry_in_s is None else min(retry_in_s, wait_s)
-                continue
-            protected = stream_horizon_s is not None and ahead_s <= safety_margin_s
-            key = (0 if protected else 1, run_out_s, work.order)
-        if best_key is None or key < best_key:
-            best, best_key = work, key
-    return best, retry_in_s
+    stepped: list[OpenSegment]
+    results: list[TalkStep]
+    open_errors: list[tuple[OpenSegment, Exception]]
+    step_error: Exception | None
 
 
-class TalkerLoop:
-    """The talker loop, mixed into Engine: these are the engine's attributes it uses."""
+class Talker:
+    """The talker loop over a stream book; see the module doc."""
 
-    _backend: Backend
-    _clock: Callable[[], float]
-    _loop: asyncio.AbstractEventLoop | None
-    _talker_config: TalkerConfig
-    _first_chunk_s: float  # scheduling.first_chunk_ms, in s
-    _safety_margin_s: float  # scheduling.safety_margin_ms, in s
-    _talker_stage: StageExecutor
-    _talker_rate: CapacityEstimate
-    _talker_wake: asyncio.Event
-    _vocoder_wake: asyncio.Event
-    _text_waiting: dict[str, StreamWork]
-    _talked_chars: int
-    _talked_audio_s: float
-    _scheduler: PlaybackScheduler
-    idle_waits: int
+    def __init__(
+        self,
+        book: StreamBook,
+        backend: Backend,
+        stage: StageExecutor,
+        order: TalkerOrderConfig,
+        *,
+        clock: Callable[[], float],
+        events: EngineEvents,
+        capacity_window_s: float,
+        initial_capacity_audio_s_per_s: float = 0.0,
+    ) -> None:
+        self._book = book
+        self._backend = backend
+        self._stage = stage
+        self._order = order
+        self._clock = clock
+        self._events = events
+        self.wake = asyncio.Event()
+        self.rate = CapacityEstimate(capacity_window_s, initial_capacity_audio_s_per_s)
+        self.steps = 0  # talker steps run
+        self.idle_waits = 0  # times the loop found nothing to do and waited
 
-    if TYPE_CHECKING:  # Engine's
-
-        def _fail(self, work: StreamWork, error: BaseException) -> None: ...
-
-        def _check_finished(self, work: StreamWork) -> None: ...
-
-        def _event(self, name: str, *args: object) -> None: ...
-
-    async def _talker_loop(self) -> None:
+    async def run(self) -> None:
         while True:
-            self._talker_wake.clear()
-            work, retry_in_s = self._pick_talk(self._clock())
-            if work is not None:
-                await self._talk(work)
+            self.wake.clear()
+            now_s = self._clock()
+            orphans = self._book.take_orphans()
+            plan = plan_talker_step(self._book.talker_candidates(), now_s, self._order)
+            if plan.step_ids or orphans:
+                await self._step(plan.step_ids, orphans)
                 continue
             self.idle_waits += 1
-            if retry_in_s is None:
-                await self._talker_wake.wait()
-            else:
-                # a stream above the high-water mark falls back under it by then
+            if plan.retry_in_s is None:
+                await self.wake.wait()
+            else:  # a stream above the high-water mark falls back under it by then
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(retry_in_s):
-                        await self._talker_wake.wait()
+                    async with asyncio.timeout(max(plan.retry_in_s, 0.0)):
+                        await self.wake.wait()
 
-    def _pick_talk(self, now_s: float) -> tuple[StreamWork | None, float | None]:
-        return pick_stream(
-            self._text_waiting.values(),
-            self._scheduler,
-            now_s,
-            high_water_s=self._talker_config.high_water_s,
-            first_chunk_s=self._first_chunk_s,
-            safety_margin_s=self._safety_margin_s,
-        )
-
-    async def _talk(self, work: StreamWork) -> None:
-        stream = work.stream
-        text = work.text.popleft()
-        if not work.text:
-            del self._text_waiting[stream.id]
-        index = work.next_segment
-        work.next_segment += 1
-        segment = work.frames.open_segment(index)
-        job = TalkJob(work, segment)
-        work.job = job
-        work.dirty = True
-        if stream.state is StreamState.QUEUED:
-            stream.state = StreamState.TALKING
-        request = TalkRequest(
-            text=text,
-            voice=stream.voice.id,
-            speed=stream.speed,
-            stream_tag=work.tag,
-            segment_index=index,
-            first_frame_index=work.frames.produced_frames,
-        )
+    async def _step(self, step_ids: Sequence[str], orphans: list[OpenSegment]) -> None:
+        book = self._book
+        batch: list[OpenSegment] = []
+        for stream_id in step_ids:
+            record = book.record(stream_id)
+            assert record is not None, "a talker candidate is a live stream"
+            batch.append(record.talking or book.open_segment(record))
         try:
-            timed = await self._talker_stage.run_timed(self._talk_in_thread, request, job)
+            timed = await self._stage.run_timed(self._in_thread, batch, orphans)
         except asyncio.CancelledError:
-            job.cancelled.set()
+            for opened in batch:
+                opened.cancelled = True
             raise
-        except Exception as error:
-            work.job = None
-            self._fail(work, error)
-            return
-        work.job = None
-        if job.cancelled.is_set():
-            return  # the stream ended meanwhile; its traces are already gone
-        produced = timed.result
-        assert segment.available_frames == produced, "every piece arrives before the call returns"
-        segment.done = True
-        work.dirty = True
-        stream.stats.segments += 1
-        if work.talked_all:
-            stream.state = StreamState.VOCODING
-        voice = stream.voice
-        audio_s = produced * voice.samples_per_frame / voice.sample_rate_hz
-        self._talked_chars += len(text)
-        self._talked_audio_s += audio_s * stream.speed
-        self._talker_rate.record(timed.started_s, timed.finished_s, audio_s)
-        self._event("talker_call", timed.seconds)
-        self._check_finished(work)
-        self._vocoder_wake.set()
+        outcome = timed.result
+        for opened, error in outcome.open_errors:
+            book.fail(opened.record, error)
+        if outcome.step_error is not None:
+            for opened in outcome.stepped:
+                book.fail(opened.record, outcome.step_error)
+            outcome.stepped = []
+        audio_s = 0.0
+        for opened, result in zip(outcome.stepped, outcome.results, strict=True):
+            voice = opened.record.stream.voice
+            audio_s += len(result.frames) * voice.samples_per_frame / voice.sample_rate_hz
+            book.talked(opened, result.frames, result.done)
+        for opened in batch:
+            if opened.cancelled:
+                book.orphan(opened)  # closed in the next call if the thread did not
+        self.steps += 1
+        if outcome.stepped:
+            self.rate.record(timed.started_s, timed.finished_s, audio_s)
+            self._event("talker_call", timed.seconds)
 
-    def _talk_in_thread(self, request: TalkRequest, job: TalkJob) -> int:
-        """Runs in the talker thread: consume the generator, hand each piece to the loop."""
-        assert self._loop is not None
-        produced = 0
-        pieces = self._backend.talk(request)
+    def _in_thread(self, batch: list[OpenSegment], orphans: list[OpenSegment]) -> _StepOutcome:
+        """Runs in the talker thread: close orphans, open new segments, step, close ended."""
+        backend = self._backend
+        for opened in orphans:
+            self._close(opened)
+        open_errors: list[tuple[OpenSegment, Exception]] = []
+        for opened in batch:
+            if opened.state is None and not opened.cancelled:
+                try:
+                    opened.state = backend.open_segment(opened.request)
+                except Exception as error:
+                    open_errors.append((opened, error))
+        failed = {id(opened) for opened, _ in open_errors}
+        stepped = [
+            o for o in batch if o.state is not None and not o.cancelled and id(o) not in failed
+        ]
+        results: list[TalkStep] = []
+        step_error: Exception | None = None
+        if stepped:
+            try:
+                results = list(backend.step([o.state for o in stepped]))
+                if len(results) != len(stepped):
+                    raise BackendError(
+                        f"step returned {len(results)} results for {len(stepped)} segments"
+                    )
+            except Exception as error:
+                step_error, results = error, []
+        for index, opened in enumerate(stepped):
+            if step_error is not None or results[index].done or opened.cancelled:
+                self._close(opened)
+        for opened in batch:  # cancelled while opening: nothing will step it again
+            if opened.cancelled:
+                self._close(opened)
+        if step_error is not None:
+            return _StepOutcome(stepped, [], open_errors, step_error)
+        return _StepOutcome(stepped, results, open_errors, None)
+
+    def _close(self, opened: OpenSegment) -> None:
+        if opened.state is None or opened.closed:
+            return
+        opened.closed = True
         try:
-            for piece in pieces:
-                if job.cancelled.is_set():
-                    break
-                if len(piece):
-                    produced += len(piece)
-                    self._loop.call_soon_threadsafe(self._on_piece, job, piece)
-        finally:
-            close = getattr(pieces, "close", None)
-            if close is not None:
-                close()
-        return produced
+            self._backend.close_segment(opened.state)
+        except Exception:
+            log.exception("close_segment failed for stream %s", opened.record.stream.id)
 
-    def _on_piece(self, job: TalkJob, piece: np.ndarray) -> None:
-        if job.cancelled.is_set():
-            return
-        work = job.work
-        work.frames.append(job.segment, piece)
-        work.stream.stats.frames += len(piece)
-        work.dirty = True
-        self._vocoder_wake.set()
+    def _event(self, name: str, *args: object) -> None:
+        try:
+            getattr(self._events, name)(*args)
+        except Exception:
+            log.exception("events.%s failed", name)

@@ -3,7 +3,10 @@
 - PlaybackScheduler: per-stream playback horizons; which K streams get the next vocoder
   turn (fifo or edf), see SPEC-scheduling.md sections 1-2;
 - ChunkPlanner: how each stream's codec frames are cut into vocoder chunks (section 3);
-- Admission: accept a new stream or reject it with a Retry-After (section 4).
+- Admission: accept a new stream or reject it with a Retry-After (section 4), and the
+  PlayingLedger of players still playing after their audio was all sent;
+- plan_talker_step: which streams' segments take the next talker step (deadline order,
+  high-water mark).
 
 Config dataclasses validate themselves and raise ConfigError (a ValueError naming the
 field); misuse at run time (a NaN time, a chunk committed that was not planned) raises
@@ -22,8 +25,16 @@ from scheduling.chunking import (
 )
 from scheduling.errors import ConfigError
 from scheduling.horizon import StreamState
+from scheduling.ledger import PlayingLedger
 from scheduling.policies import PolicyName
 from scheduling.scheduler import PlaybackScheduler, SchedulingConfig
+from scheduling.talker import (
+    TalkerCandidate,
+    TalkerOrderConfig,
+    TalkerPlan,
+    plan_talker_step,
+    talker_key,
+)
 
 __all__ = [
     "MIN_FIRST_CHUNK_FRAMES",
@@ -35,8 +46,14 @@ __all__ = [
     "ConfigError",
     "Decision",
     "PlaybackScheduler",
+    "PlayingLedger",
     "PolicyName",
     "SchedulingConfig",
     "StreamState",
+    "TalkerCandidate",
+    "TalkerOrderConfig",
+    "TalkerPlan",
+    "plan_talker_step",
+    "talker_key",
     "warn_if_first_chunk_too_short",
 ]

@@ -25,8 +25,9 @@ from pipeline.backends.sim import SimBackend
 # Fast sim costs: the talker runs at 50x real time and a vocoder turn costs a few ms.
 SIM_OVERRIDES = (
     "backend.kind=sim",
-    "sim.talker_frames_per_s=625",
-    "sim.talker_piece_frames=2",
+    "sim.talker_frames_per_step=2",  # 2 frames per 3.2 ms step: 625 frames a second
+    "sim.talker_step_base_ms=3.2",
+    "sim.talker_step_per_stream_ms=0",
     "sim.vocoder_base_ms=2",
     "sim.vocoder_per_frame_ms=0.2",
     "chunking.chunk_frames=8",

@@ -34,7 +34,7 @@ from api_support import (
 from app.audio import EncoderError, StreamEncoder
 from app.server import create_app
 from pipeline.backend import TalkRequest, VocodeItem
-from pipeline.backends.sim import SimBackend, decode_sim_signal
+from pipeline.backends.sim import SimBackend, SimSegment, decode_sim_signal
 
 SPEECH = "/v1/audio/speech"
 TEXT = "Hello there. This is Playhead, streaming every format to you."
@@ -165,7 +165,7 @@ class GatedSimBackend(SimBackend):
         self.gate = threading.Event()
         self.vocoded = threading.Event()
 
-    def talk(self, request: TalkRequest) -> Iterator[np.ndarray]:
+    def open_segment(self, request: TalkRequest) -> SimSegment:
         if "HOLD" in request.text:
             self.gate.wait(20)
         if "FAIL" in request.text:
@@ -173,7 +173,7 @@ class GatedSimBackend(SimBackend):
             raise RuntimeError("the talker broke")
         if "BREAK" in request.text:
             raise RuntimeError("the talker broke at once")
-        return super().talk(request)
+        return super().open_segment(request)
 
     def vocode(self, items: list[VocodeItem]) -> list[np.ndarray]:  # type: ignore[override]
         pcm = super().vocode(items)
@@ -334,7 +334,11 @@ def _read_headers(sock: socket.socket) -> tuple[bytes, bytes]:
 
 def test_a_disconnect_mid_stream_frees_the_stream() -> None:
     # a talker at 4x real time: ~10 s of audio takes ~2.5 s, so the stream is mid-way
-    settings_overrides = ("sim.talker_frames_per_s=50", "admission.enabled=false")
+    settings_overrides = (
+        "sim.talker_frames_per_step=1",
+        "sim.talker_step_base_ms=20",
+        "admission.enabled=false",
+    )
     with live_server(sim_settings(*settings_overrides)) as live:
         text = "A long sentence that keeps the talker busy for a while. " * 3
         sock = _open_raw(live, speech_body(text, response_format="pcm"))
@@ -380,7 +384,11 @@ def test_a_disconnect_before_the_first_audio_frees_the_stream() -> None:
 
 
 def test_first_bytes_leave_before_the_stream_is_done() -> None:
-    with live_server(sim_settings("sim.talker_frames_per_s=50", "admission.enabled=false")) as live:
+    with live_server(
+        sim_settings(
+            "sim.talker_frames_per_step=1", "sim.talker_step_base_ms=20", "admission.enabled=false"
+        )
+    ) as live:
         text = "A long sentence that keeps the talker busy for a while. " * 2
         body = speech_body(text, response_format="mp3")
         first_s = None
@@ -463,7 +471,9 @@ async def _call_asgi(app: object, body: bytes, on_first_body: object) -> list[di
 
 @pytest.mark.parametrize("stream_format", ["sse", "audio"])
 async def test_an_engine_stop_mid_stream_is_not_a_whole_file(stream_format: str) -> None:
-    settings = sim_settings("sim.talker_frames_per_s=50", "admission.enabled=false")
+    settings = sim_settings(
+        "sim.talker_frames_per_step=1", "sim.talker_step_base_ms=20", "admission.enabled=false"
+    )
     app = create_app(settings)
     text = "A long sentence that keeps the talker busy for a while. " * 3
     body = json.dumps(speech_body(text, response_format="wav", stream_format=stream_format))

@@ -7,7 +7,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from contextlib import aclosing
 
 import numpy as np
@@ -19,13 +19,14 @@ from pipeline import (
     NotReady,
     Rejected,
     Stream,
+    StreamCancelled,
     StreamFailed,
     StreamState,
     StreamStats,
     UnknownVoice,
 )
-from pipeline.backend import TalkRequest, VocodeItem
-from pipeline.backends.sim import SimBackend, decode_sim_signal, expected_frames
+from pipeline.backend import TalkRequest, TalkStep, VocodeItem
+from pipeline.backends.sim import SimBackend, SimSegment, decode_sim_signal, expected_frames
 from pipeline.config import EngineConfig, SimConfig, TalkerConfig
 from pipeline.text import split_text
 from scheduling import AdmissionConfig, ChunkingConfig, SchedulingConfig
@@ -54,12 +55,17 @@ def _check_signal(pcm: np.ndarray, text: str, speed: float = 1.0) -> int:
     return tags.pop()
 
 
-def _assert_empty(engine: Engine, streams: Sequence[Stream]) -> None:
+async def _assert_empty(engine: Engine, streams: Sequence[Stream]) -> None:
+    # at most a cancelled stream's open talker segment is left: the talker thread's next
+    # call closes it
     for stream in streams:
-        assert engine.traces(stream.id) == []
+        assert engine.traces(stream.id) in ([], ["orphans"])
+    await _until(lambda: all(engine.traces(s.id) == [] for s in streams))
     stats = engine.stats()
     assert (stats.active_streams, stats.parked_streams, stats.queued_frames) == (0, 0, 0)
-    assert len(engine._scheduler) == 0
+    assert len(engine.book.scheduler) == 0
+    if isinstance(engine.backend, SimBackend):  # every talker segment was closed
+        assert engine.backend.open_segments == 0
 
 
 async def _until(condition, timeout_s: float = 5.0) -> None:  # type: ignore[no-untyped-def]
@@ -85,7 +91,7 @@ async def test_every_frame_arrives_once_in_order(
         assert pcm.size / stream.sample_rate_hz == pytest.approx(audio_s)
         assert stream.stats.audio_s == pytest.approx(audio_s)
         assert stream.stats.ttfa_s is not None and stream.stats.ttfa_s > 0
-    _assert_empty(engine, streams)
+    await _assert_empty(engine, streams)
 
 
 async def test_speed_voice_name_and_empty_text(make_engine: EngineFactory) -> None:
@@ -119,17 +125,20 @@ async def test_cancel_mid_stream_frees_everything(make_engine: EngineFactory) ->
     long_text = " ".join(TEXTS * 4)
     victim, other = (engine.submit(long_text, voice="sim") for _ in range(2))
     received = 0
-    async with aclosing(victim.chunks()) as chunks:
-        async for pcm in chunks:
-            received += pcm.size
-            if received >= 3 * FAST_SIM.samples_per_frame:
-                engine.cancel(victim.id)
+    with pytest.raises(StreamCancelled):  # the reader learns of the cancel
+        async with aclosing(victim.chunks()) as chunks:
+            async for pcm in chunks:
+                received += pcm.size
+                if received >= 3 * FAST_SIM.samples_per_frame:
+                    engine.cancel(victim.id)
     assert victim.state is StreamState.CANCELLED
     assert victim.stats.frames < expected_frames(long_text)  # the talker was stopped early
-    assert engine.traces(victim.id) == []
+    # at most its open talker segment is left, for the talker thread to close next
+    assert engine.traces(victim.id) in ([], ["orphans"])
+    await _until(lambda: engine.traces(victim.id) == [])
     engine.cancel(victim.id)  # idempotent
     _check_signal(await _read_all(other), long_text)
-    _assert_empty(engine, [victim, other])
+    await _assert_empty(engine, [victim, other])
 
 
 async def test_a_consumer_that_leaves_cancels_its_stream(make_engine: EngineFactory) -> None:
@@ -152,7 +161,7 @@ async def test_a_consumer_that_leaves_cancels_its_stream(make_engine: EngineFact
     with pytest.raises(asyncio.CancelledError):
         await task
     assert dropped.state is StreamState.CANCELLED
-    _assert_empty(engine, [leaver, dropped])
+    await _assert_empty(engine, [leaver, dropped])
 
 
 async def test_an_unread_stream_parks_at_the_cap_without_slowing_the_others(
@@ -166,20 +175,21 @@ async def test_an_unread_stream_parks_at_the_cap_without_slowing_the_others(
     for pcm, text, stream in zip(pcms, TEXTS, others, strict=True):
         _check_signal(pcm, text)
         assert stream.stats.stalls == 0 and stream.stats.stall_s == 0.0
-    await _until(lambda: unread.parked)
+    await _until(lambda: engine.stats().parked_streams == 1)
     chunk_s = 8 * FAST_SIM.samples_per_frame / FAST_SIM.sample_rate_hz
     assert cap_s <= unread.pending_audio_s <= cap_s + chunk_s
     stats = engine.stats()
     assert (stats.active_streams, stats.parked_streams) == (1, 1)
     # reading unparks it, and what it gets is still complete and in order
     _check_signal(await _read_all(unread), " ".join(TEXTS * 3))
-    _assert_empty(engine, [unread, *others])
+    await _assert_empty(engine, [unread, *others])
 
 
 async def test_the_talker_stays_under_the_high_water_mark(make_engine: EngineFactory) -> None:
     sim = SimConfig(
         samples_per_frame=480,
-        talker_frames_per_s=5000.0,
+        talker_frames_per_step=4,
+        talker_step_base_ms=0.5,
         vocoder_base_ms=0.5,
         vocoder_per_frame_ms=0.0,
     )  # 20 ms frames
@@ -208,7 +218,7 @@ async def test_admission_rejects_beyond_the_measured_capacity(make_engine: Engin
             rejected.append(reason)
 
     # 80 ms of audio per 40 ms of vocoder time: about 2 audio seconds per second
-    sim = SimConfig(talker_frames_per_s=5000.0, vocoder_base_ms=0.0, vocoder_per_frame_ms=40.0)
+    sim = SimConfig(talker_step_base_ms=0.5, vocoder_base_ms=0.0, vocoder_per_frame_ms=40.0)
     engine = await make_engine(
         SimBackend(sim),
         chunking=ChunkingConfig(chunk_frames=2),
@@ -257,16 +267,29 @@ async def test_admission_counts_a_stream_until_its_player_runs_dry() -> None:
 
 
 class _FailingSim(SimBackend):
-    """The sim backend, except that talking 'BOOM' or vocoding stream tag `bad_tag` fails."""
+    """The sim backend, except that opening a segment with 'OPEN-BOOM', stepping one with
+    'STEP-BOOM' (after its first step) or vocoding stream tag `bad_tag` fails."""
 
     bad_tag = -1
 
-    def talk(self, request: TalkRequest) -> Iterator[np.ndarray]:
-        pieces = super().talk(request)
-        if "BOOM" in request.text:
-            yield next(pieces)
-            raise RuntimeError("talker exploded")
-        yield from pieces
+    def __init__(self, config: SimConfig) -> None:
+        super().__init__(config)
+        self.doomed: set[int] = set()  # id() of segments whose second step fails
+
+    def open_segment(self, request: TalkRequest) -> SimSegment:
+        if "OPEN-BOOM" in request.text:
+            raise RuntimeError("open exploded")
+        segment = super().open_segment(request)
+        if "STEP-BOOM" in request.text:
+            self.doomed.add(id(segment))
+        return segment
+
+    def step(self, segments: Sequence[SimSegment]) -> list[TalkStep]:
+        results = super().step(segments)
+        for segment, result in zip(segments, results, strict=True):
+            if id(segment) in self.doomed and result.frames[0, 1] > 0:
+                raise RuntimeError("step exploded")
+        return results
 
     def vocode(self, items: Sequence[VocodeItem]) -> list[np.ndarray]:
         if any(int(item.frames[0, 0]) == self.bad_tag for item in items):
@@ -274,13 +297,13 @@ class _FailingSim(SimBackend):
         return super().vocode(items)
 
 
-@pytest.mark.parametrize("stage", ["talker", "vocoder"])
+@pytest.mark.parametrize("stage", ["open", "step", "vocoder"])
 async def test_a_backend_error_fails_only_its_stream(
     make_engine: EngineFactory, stage: str
 ) -> None:
     backend = _FailingSim(FAST_SIM)
     engine = await make_engine(backend, window=1)
-    texts = [TEXTS[0], TEXTS[2] + " BOOM, it fails here.", TEXTS[3]]
+    texts = [TEXTS[0], TEXTS[2] + f" {stage.upper()}-BOOM, it fails here.", TEXTS[3]]
     if stage == "vocoder":
         backend.bad_tag = 2  # the second stream submitted
         texts[1] = TEXTS[2]
@@ -292,7 +315,7 @@ async def test_a_backend_error_fails_only_its_stream(
     for index in (0, 2):
         _check_signal(results[index], texts[index])
     assert engine.ready
-    _assert_empty(engine, streams)
+    await _assert_empty(engine, streams)
     _check_signal(await _read_all(engine.submit(TEXTS[4], voice="sim")), TEXTS[4])
 
 
@@ -302,10 +325,17 @@ class _ThreadRecordingSim(SimBackend):
         self.talk_threads: set[str] = set()
         self.vocode_threads: set[str] = set()
 
-    def talk(self, request: TalkRequest) -> Iterator[np.ndarray]:
-        for piece in super().talk(request):
-            self.talk_threads.add(threading.current_thread().name)  # each next() runs here
-            yield piece
+    def open_segment(self, request: TalkRequest) -> SimSegment:
+        self.talk_threads.add(threading.current_thread().name)
+        return super().open_segment(request)
+
+    def step(self, segments: Sequence[SimSegment]) -> list[TalkStep]:
+        self.talk_threads.add(threading.current_thread().name)
+        return super().step(segments)
+
+    def close_segment(self, segment: SimSegment) -> None:
+        self.talk_threads.add(threading.current_thread().name)
+        super().close_segment(segment)
 
     def vocode(self, items: Sequence[VocodeItem]) -> list[np.ndarray]:
         self.vocode_threads.add(threading.current_thread().name)
@@ -323,13 +353,18 @@ async def test_model_calls_run_in_their_stage_threads(make_engine: EngineFactory
 async def test_idle_loops_wait_on_events_not_polls(make_engine: EngineFactory) -> None:
     engine = await make_engine()
     await asyncio.sleep(0.05)
-    assert engine.idle_waits == 2  # each loop checked once, then waits for an event
+    # each loop checked once, then waits for an event
+    assert (engine.talker.idle_waits, engine.vocoder.idle_waits) == (1, 1)
     await _read_all(engine.submit(TEXTS[1], voice="sim"))
     await asyncio.sleep(0.05)  # both loops settle
-    waits = engine.idle_waits
-    turns = engine.vocoder_turns
+
+    def counters() -> tuple[int, ...]:
+        talker, vocoder = engine.talker, engine.vocoder
+        return (talker.idle_waits, talker.steps, vocoder.idle_waits, vocoder.turns)
+
+    settled = counters()
     await asyncio.sleep(0.05)
-    assert (engine.idle_waits, engine.vocoder_turns) == (waits, turns)
+    assert counters() == settled
 
 
 class _Recorder:
@@ -364,15 +399,16 @@ async def test_events_stats_and_the_log_line(
 class _TalkOrderSim(SimBackend):
     def __init__(self, config: SimConfig) -> None:
         super().__init__(config)
-        self.calls: list[tuple[int, int]] = []  # (stream_tag, segment_index), at call start
+        self.calls: list[tuple[int, int]] = []  # (stream_tag, segment_index), when opened
 
-    def talk(self, request: TalkRequest) -> Iterator[np.ndarray]:
+    def open_segment(self, request: TalkRequest) -> SimSegment:
         self.calls.append((request.stream_tag, request.segment_index))
-        return super().talk(request)
+        return super().open_segment(request)
 
 
 async def test_the_talker_serves_a_stream_without_audio_first(make_engine: EngineFactory) -> None:
-    backend = _TalkOrderSim(SimConfig(talker_frames_per_s=500.0, vocoder_base_ms=0.0))
+    # 4 frames per 8 ms step: 500 frames per second
+    backend = _TalkOrderSim(SimConfig(talker_step_base_ms=8.0, vocoder_base_ms=0.0))
     engine = await make_engine(backend)
     text = " ".join(TEXTS * 3)
     playing = engine.submit(text, voice="sim")
@@ -396,7 +432,8 @@ async def test_not_ready_before_start_and_stop_ends_every_stream(
     await anext(chunks)
     await engine.stop()
     assert stream.state is StreamState.CANCELLED
-    assert [pcm async for pcm in chunks] == []  # the consumer ends, no error
+    with pytest.raises(StreamCancelled):  # the reader learns why it ends
+        await anext(chunks)
     assert not engine.ready
     with pytest.raises(NotReady):
         engine.submit("hi", voice="sim")
@@ -406,6 +443,6 @@ async def test_an_ack_before_the_first_audio_is_ignored(make_engine: EngineFacto
     engine = await make_engine()
     stream = engine.submit(TEXTS[0], voice="sim")
     engine.ack_playback(stream.id, 0.0)  # no audio yet: nothing to correct
-    assert engine._scheduler.horizon_s(stream.id) is None
+    assert engine.book.scheduler.horizon_s(stream.id) is None
     _check_signal(await _read_all(stream), TEXTS[0])
     assert stream.stats.stalls == 0

@@ -2,19 +2,11 @@
 
 from __future__ import annotations
 
-from collections import deque
-
 import numpy as np
 import pytest
 
-from pipeline.backend import Voice
 from pipeline.capacity import CapacityEstimate, pipeline_capacity
 from pipeline.frames import Segment, StreamFrames
-from pipeline.stream import Stream
-from pipeline.talker import pick_stream
-from pipeline.text import Segmenter
-from pipeline.work import StreamWork
-from scheduling import PlaybackScheduler, SchedulingConfig
 
 
 def _piece(first: int, count: int) -> np.ndarray:
@@ -83,63 +75,3 @@ def test_pipeline_capacity_is_the_slowest_measured_stage() -> None:
     assert pipeline_capacity(12.0, 4.0) == 4.0
     assert pipeline_capacity(12.0, 0.0) == 12.0
     assert pipeline_capacity(0.0, 0.0) == 0.0
-
-
-class _NoOwner:
-    def _stream_unparked(self, stream: object) -> None: ...
-
-    def _stream_read_all(self, stream: object) -> None: ...
-
-    def _stream_abandoned(self, stream: object) -> None: ...
-
-
-def _work(stream_id: str, order: int, queued_frames: int = 0) -> StreamWork:
-    voice = Voice("v", "v", "en", sample_rate_hz=1000, samples_per_frame=100)  # 0.1 s frames
-    stream = Stream(
-        stream_id,
-        voice,
-        speed=1.0,
-        submitted_at_s=0.0,
-        max_pending_audio_s=10.0,
-        owner=_NoOwner(),
-    )
-    work = StreamWork(
-        stream=stream,
-        tag=order,
-        order=order,
-        segmenter=Segmenter(),
-        text=deque(["more text"]),
-        text_closed=True,
-        text_chars=9,
-    )
-    if queued_frames:
-        segment = work.frames.open_segment(0)
-        work.frames.append(segment, np.zeros((queued_frames, 2), dtype=np.int64))
-    return work
-
-
-def _pick(scheduler: PlaybackScheduler, now_s: float, *works: StreamWork) -> str | None:
-    chosen, _ = pick_stream(
-        works,
-        scheduler,
-        now_s,
-        high_water_s=8.0,
-        first_chunk_s=0.1,
-        safety_margin_s=0.05,
-    )
-    return None if chosen is None else chosen.stream.id
-
-
-def test_the_talker_ranks_by_deadline_and_a_player_about_to_run_dry_goes_first() -> None:
-    scheduler = PlaybackScheduler(SchedulingConfig(policy="edf", active_stream_window=1))
-    scheduler.admit("new", 100.0)  # first-audio deadline 100.1
-    scheduler.record_audio("far", 2000, 1000, 100.0)  # runs out at 102
-    scheduler.record_audio("dry", 40, 1000, 100.0)  # runs out at 100.04: protected
-    new, far, dry = _work("new", 3), _work("far", 1), _work("dry", 2)
-    assert _pick(scheduler, 100.0, new, far) == "new"  # 100.1 < 102
-    assert _pick(scheduler, 100.0, new, far, dry) == "dry"  # never passed over
-    # queued frames count: 0.5 s queued puts "dry" at 100.54, after the newcomer
-    assert _pick(scheduler, 100.0, new, _work("dry", 2, queued_frames=5)) == "new"
-    # beyond the high-water mark a stream gets no talker work at all
-    scheduler.record_audio("far", 9000, 1000, 100.0)  # runs out at 111
-    assert _pick(scheduler, 100.0, far) is None

@@ -35,8 +35,11 @@ def backend(cache_dir: Path) -> PiperBackend:
 
 def talk(backend: PiperBackend, text: str, *, voice: str = VOICE, speed: float = 1.0) -> np.ndarray:
     request = TalkRequest(text, voice, speed, stream_tag=0, segment_index=0, first_frame_index=0)
-    pieces = list(backend.talk(request))
-    return np.concatenate(pieces) if pieces else np.zeros((0, 192), dtype=np.float32)
+    segment = backend.open_segment(request)
+    (step,) = backend.step([segment])  # Piper: a whole segment per step
+    backend.close_segment(segment)
+    assert step.done
+    return step.frames
 
 
 def decode_whole(backend: PiperBackend, frames: np.ndarray, voice: str = VOICE) -> np.ndarray:

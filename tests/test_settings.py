@@ -108,7 +108,7 @@ def test_sim_yaml_loads_with_80_ms_frames():
     assert settings.backend.kind == "sim"
     sim = settings.sim
     assert sim.samples_per_frame / sim.sample_rate_hz == pytest.approx(0.080)
-    assert (sim.talker_frames_per_s, sim.talker_piece_frames) == (1000.0, 4)
+    assert (sim.talker_frames_per_step, sim.talker_step_base_ms) == (8, 1.0)
     assert (sim.vocoder_base_ms, sim.vocoder_per_frame_ms, sim.batched) == (4.0, 9.0, True)
     assert settings.scheduling.policy == "edf"
     assert settings.scheduling.active_stream_window == 4
@@ -218,7 +218,7 @@ SECTION_RULES = [
     ("encoding", "inline_encode_max_s: .nan", "encoding.inline_encode_max_s"),
     ("backend", "kind: gpu", "backend.kind"),
     ("sim", "samples_per_frame: 0", "sim.samples_per_frame"),
-    ("sim", "talker_frames_per_s: 0", "sim.talker_frames_per_s"),
+    ("sim", "talker_frames_per_step: 0", "sim.talker_frames_per_step"),
     ("sim", "vocoder_base_ms: -1", "sim.vocoder_base_ms"),
     ("piper", "output_gain: 0", "piper.output_gain"),
     ("talker", "intra_op_threads: 0", "talker.intra_op_threads"),

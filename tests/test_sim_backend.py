@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from pipeline.backend import TalkRequest, VocodeItem
+from pipeline.backend import TalkRequest, TalkStep, VocodeItem
 from pipeline.backends import build_backend
 from pipeline.backends.sim import (
     SimBackend,
@@ -53,24 +53,55 @@ def test_expected_frames_sums_the_engine_segments() -> None:
     )
 
 
-def test_talk_yields_tagged_numbered_pieces() -> None:
-    backend = SimBackend(SimConfig(talker_frames_per_s=1e6, talker_piece_frames=4))
+def _talk_all(backend: SimBackend, request: TalkRequest) -> list[TalkStep]:
+    segment = backend.open_segment(request)
+    steps = [backend.step([segment])[0]]
+    while not steps[-1].done:
+        steps.append(backend.step([segment])[0])
+    backend.close_segment(segment)
+    return steps
+
+
+def test_steps_yield_tagged_numbered_frames_until_the_segment_ends() -> None:
+    backend = SimBackend(SimConfig(talker_frames_per_step=4, talker_step_base_ms=0.0))
     text = "x" * 12  # 10 frames
     request = TalkRequest(text, "sim", 1.0, stream_tag=7, segment_index=1, first_frame_index=30)
-    pieces = list(backend.talk(request))
-    assert [len(p) for p in pieces] == [4, 4, 2]
-    frames = np.concatenate(pieces)
+    steps = _talk_all(backend, request)
+    assert [(len(s.frames), s.done) for s in steps] == [(4, False), (4, False), (2, True)]
+    frames = np.concatenate([s.frames for s in steps])
     assert frames.dtype == np.int64 and frames.shape == (10, 2)
     assert (frames[:, 0] == 7).all()
     assert frames[:, 1].tolist() == list(range(30, 40))
+    assert backend.open_segments == 0
 
 
-def test_talker_rate_is_paced_in_wall_time() -> None:
-    backend = SimBackend(SimConfig(talker_frames_per_s=200.0, talker_piece_frames=5))
-    request = TalkRequest("x" * 24, "sim", 1.0, stream_tag=1, segment_index=0, first_frame_index=0)
-    started = time.perf_counter()
-    assert sum(len(p) for p in backend.talk(request)) == 20
-    assert time.perf_counter() - started >= 20 / 200.0 - 0.002
+def test_a_batched_step_advances_each_segment_on_its_own() -> None:
+    backend = SimBackend(SimConfig(talker_frames_per_step=3, talker_step_base_ms=0.0))
+    short = backend.open_segment(TalkRequest("x" * 4, "sim", 1.0, 1, 0, 0))  # 4 frames
+    long = backend.open_segment(TalkRequest("x" * 12, "sim", 1.0, 2, 0, 5))  # 10 frames
+    first = backend.step([short, long])
+    assert [s.frames[:, 1].tolist() for s in first] == [[0, 1, 2], [5, 6, 7]]
+    (only_long,) = backend.step([long])  # `short` sits this step out and keeps its place
+    assert only_long.frames[:, 1].tolist() == [8, 9, 10]
+    second = backend.step([short, long])
+    assert [(s.frames[:, 1].tolist(), s.done) for s in second] == [
+        ([3], True),
+        ([11, 12, 13], False),
+    ]
+    assert backend.open_segments == 2
+    backend.close_segment(short)
+    backend.close_segment(short)  # idempotent
+    assert backend.open_segments == 1
+
+
+def test_a_step_costs_its_base_plus_a_share_per_segment() -> None:
+    slept: list[float] = []
+    config = SimConfig(talker_step_base_ms=2.0, talker_step_per_stream_ms=0.5)
+    backend = SimBackend(config, sleep=slept.append)
+    segments = [backend.open_segment(TalkRequest("x" * 24, "sim", 1.0, i, 0, 0)) for i in range(3)]
+    backend.step(segments)
+    backend.step(segments[:1])
+    assert slept == pytest.approx([0.0035, 0.0025])
 
 
 def test_vocode_returns_the_emitted_frames_only_and_decodes_back() -> None:
@@ -103,14 +134,11 @@ def test_decode_rejects_a_partial_frame() -> None:
 
 def test_vocoder_costs_base_per_call_when_batched_and_per_item_when_not() -> None:
     items = [VocodeItem("sim", _frames(1, 0, 2), 0, 2) for _ in range(3)]
-    unbatched = SimBackend(SimConfig(vocoder_base_ms=30.0, vocoder_per_frame_ms=0.0, batched=False))
-    started = time.perf_counter()
-    unbatched.vocode(items)
-    assert time.perf_counter() - started >= 0.090
-    per_frame = SimBackend(SimConfig(vocoder_base_ms=0.0, vocoder_per_frame_ms=10.0))
-    started = time.perf_counter()
-    per_frame.vocode(items)  # 6 frames, context included
-    assert time.perf_counter() - started >= 0.060
+    slept: list[float] = []
+    config = SimConfig(vocoder_base_ms=30.0, vocoder_per_frame_ms=10.0)
+    SimBackend(config, sleep=slept.append).vocode(items)  # one base, 6 frames
+    SimBackend(replace(config, batched=False), sleep=slept.append).vocode(items)
+    assert slept == pytest.approx([0.090, 0.150])
 
 
 def test_voice_and_errors() -> None:
@@ -119,7 +147,7 @@ def test_voice_and_errors() -> None:
     assert (voice.id, voice.sample_rate_hz, voice.samples_per_frame) == ("sim", 24000, 1920)
     assert backend.default_voice() == "sim"
     with pytest.raises(ValueError, match="unknown sim voice"):
-        backend.talk(TalkRequest("hi", "alloy", 1.0, 0, 0, 0))
+        backend.open_segment(TalkRequest("hi", "alloy", 1.0, 0, 0, 0))
     with pytest.raises(ValueError, match="emit range"):
         backend.vocode([VocodeItem("sim", _frames(1, 0, 2), 1, 2)])
     with pytest.raises(ConfigError, match="samples_per_frame"):

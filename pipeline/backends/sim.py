@@ -1,22 +1,26 @@
-"""The sim backend: set costs, a checkable signal (../shared/BENCH.md).
+"""The sim backend: set costs, a checkable signal.
 
 Talker: a segment of `text` becomes exactly
 
     frames_for_text(text, speed) = max(2, ceil(len(text) / (1.2 * speed)))
 
 frames (about one frame per 1.2 characters; `len` counts the segment's characters as the
-talker gets them, i.e. after segmentation, see `expected_frames`). They are yielded in
-pieces of `talker_piece_frames` at `talker_frames_per_s` wall rate: the talker thread
-sleeps to a deadline per piece, which models the model's cost. A frame is an int64 pair
-(stream_tag, frame index within the stream).
+talker gets them, i.e. after segmentation, see `expected_frames`). Each talker step gives
+every segment in it `talker_frames_per_step` more frames (fewer at the segment's end) and
+costs `talker_step_base_ms + talker_step_per_stream_ms * segments`, like one decoding
+step of a batched codec language model. A frame is an int64 pair (stream_tag, frame index
+within the stream).
 
-Vocoder: sleeps `vocoder_base_ms + vocoder_per_frame_ms * frames` per call when batched
+Vocoder: costs `vocoder_base_ms + vocoder_per_frame_ms * frames` per call when batched
 (base once, frames counted over every item, context included), or that sum per item when
 not batched. Its PCM encodes every frame's pair: the frame's samples are cut in four
 equal blocks holding, as constant levels, the high and low 12 bits of the tag, then of
 the index (values mod 2**24). A level is (digit + 0.5) * 8 / 32768, so int16
 quantisation (either scaling) moves it by far less than half a step.
 `decode_sim_signal` reads them back.
+
+Costs are spent with `sleep(seconds)` (time.sleep by default; a virtual clock can pass
+its own), in the stage thread that calls the backend.
 """
 
 from __future__ import annotations
@@ -24,11 +28,12 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.backend import TalkRequest, VocodeItem, Voice
+from pipeline.backend import TalkRequest, TalkStep, VocodeItem, Voice
 from pipeline.config import SimConfig, TalkerConfig
 from pipeline.text import split_text
 from scheduling.errors import ConfigError
@@ -100,13 +105,27 @@ def decode_sim_signal(pcm: np.ndarray, samples_per_frame: int) -> list[tuple[int
     return [(int(t), int(i)) for t, i in zip(tags, indices, strict=True)]
 
 
+@dataclass(slots=True)
+class SimSegment:
+    """The sim talker's per-segment state."""
+
+    tag: int
+    next_index: int  # stream frame index of the next frame
+    remaining: int  # frames still to produce
+    closed: bool = False
+
+
 class SimBackend:
     """A backend whose costs are set, not measured; see the module doc."""
 
     name = "sim"
 
-    def __init__(self, config: SimConfig | None = None) -> None:
+    def __init__(
+        self, config: SimConfig | None = None, *, sleep: Callable[[float], None] = time.sleep
+    ) -> None:
         self.config = config or SimConfig()
+        self._sleep = sleep
+        self.open_segments = 0  # opened and not closed yet
         if self.config.samples_per_frame < _BLOCKS:
             raise ConfigError(
                 f"samples_per_frame must be >= {_BLOCKS} for the sim signal, "
@@ -135,27 +154,39 @@ class SimBackend:
         if voice not in (VOICE_ID, VOICE_NAME):
             raise ValueError(f"unknown sim voice {voice!r}")
 
-    def talk(self, request: TalkRequest) -> Iterator[np.ndarray]:
+    def open_segment(self, request: TalkRequest) -> SimSegment:
         self._check_voice(request.voice)
-        return self._talk(request)
+        self.open_segments += 1
+        return SimSegment(
+            tag=request.stream_tag,
+            next_index=request.first_frame_index,
+            remaining=frames_for_text(request.text, request.speed),
+        )
 
-    def _talk(self, request: TalkRequest) -> Iterator[np.ndarray]:
-        total = frames_for_text(request.text, request.speed)
-        piece = self.config.talker_piece_frames
-        period_s = 1.0 / self.config.talker_frames_per_s
-        started = time.perf_counter()
-        done = 0
-        while done < total:
-            count = min(piece, total - done)
-            delay_s = started + (done + count) * period_s - time.perf_counter()
-            if delay_s > 0:
-                time.sleep(delay_s)
+    def step(self, segments: Sequence[SimSegment]) -> list[TalkStep]:
+        cfg = self.config
+        if not segments:
+            return []
+        cost_ms = cfg.talker_step_base_ms + cfg.talker_step_per_stream_ms * len(segments)
+        if cost_ms > 0:
+            self._sleep(cost_ms / 1000.0)
+        results = []
+        for segment in segments:
+            if segment.closed:
+                raise ValueError("step on a closed sim segment")
+            count = min(cfg.talker_frames_per_step, segment.remaining)
             frames = np.empty((count, 2), dtype=np.int64)
-            frames[:, 0] = request.stream_tag
-            first = request.first_frame_index + done
-            frames[:, 1] = np.arange(first, first + count)
-            yield frames
-            done += count
+            frames[:, 0] = segment.tag
+            frames[:, 1] = np.arange(segment.next_index, segment.next_index + count)
+            segment.next_index += count
+            segment.remaining -= count
+            results.append(TalkStep(frames=frames, done=segment.remaining == 0))
+        return results
+
+    def close_segment(self, segment: SimSegment) -> None:
+        if not segment.closed:
+            segment.closed = True
+            self.open_segments -= 1
 
     def vocode(self, items: Sequence[VocodeItem]) -> list[np.ndarray]:
         for item in items:
@@ -173,7 +204,7 @@ class SimBackend:
         calls = 1 if cfg.batched else len(items)
         cost_ms = cfg.vocoder_base_ms * calls + cfg.vocoder_per_frame_ms * decoded
         if items and cost_ms > 0:
-            time.sleep(cost_ms / 1000.0)
+            self._sleep(cost_ms / 1000.0)
         return [
             encode_sim_signal(
                 item.frames[item.emit_offset_frames : item.emit_offset_frames + item.emit_frames],

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
-from pipeline.backend import TalkRequest, VocodeItem, Voice
+from pipeline.backend import TalkRequest, TalkStep, VocodeItem, Voice
 from pipeline.backends.piper.errors import UnknownPiperVoice, VoiceLoadError
 from pipeline.backends.piper.graph_split import SplitGraphs, load_split
 from pipeline.backends.piper.phonemes import text_to_ids
@@ -24,6 +24,15 @@ from pipeline.backends.piper.voices import (
 from pipeline.config import PiperConfig, TalkerConfig, VocoderConfig
 
 logger = logging.getLogger("playhead.piper")
+
+
+@dataclass(slots=True)
+class PiperSegment:
+    """One segment's talker state: its phoneme ids and scales (the talker graph runs whole)."""
+
+    voice: str
+    phoneme_ids: list[int]
+    scales: tuple[float, float, float]
 
 
 @dataclass(frozen=True)
@@ -147,14 +156,26 @@ class PiperBackend:
     def default_voice(self) -> str:
         return self._default
 
-    def talk(self, request: TalkRequest) -> Iterator[np.ndarray]:
-        """One piece per segment: float32 [frames, channels]; nothing for text with no phonemes."""
+    def open_segment(self, request: TalkRequest) -> PiperSegment:
+        """Phonemise the segment (espeak-ng); the talker graph runs in `step`."""
         loaded = self._get(request.voice)
         scales = self.scales(request.voice, request.speed)
-        ids = text_to_ids(loaded.spec, request.text)
-        if not ids:
-            return
-        yield self.talk_ids(request.voice, ids, scales)
+        return PiperSegment(request.voice, text_to_ids(loaded.spec, request.text), scales)
+
+    def step(self, segments: Sequence[PiperSegment]) -> list[TalkStep]:
+        """A whole segment per step: float32 [frames, channels] (none for text with no
+        phonemes). Segments of different lengths run one after another."""
+        results = []
+        for segment in segments:
+            if segment.phoneme_ids:
+                frames = self.talk_ids(segment.voice, segment.phoneme_ids, segment.scales)
+            else:
+                frames = np.zeros((0, self._get(segment.voice).channels), dtype=np.float32)
+            results.append(TalkStep(frames=frames, done=True))
+        return results
+
+    def close_segment(self, segment: PiperSegment) -> None:
+        segment.phoneme_ids = []
 
     def vocode(self, items: Sequence[VocodeItem]) -> list[np.ndarray]:
         """Items of one voice and equal length share one decoder call."""

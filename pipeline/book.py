@@ -1,0 +1,531 @@
+"""The stream book: every live stream's engine state, and every state transition.
+
+The book is the one owner of the streams' book-keeping. The Talker and the Vocoder
+(pipeline/talker.py, pipeline/vocoder.py) read it and call its transitions; each
+transition updates everything it touches (frames, chunk plans, the ready set, the talker
+candidates, the scheduler, the planner, the playing ledger, the stream's state and
+audio channel) and wakes the stage that has new work. No asyncio here: the wakes are
+plain callables, so the book can be driven by a virtual clock as well.
+
+Two sets are kept incrementally, so that no turn scans every stream:
+
+- `ready_ids`: streams whose next chunk is planned, not empty and not parked (the
+  vocoder's candidates, in the order they became ready). Records whose frames or state
+  changed are marked dirty and re-planned by `refresh` at the start of a vocoder turn.
+- the talker's candidates: streams with text waiting or a segment open.
+
+A stream's talker segment (`OpenSegment`) is opened, stepped and closed in the talker
+thread. When a stream ends while its segment is open, the segment is marked cancelled
+and handed back to the talker (`take_orphans`), which closes it in its thread: the
+backend's per-segment state is freed exactly once.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterator, KeysView
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pipeline.backend import SegmentState, TalkRequest, Voice
+from pipeline.channel import AudioSender, audio_channel
+from pipeline.events import EngineEvents, EngineStats
+from pipeline.frames import Segment, StreamFrames
+from pipeline.stream import Stream, StreamState
+from pipeline.text import Segmenter
+from scheduling import (
+    Chunk,
+    ChunkPlanner,
+    PlaybackScheduler,
+    PlayingLedger,
+    TalkerCandidate,
+)
+
+log = logging.getLogger("playhead.engine")
+
+_DEFAULT_AUDIO_S_PER_CHAR = 0.07  # speech at speed 1 before any measurement (~14 chars/s)
+
+
+@dataclass(frozen=True)
+class Wakes:
+    """How the book tells a stage it has new work (an asyncio.Event's `set`, say)."""
+
+    talker: Callable[[], None]
+    vocoder: Callable[[], None]
+
+
+@dataclass(frozen=True)
+class SegmenterSettings:
+    first_fragment_words: int
+    max_segment_chars: int
+
+
+class OpenSegment:
+    """One stream's talker segment from its opening to its close.
+
+    `state` is the backend's, set and closed in the talker thread; `cancelled` is set on
+    the event loop when the stream ends first and read in the talker thread.
+    """
+
+    __slots__ = ("cancelled", "closed", "record", "request", "segment", "state")
+
+    def __init__(self, record: StreamRecord, segment: Segment, request: TalkRequest) -> None:
+        self.record = record
+        self.segment = segment
+        self.request = request
+        self.state: SegmentState | None = None
+        self.cancelled = False
+        self.closed = False
+
+
+@dataclass(slots=True, eq=False)
+class StreamRecord:
+    """The book's state of one stream while it needs talker or vocoder work."""
+
+    stream: Stream
+    sender: AudioSender
+    tag: int  # the backend's stream_tag
+    order: int  # submission order (the last tie-break)
+    segmenter: Segmenter
+    text: deque[str] = field(default_factory=deque)  # segments not yet given to the talker
+    text_closed: bool = False  # no more text will be appended
+    text_chars: int = 0  # characters submitted so far
+    frames: StreamFrames = field(default_factory=StreamFrames)
+    next_segment: int = 0
+    talking: OpenSegment | None = None  # the talker segment open for this stream
+    chunk: Chunk | None = None  # the planner's answer, valid while the record is clean
+
+    @property
+    def talked_all(self) -> bool:
+        """No more talker work: the text is closed, no segment waits, none is open."""
+        return self.text_closed and not self.text and self.talking is None
+
+
+class StreamBook:
+    """See the module doc. Built by the Engine; one per engine."""
+
+    def __init__(
+        self,
+        *,
+        scheduler: PlaybackScheduler,
+        planner: ChunkPlanner,
+        segmenter: SegmenterSettings,
+        max_pending_audio_s: float,
+        left_context_frames: int,
+        clock: Callable[[], float],
+        events: EngineEvents,
+        wakes: Wakes,
+    ) -> None:
+        self.scheduler = scheduler
+        self.planner = planner
+        self.ledger = PlayingLedger()
+        self._segmenter = segmenter
+        self._max_pending_audio_s = max_pending_audio_s
+        self._left_context_frames = left_context_frames
+        self._clock = clock
+        self._events = events
+        self._wakes = wakes
+        self._streams: dict[str, tuple[Stream, AudioSender]] = {}  # every non-terminal stream
+        self._records: dict[str, StreamRecord] = {}  # streams with work left, by arrival
+        self._talk_wanted: dict[str, StreamRecord] = {}  # text waiting or a segment open
+        self._dirty: dict[str, StreamRecord] = {}  # chunk plan out of date
+        self._ready: dict[str, None] = {}  # a non-empty chunk planned, not parked
+        self._orphans: list[OpenSegment] = []  # segments of ended streams, to close
+        self._submitted = 0
+        self._talked_chars = 0
+        self._talked_audio_s = 0.0  # at speed 1
+
+    # Queries.
+
+    def __len__(self) -> int:
+        """Streams with work left."""
+        return len(self._records)
+
+    def record(self, stream_id: str) -> StreamRecord | None:
+        return self._records.get(stream_id)
+
+    def stream(self, stream_id: str) -> Stream | None:
+        entry = self._streams.get(stream_id)
+        return None if entry is None else entry[0]
+
+    def stream_ids(self) -> list[str]:
+        """Every non-terminal stream (draining ones included)."""
+        return list(self._streams)
+
+    @property
+    def ready_ids(self) -> KeysView[str]:
+        """Streams with a non-empty chunk planned (valid after `refresh`)."""
+        return self._ready.keys()
+
+    def talker_candidates(self) -> Iterator[TalkerCandidate]:
+        """Streams that want talker work, for scheduling.plan_talker_step."""
+        scheduler = self.scheduler
+        for stream_id, record in self._talk_wanted.items():
+            if record.sender.parked:
+                continue
+            voice = record.stream.voice
+            state = scheduler.state(stream_id)
+            queued = record.frames.queued_frames
+            yield TalkerCandidate(
+                stream_id=stream_id,
+                order=record.order,
+                first_seen_s=record.stream.stats.submitted_at_s
+                if state is None
+                else state.first_seen_s,
+                horizon_s=None if state is None else state.horizon_s,
+                queued_audio_s=queued * voice.samples_per_frame / voice.sample_rate_hz,
+            )
+
+    def playing_streams(self, now_s: float) -> int:
+        """Streams a player listens to: those with work left, and those whose audio is
+        all sent but whose estimated playback has not ended (the ledger)."""
+        return len(self._records) + self.ledger.count(now_s)
+
+    def finish_times_s(self, now_s: float) -> Iterator[float]:
+        """When each playing stream's playback is estimated to end (for Retry-After)."""
+        if self._talked_chars:
+            per_char_s = self._talked_audio_s / self._talked_chars
+        else:
+            per_char_s = _DEFAULT_AUDIO_S_PER_CHAR
+        for stream_id, record in self._records.items():
+            stream = record.stream
+            total_s = record.text_chars * per_char_s / stream.speed
+            horizon_s = self.scheduler.horizon_s(stream_id)
+            start_s = now_s if horizon_s is None else max(horizon_s, now_s)
+            yield start_s + max(0.0, total_s - stream.stats.audio_s)
+        yield from self.ledger.until_times_s(now_s)
+
+    def orphan(self, opened: OpenSegment) -> None:
+        """A cancelled segment whose backend state is still open: the talker closes it."""
+        if opened.state is not None and not opened.closed and opened not in self._orphans:
+            self._orphans.append(opened)
+            self._wakes.talker()
+
+    def take_orphans(self) -> list[OpenSegment]:
+        """Segments of ended streams that the talker must close."""
+        orphans, self._orphans = self._orphans, []
+        return orphans
+
+    def stats(self, capacity_audio_s_per_s: float) -> EngineStats:
+        records = self._records.values()
+        return EngineStats(
+            active_streams=len(self._records),
+            parked_streams=sum(1 for r in records if r.sender.parked),
+            capacity_audio_s_per_s=capacity_audio_s_per_s,
+            policy=self.scheduler.policy_name,
+            draining_streams=len(self._streams) - len(self._records),
+            queued_frames=sum(r.frames.queued_frames for r in records),
+        )
+
+    def traces(self, stream_id: str) -> list[str]:
+        """Where the book still holds this stream (empty once it is finished)."""
+        places = []
+        if stream_id in self._streams:
+            places.append("streams")
+        record = self._records.get(stream_id)
+        if record is not None:
+            places.append("record")
+            if record.frames.held_frames or record.frames.segment_count:
+                places.append("frames")
+            if record.talking is not None:
+                places.append("talker")
+        for name, index in (
+            ("talker-candidates", self._talk_wanted),
+            ("dirty", self._dirty),
+            ("ready", self._ready),
+        ):
+            if stream_id in index:
+                places.append(name)
+        if any(o.record.stream.id == stream_id for o in self._orphans):
+            places.append("orphans")
+        if stream_id in self.scheduler:
+            places.append("scheduler")
+        if stream_id in self.planner:
+            places.append("planner")
+        return places
+
+    # Transitions: streams and text.
+
+    def add_stream(self, voice: Voice, *, speed: float, now_s: float) -> Stream:
+        """A newly admitted stream, with no text yet."""
+        self._submitted += 1
+        stream_id = uuid.uuid4().hex
+        sender, receiver = audio_channel(
+            stream_id, voice.sample_rate_hz, self._max_pending_audio_s, self
+        )
+        stream = Stream(stream_id, voice, speed=speed, submitted_at_s=now_s, audio=receiver)
+        self._streams[stream_id] = (stream, sender)
+        self._records[stream_id] = StreamRecord(
+            stream=stream,
+            sender=sender,
+            tag=self._submitted,
+            order=self._submitted,
+            segmenter=Segmenter(
+                first_fragment_words=self._segmenter.first_fragment_words,
+                max_segment_chars=self._segmenter.max_segment_chars,
+            ),
+        )
+        self.scheduler.admit(stream_id, now_s)  # its first-chunk deadline counts from now
+        self._event("stream_started", stream_id)
+        return stream
+
+    def add_text(self, stream_id: str, text: str, *, final: bool) -> None:
+        record = self._records.get(stream_id)
+        if record is None or record.text_closed:
+            raise ValueError(f"stream {stream_id} takes no more text")
+        segments = record.segmenter.push(text)
+        if final:
+            segments += record.segmenter.flush()
+            record.text_closed = True
+        record.text.extend(segments)
+        record.text_chars += len(text)
+        if record.text:
+            self._talk_wanted[stream_id] = record
+            self._wakes.talker()
+        if final:
+            if record.talked_all and record.stream.state is StreamState.TALKING:
+                record.stream.state = StreamState.VOCODING
+            self._mark_dirty(record)  # the planner learns whether the stream may end
+            self._check_finished(record)
+
+    def ack_playback(self, stream_id: str, played_s: float, now_s: float) -> None:
+        """Client truth about its playback; ignored before the stream's first audio."""
+        if stream_id in self._records and self.scheduler.horizon_s(stream_id) is not None:
+            self.scheduler.ack_playback(stream_id, played_s, now_s)
+            self._wakes.talker()  # the talker order may change
+
+    # Transitions: the talker.
+
+    def open_segment(self, record: StreamRecord) -> OpenSegment:
+        """The talker takes the stream's next text segment."""
+        stream = record.stream
+        text = record.text.popleft()
+        index = record.next_segment
+        record.next_segment += 1
+        request = TalkRequest(
+            text=text,
+            voice=stream.voice.id,
+            speed=stream.speed,
+            stream_tag=record.tag,
+            segment_index=index,
+            first_frame_index=record.frames.produced_frames,
+        )
+        opened = OpenSegment(record, record.frames.open_segment(index), request)
+        record.talking = opened
+        if stream.state is StreamState.QUEUED:
+            stream.state = StreamState.TALKING
+        return opened
+
+    def talked(self, opened: OpenSegment, frames: np.ndarray, done: bool) -> None:
+        """One talker step's outcome for one segment."""
+        record = opened.record
+        if opened.cancelled:  # the stream ended during the step
+            self.orphan(opened)
+            return
+        stream = record.stream
+        if len(frames):
+            record.frames.append(opened.segment, frames)
+            stream.stats.frames += len(frames)
+            self._mark_dirty(record)
+        if not done:
+            return
+        opened.segment.done = True
+        record.talking = None
+        stream.stats.segments += 1
+        voice = stream.voice
+        audio_s = opened.segment.available_frames * voice.samples_per_frame / voice.sample_rate_hz
+        self._talked_chars += len(opened.request.text)
+        self._talked_audio_s += audio_s * stream.speed
+        if not record.text:
+            del self._talk_wanted[stream.id]
+        if record.talked_all:
+            stream.state = StreamState.VOCODING
+        self._mark_dirty(record)
+        self._check_finished(record)
+
+    # Transitions: the vocoder.
+
+    def refresh(self) -> None:
+        """Re-plan the dirty records: the ready set is then up to date. Empty (terminal)
+        chunks carry no audio and are committed here, without a turn."""
+        dirty = self._dirty
+        while dirty:
+            stream_id, record = dirty.popitem()
+            chunk = self._plan(record)
+            record.chunk = chunk
+            if chunk is None or record.sender.parked:
+                self._ready.pop(stream_id, None)
+            elif chunk.empty:
+                self._ready.pop(stream_id, None)
+                self._commit(record, chunk)
+            else:
+                self._ready[stream_id] = None
+
+    def emit(
+        self, record: StreamRecord, chunk: Chunk, pcm: np.ndarray, emitted_at_s: float
+    ) -> None:
+        """One chunk's PCM left the vocoder: account for it, send it, commit the chunk."""
+        stream = record.stream
+        stats = stream.stats
+        horizon_s = self.scheduler.horizon_s(stream.id)
+        if horizon_s is not None and emitted_at_s > horizon_s:
+            stall_s = emitted_at_s - horizon_s
+            stats.stalls += 1
+            stats.stall_s += stall_s
+            self._event("stall", stream.id, stall_s)
+        self.scheduler.record_audio(stream.id, pcm.size, stream.sample_rate_hz, emitted_at_s)
+        if stats.ttfa_s is None:
+            stats.ttfa_s = emitted_at_s - stats.submitted_at_s
+            self._event("first_audio", stream.id, stats.ttfa_s)
+            self._wakes.talker()  # its playback starts: the high-water mark now moves
+        stats.audio_s += pcm.size / stream.sample_rate_hz
+        stats.chunks += 1
+        record.sender.send(pcm)
+        self._commit(record, chunk)
+
+    def is_live(self, record: StreamRecord) -> bool:
+        return self._records.get(record.stream.id) is record
+
+    # Transitions: endings.
+
+    def cancel(self, stream_id: str) -> None:
+        """End a stream now (caller, client gone, engine stop); frees every trace."""
+        entry = self._streams.get(stream_id)
+        if entry is None:
+            return
+        stream, sender = entry
+        record = self._records.get(stream_id)
+        if record is not None:
+            self._drop(record)
+        self.ledger.leave(stream_id)  # its listener is gone
+        stream.state = StreamState.CANCELLED
+        sender.cancel()
+        self._finalize(stream)
+
+    def cancel_all(self) -> None:
+        for stream_id in list(self._streams):
+            self.cancel(stream_id)
+
+    def fail(self, record: StreamRecord, error: BaseException) -> None:
+        """A backend call failed for this stream: end it with the error."""
+        stream = record.stream
+        if not self.is_live(record):
+            return
+        log.warning("stream %s failed: %r", stream.id, error)
+        self._drop(record)
+        stream.state = StreamState.FAILED
+        record.sender.fail(error)
+        self._finalize(stream)
+
+    def fail_all(self, error: BaseException) -> None:
+        for record in list(self._records.values()):
+            self.fail(record, error)
+
+    # The audio channel's listener.
+
+    def audio_unparked(self, stream_id: str) -> None:
+        record = self._records.get(stream_id)
+        if record is not None:
+            self._mark_dirty(record)
+            self._wakes.talker()
+
+    def audio_read_all(self, stream_id: str) -> None:
+        stream = self.stream(stream_id)
+        if stream is not None and stream.state is StreamState.DRAINING:
+            stream.state = StreamState.DONE
+            self._finalize(stream)
+
+    def audio_abandoned(self, stream_id: str) -> None:
+        self.cancel(stream_id)
+
+    # Internals.
+
+    def _mark_dirty(self, record: StreamRecord) -> None:
+        self._dirty[record.stream.id] = record
+        self._wakes.vocoder()
+
+    def _plan(self, record: StreamRecord) -> Chunk | None:
+        segment = record.frames.current
+        if segment is None:
+            return None
+        stream_done = record.talked_all and record.frames.segment_count == 1 and segment.done
+        return self.planner.next_chunk(
+            record.stream.id, segment.available_frames, segment.done, stream_done
+        )
+
+    def _commit(self, record: StreamRecord, chunk: Chunk) -> None:
+        """The chunk left (or, empty, needed no decode): advance the planner, free frames."""
+        self.planner.commit(record.stream.id, chunk)
+        record.frames.emitted(
+            chunk.stop - chunk.start, free_before=chunk.stop - self._left_context_frames
+        )
+        record.chunk = None
+        assert record.frames.queued_frames >= 0, "emitted more frames than the talker produced"
+        if chunk.segment_end:
+            record.frames.close_current()
+        if chunk.final:
+            assert record.talked_all and record.frames.segment_count == 0
+            self._finish_vocoding(record)
+            return
+        self._mark_dirty(record)
+        if chunk.segment_end:
+            self._check_finished(record)
+
+    def _check_finished(self, record: StreamRecord) -> None:
+        """A stream whose text is all talked and whose segments are all emitted is done."""
+        if self.is_live(record) and record.talked_all and record.frames.segment_count == 0:
+            self._finish_vocoding(record)
+
+    def _finish_vocoding(self, record: StreamRecord) -> None:
+        stream = record.stream
+        now_s = self._clock()
+        horizon_s = self.scheduler.horizon_s(stream.id)
+        if horizon_s is not None:
+            self.ledger.enter(stream.id, horizon_s, now_s)
+        self._drop(record)
+        stream.state = StreamState.DRAINING
+        record.sender.close()
+
+    def _drop(self, record: StreamRecord) -> None:
+        """Free every trace of a stream's work."""
+        stream_id = record.stream.id
+        del self._records[stream_id]
+        self._talk_wanted.pop(stream_id, None)
+        self._dirty.pop(stream_id, None)
+        self._ready.pop(stream_id, None)
+        opened = record.talking
+        if opened is not None:
+            record.talking = None
+            opened.cancelled = True
+            self.orphan(opened)
+        record.text.clear()
+        record.frames.clear()
+        record.chunk = None
+        self.scheduler.forget(stream_id)
+        self.planner.forget(stream_id)
+        self._wakes.vocoder()  # under fifo its slot is free now
+
+    def _finalize(self, stream: Stream) -> None:
+        stats = stream.stats
+        stats.finished_at_s = self._clock()
+        self._streams.pop(stream.id, None)
+        log.info(
+            "stream %s %s ttfa_ms=%s audio_s=%.2f stalls=%d stall_s=%.3f policy=%s",
+            stream.id,
+            stream.state.value,
+            "-" if stats.ttfa_s is None else f"{stats.ttfa_s * 1000:.0f}",
+            stats.audio_s,
+            stats.stalls,
+            stats.stall_s,
+            self.scheduler.policy_name,
+        )
+        self._event("stream_finished", stats, stream.state)
+
+    def _event(self, name: str, *args: object) -> None:
+        try:
+            getattr(self._events, name)(*args)
+        except Exception:
+            log.exception("events.%s failed", name)

@@ -1,0 +1,125 @@
+"""scheduling.plan_talker_step: which streams' segments take the next talker step.
+
+Numbers only (seconds): the same style as the vocoder's selection scenarios.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from scheduling import (
+    ConfigError,
+    TalkerCandidate,
+    TalkerOrderConfig,
+    plan_talker_step,
+    talker_key,
+)
+
+CONFIG = TalkerOrderConfig(batch=1, high_water_s=8.0, first_chunk_s=0.1, safety_margin_s=0.05)
+
+
+def _c(
+    stream_id: str,
+    order: int,
+    *,
+    seen: float = 100.0,
+    horizon: float | None = None,
+    queued: float = 0.0,
+) -> TalkerCandidate:
+    return TalkerCandidate(stream_id, order, seen, horizon, queued)
+
+
+def _plan(now_s: float, *candidates: TalkerCandidate, **config: object) -> tuple[str, ...]:
+    cfg = TalkerOrderConfig(**{**CONFIG.__dict__, **config})
+    return plan_talker_step(candidates, now_s, cfg).step_ids
+
+
+def test_a_newcomer_goes_before_a_stream_with_seconds_of_audio() -> None:
+    new = _c("new", 3)  # first-audio deadline 100.1
+    far = _c("far", 1, horizon=102.0)  # runs out at 102
+    assert _plan(100.0, new, far) == ("new",)
+
+
+def test_a_player_about_to_run_dry_is_never_passed_over() -> None:
+    new = _c("new", 3)
+    dry = _c("dry", 2, horizon=100.04)  # 40 ms left <= 50 ms margin: protected
+    assert _plan(100.0, new, _c("far", 1, horizon=102.0), dry) == ("dry",)
+
+
+def test_queued_frames_count_toward_the_run_out_time() -> None:
+    # 0.5 s queued puts "dry" at 100.54: no longer protected, after the newcomer's 100.1
+    assert _plan(100.0, _c("new", 3), _c("dry", 2, horizon=100.04, queued=0.5)) == ("new",)
+
+
+def test_a_starved_stream_counts_from_now() -> None:
+    # horizon 99 is past: it runs out at now + queued = 100.3, before "later" at 100.5
+    starved = _c("starved", 2, horizon=99.0, queued=0.3)
+    later = _c("later", 1, horizon=100.5)
+    assert _plan(100.0, starved, later, safety_margin_s=0.0) == ("starved",)
+
+
+def test_beyond_the_high_water_mark_a_stream_sits_out_and_says_when_it_is_due() -> None:
+    plan = plan_talker_step([_c("far", 1, horizon=105.0, queued=6.0)], 100.0, CONFIG)
+    assert plan.step_ids == ()
+    assert plan.retry_in_s == pytest.approx(3.0)  # 11 s ahead, mark 8 s
+    # a stream with frames but no audio yet sits out too; its first audio will wake the
+    # talker, so it sets no timer
+    plan = plan_talker_step([_c("queued", 1, queued=9.0)], 100.0, CONFIG)
+    assert (plan.step_ids, plan.retry_in_s) == ((), None)
+
+
+def test_a_batch_takes_the_most_urgent_in_deadline_order() -> None:
+    candidates = [
+        _c("x", 1, horizon=105.0),
+        _c("y", 2, horizon=101.0),
+        _c("z", 3, horizon=102.0),
+        _c("w", 4, horizon=101.0),  # ties with y on the deadline: arrival order decides
+    ]
+    assert _plan(100.0, *candidates, batch=3) == ("y", "w", "z")
+    assert _plan(100.0, *candidates, batch=10) == ("y", "w", "z", "x")
+
+
+def test_first_audio_deadlines_rank_by_when_the_stream_arrived() -> None:
+    early, late = _c("early", 2, seen=99.0), _c("late", 1, seen=99.5)
+    assert _plan(100.0, late, early, batch=2) == ("early", "late")
+
+
+def test_config_validation_names_the_field() -> None:
+    with pytest.raises(ConfigError, match="batch"):
+        TalkerOrderConfig(batch=0)
+    with pytest.raises(ConfigError, match="high_water_s"):
+        TalkerOrderConfig(high_water_s=float("nan"))
+    with pytest.raises(ConfigError, match="safety_margin_s"):
+        TalkerOrderConfig(safety_margin_s=-1.0)
+
+
+_candidates = st.lists(
+    st.builds(
+        TalkerCandidate,
+        stream_id=st.text(min_size=1, max_size=4),
+        order=st.integers(0, 50),
+        first_seen_s=st.floats(90, 110),
+        horizon_s=st.none() | st.floats(90, 120),
+        queued_audio_s=st.floats(0, 12),
+    ),
+    max_size=30,
+    unique_by=lambda c: c.stream_id,
+)
+
+
+@given(_candidates, st.integers(1, 8))
+def test_the_plan_is_the_batch_smallest_keys_of_the_streams_under_the_mark(
+    candidates: list[TalkerCandidate], batch: int
+) -> None:
+    config = TalkerOrderConfig(batch=batch)
+    plan = plan_talker_step(candidates, 100.0, config)
+    keyed = sorted(
+        (key, c.stream_id) for c in candidates if (key := talker_key(c, 100.0, config)) is not None
+    )
+    assert plan.step_ids == tuple(stream_id for _, stream_id in keyed[:batch])
+    for c in candidates:
+        if c.stream_id in plan.step_ids:
+            run_out = max(c.horizon_s if c.horizon_s is not None else 100.0, 100.0)
+            assert run_out + c.queued_audio_s - 100.0 <= config.high_water_s + 0.001
