@@ -4,6 +4,7 @@ scripted reports: no Ray cluster needed, only the `cluster` extra installed."""
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +19,7 @@ from ray.serve._private.common import (
 )
 
 from app.cluster.router import SlackRouter
-from app.cluster.stats import free_streams, load_from_stats, stream_slack_s
+from app.cluster.stats import free_streams, load_from_stats, routing_stats, stream_slack_s
 from pipeline.stream import StreamStats
 from scheduling import Admission, AdmissionConfig
 
@@ -131,3 +132,34 @@ def test_slack_is_horizon_minus_now() -> None:
     playing = StreamStats("s2", submitted_at_s=10.0, ttfa_s=0.2, audio_s=3.0, stall_s=0.5)
     # first audio at 10.2, 3 s sent, 0.5 s of stalls: the player runs dry at 13.7
     assert stream_slack_s(playing, now_s=12.0, first_chunk_s=0.1) == pytest.approx(1.7)
+    # the scheduler's own horizon, when it has one, wins over the estimate
+    assert stream_slack_s(playing, 12.0, 0.1, horizon_s=12.5) == pytest.approx(0.5)
+
+
+async def test_a_replica_reports_its_engine(make_engine) -> None:
+    """routing_stats on a running engine: its streams, their slack, its admission room."""
+    admission = AdmissionConfig(max_streams=5)
+    engine = await make_engine(admission=admission)
+    streams = [engine.submit("Hello there. A stream to report.", voice="sim") for _ in range(2)]
+    first = await anext(streams[0].chunks())  # one stream has audio, its player plays
+    assert first.size
+    now_s = time.monotonic()
+    stats = routing_stats(engine, Admission(admission), now_s, first_chunk_s=0.1, received=7)
+    assert stats["ready"] and stats["received"] == 7
+    assert stats["streams"] == 2
+    assert stats["free_streams"] == 3  # max_streams 5, 2 playing
+    horizon_s = engine.book.scheduler.horizon_s(streams[0].id)
+    assert horizon_s is not None
+    assert stats["slack_min_s"] <= horizon_s - now_s
+    assert math.isfinite(stats["slack_mean_s"])
+    for stream in streams:
+        engine.cancel(stream.id)
+    idle = routing_stats(engine, Admission(admission), time.monotonic(), 0.1, received=7)
+    assert idle["streams"] == 0 and idle["slack_min_s"] is None
+    assert idle["free_streams"] == 5
+
+
+def test_a_loading_replica_reports_not_ready() -> None:
+    stats = routing_stats(None, Admission(AdmissionConfig()), 0.0, 0.1, received=0)
+    assert not stats["ready"]
+    assert not load_from_stats(stats, 0).admits

@@ -15,14 +15,13 @@ dict to every router). It reports:
   replica had received when the report was taken (the router subtracts it from what it
   sent there to know what the report does not count yet).
 
-The stream table is read through `live_streams`, the one place that knows where the
-engine keeps its streams.
+The engine's stream book (`engine.book`: its streams, its playing count, its scheduler's
+horizons) is read in `live_streams`, `playing_streams` and `routing_stats` only.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from typing import Any
 
 from scheduling import Admission
@@ -33,23 +32,24 @@ NO_VALUE = None  # "infinite" in a report
 
 def live_streams(engine: Any) -> list[Any]:
     """The engine's streams not yet terminal (what its players are listening to)."""
-    streams = getattr(engine, "streams", None)
-    if callable(streams):
-        return list(streams())
-    table = getattr(engine, "_streams", {})
-    return [s for s in table.values() if not s.state.terminal]
+    book = engine.book
+    streams = (book.stream(stream_id) for stream_id in book.stream_ids())
+    return [s for s in streams if s is not None]
 
 
-def playing_streams(engine: Any, now_s: float, streams: Iterable[Any]) -> int:
-    """Streams admission counts: the engine's own count when it exposes one."""
-    count = getattr(engine, "_playing_streams", None)
-    if callable(count):
-        return int(count(now_s))
-    return sum(1 for _ in streams)
+def playing_streams(engine: Any, now_s: float) -> int:
+    """Streams admission counts: work left, or a player still playing what was sent."""
+    return int(engine.book.playing_streams(now_s))
 
 
-def stream_slack_s(stats: Any, now_s: float, first_chunk_s: float) -> float:
-    """Playback slack of one stream: horizon - now (see the module doc)."""
+def stream_slack_s(
+    stats: Any, now_s: float, first_chunk_s: float, horizon_s: float | None = None
+) -> float:
+    """Playback slack of one stream: horizon - now (see the module doc). `horizon_s` is
+    the scheduler's own when it still tracks the stream; else it is estimated from the
+    stream's stats."""
+    if horizon_s is not None:
+        return horizon_s - now_s
     if stats.ttfa_s is None:
         return stats.submitted_at_s + first_chunk_s - now_s
     return stats.submitted_at_s + stats.ttfa_s + stats.audio_s + stats.stall_s - now_s
@@ -83,9 +83,10 @@ def routing_stats(
             "capacity_audio_s_per_s": 0.0,
         }
     streams = live_streams(engine)
-    slacks = [stream_slack_s(s.stats, now_s, first_chunk_s) for s in streams]
+    horizon = engine.book.scheduler.horizon_s  # None before first audio, or once untracked
+    slacks = [stream_slack_s(s.stats, now_s, first_chunk_s, horizon(s.id)) for s in streams]
     capacity = engine.capacity(now_s)
-    free = free_streams(admission, playing_streams(engine, now_s, streams), capacity)
+    free = free_streams(admission, playing_streams(engine, now_s), capacity)
     return {
         "ready": True,
         "received": received,
