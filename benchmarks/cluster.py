@@ -67,7 +67,7 @@ from benchmarks.report import (
     write_results_json,
 )
 
-FACTORS = (0.5, 0.75, 0.95, 1.25, 1.5, 2.0)
+FACTORS = (0.5, 0.75, 0.95, 1.5, 2.0)
 POLICY = Policy("edf", 4, True)  # the engine each replica runs: edf K=4 + admission
 ROUTERS = ("default", "slack")
 HOP_WINDOW_S = 12.0
