@@ -6,6 +6,9 @@ STAMP := $(VENV)/.installed
 # torch is pinned: on this kind of machine 2.13.0 resolves to a local CPU wheel, while an
 # unpinned torch pulls a multi-GB CUDA build.
 TORCH := torch==2.13.0
+# tests/test_page.py drives Debian's chromium (playwright cannot download browsers here).
+CHROMIUM := /usr/bin/chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: install serve serve-sim test test-fast lint format bench bench-voice bench-cluster sim micro clean
 
@@ -16,6 +19,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install $(TORCH)
 	$(BIN)/pip install -e '.[dev,cluster]'
+	@[ -x $(CHROMIUM) ] || $(SUDO) apt-get install -y chromium \
+		|| ($(SUDO) apt-get update && $(SUDO) apt-get install -y chromium)
 	touch $(STAMP)
 
 serve: $(STAMP)

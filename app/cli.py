@@ -1,4 +1,9 @@
-"""The `playhead` command: `serve` runs the server, `config` prints the effective settings."""
+"""The `playhead` command: `serve` runs the server, `config` prints the effective settings.
+
+The settings file is `--config`, else $PLAYHEAD_CONFIG, else the packaged
+configs/default.yaml (the measured defaults, shipped inside the package), so an installed
+`playhead serve` runs the same settings from any working directory.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +20,9 @@ import yaml
 
 from app import __version__
 from app.settings import Settings, SettingsError, load_settings
+from configs import packaged_config
 
 CONFIG_ENV = "PLAYHEAD_CONFIG"
-DEFAULT_CONFIG = Path("configs/default.yaml")
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 log = logging.getLogger("playhead.cli")
@@ -33,8 +39,8 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument(
         "--config",
         metavar="PATH",
-        help=f"YAML settings file (default: ${CONFIG_ENV}, else {DEFAULT_CONFIG} if it exists, "
-        "else built-in defaults)",
+        help=f"YAML settings file (default: ${CONFIG_ENV}, else the packaged "
+        "configs/default.yaml: the measured defaults)",
     )
     common.add_argument(
         "--set",
@@ -58,15 +64,15 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _config_path(explicit: str | None) -> Path | None:
+def _config_path(explicit: str | None) -> Path | Traversable:
     if explicit:
         return Path(explicit)
     if from_env := os.environ.get(CONFIG_ENV):
         return Path(from_env)
-    return DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else None
+    return packaged_config()
 
 
-def _load(args: argparse.Namespace) -> tuple[Settings, Path | None]:
+def _load(args: argparse.Namespace) -> tuple[Settings, Path | Traversable]:
     path = _config_path(args.config)
     options: list[tuple[str, str, Any]] = []
     if getattr(args, "host", None) is not None:
@@ -95,7 +101,7 @@ def settings_yaml(settings: Settings) -> str:
     return yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False)
 
 
-def _serve(settings: Settings, path: Path | None) -> int:
+def _serve(settings: Settings, path: Path | Traversable) -> int:
     server = settings.server
     logging.basicConfig(format=LOG_FORMAT, level=server.log_level.upper(), force=True)
     if settings.cluster.replicas:
@@ -109,7 +115,7 @@ def _serve(settings: Settings, path: Path | None) -> int:
 
     log.info(
         "settings from %s; backend %s; policy %s K=%d",
-        path or "built-in defaults",
+        path,
         settings.backend.kind,
         settings.scheduling.policy,
         settings.scheduling.active_stream_window,
@@ -155,3 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(settings_yaml(settings))
         return 0
     return _serve(settings, path)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

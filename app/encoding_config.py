@@ -7,10 +7,9 @@ outside them libopus refuses to open and LAME would silently clamp.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from scheduling.errors import ConfigError
+from scheduling.validation import check_choice, check_int_in, check_number_in
 
 # LAME: MPEG-1 Layer III tops out at 320 kb/s; at 16..24 kHz (MPEG-2) it clamps to 160 kb/s,
 # at 8..12 kHz (MPEG-2.5) to 64 kb/s.
@@ -27,12 +26,6 @@ RESAMPLE_QUALITIES = ("QQ", "LQ", "MQ", "HQ", "VHQ")
 MAX_INLINE_ENCODE_S = 1.0
 
 
-def _int_in(name: str, value: object, bounds: tuple[int, int], unit: str) -> None:
-    low, high = bounds
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ConfigError(f"{name} must be an integer in {low}..{high} {unit}, got {value!r}")
-
-
 @dataclass(frozen=True)
 class EncodingConfig:
     mp3_bitrate_bps: int = 64_000  # libmp3lame constant bit rate
@@ -47,26 +40,18 @@ class EncodingConfig:
     inline_encode_max_s: float = 0.1
 
     def __post_init__(self) -> None:
-        _int_in("mp3_bitrate_bps", self.mp3_bitrate_bps, MP3_BITRATE_RANGE_BPS, "b/s")
-        _int_in("opus_bitrate_bps", self.opus_bitrate_bps, OPUS_BITRATE_RANGE_BPS, "b/s")
-        _int_in("aac_bitrate_bps", self.aac_bitrate_bps, AAC_BITRATE_RANGE_BPS, "b/s")
-        _int_in("ogg_page_ms", self.ogg_page_ms, OGG_PAGE_RANGE_MS, "ms")
-        if self.resample_quality not in RESAMPLE_QUALITIES:
-            raise ConfigError(
-                f"resample_quality must be one of {', '.join(RESAMPLE_QUALITIES)}, "
-                f"got {self.resample_quality!r}"
-            )
-        value = self.inline_encode_max_s
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-            or not 0 <= value <= MAX_INLINE_ENCODE_S
-        ):
-            raise ConfigError(
-                f"inline_encode_max_s must be a number in 0..{MAX_INLINE_ENCODE_S} s "
-                f"(0: always a worker thread), got {value!r}"
-            )
+        check_int_in("mp3_bitrate_bps", self.mp3_bitrate_bps, MP3_BITRATE_RANGE_BPS, "b/s")
+        check_int_in("opus_bitrate_bps", self.opus_bitrate_bps, OPUS_BITRATE_RANGE_BPS, "b/s")
+        check_int_in("aac_bitrate_bps", self.aac_bitrate_bps, AAC_BITRATE_RANGE_BPS, "b/s")
+        check_int_in("ogg_page_ms", self.ogg_page_ms, OGG_PAGE_RANGE_MS, "ms")
+        check_choice("resample_quality", self.resample_quality, RESAMPLE_QUALITIES)
+        check_number_in(
+            "inline_encode_max_s",
+            self.inline_encode_max_s,
+            (0, MAX_INLINE_ENCODE_S),
+            "s",
+            note="0: always a worker thread",
+        )
 
 
 DEFAULT_ENCODING = EncodingConfig()

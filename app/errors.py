@@ -9,9 +9,12 @@
      ├── RateLimited            429 rate_limit_error, with an integer Retry-After
      └── ServiceUnavailable     503 server_error (model loading, engine not ready)
 
-Foreign errors (FastAPI's RequestValidationError, Starlette's HTTPException, anything
-unexpected) are translated into an ApiError in `to_api_error`, so the envelope is built in
-exactly one place, `error_response`. Pydantic's 422 never reaches a client.
+The pipeline's exceptions (pipeline/errors.py) become API errors in exactly one place,
+`pipeline_api_error`: a route lets them propagate (or, in a body already streaming, turns
+them into an SSE error event through the same function). Foreign errors (FastAPI's
+RequestValidationError, Starlette's HTTPException, anything unexpected) are translated in
+`to_api_error`, so the envelope is built in exactly one place, `error_response`.
+Pydantic's 422 never reaches a client.
 """
 
 from __future__ import annotations
@@ -26,6 +29,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
+
+from pipeline.errors import (
+    NotReady,
+    PipelineError,
+    Rejected,
+    StreamCancelled,
+    StreamFailed,
+    UnknownVoice,
+)
 
 logger = logging.getLogger("playhead.app")
 
@@ -171,9 +183,42 @@ def validation_error(errors: Sequence[Mapping[str, Any]]) -> InvalidRequest:
     return InvalidRequest(message + ".", param=param, code="invalid_value")
 
 
+def shutting_down() -> ServiceUnavailable:
+    """A stream ended because the engine stopped under it."""
+    return ServiceUnavailable("The server is shutting down.", code="shutting_down")
+
+
+def pipeline_api_error(exc: PipelineError) -> ApiError:
+    """The API error for one of the pipeline's exceptions: the only place that maps them."""
+    if isinstance(exc, Rejected):
+        decision = exc.decision
+        return RateLimited(
+            f"The server is at capacity ({decision.reason}); retry after "
+            f"{decision.retry_after_s} s.",
+            retry_after_s=decision.retry_after_s or 1,
+            code="rate_limit_exceeded",
+        )
+    if isinstance(exc, UnknownVoice):
+        return InvalidRequest(
+            f"Unknown voice '{exc.voice}'. Available voices: {', '.join(exc.available)} "
+            "(OpenAI voice names map to the default voice).",
+            param="voice",
+            code="voice_not_found",
+        )
+    if isinstance(exc, NotReady):
+        return ServiceUnavailable("The engine is not running.", code="engine_not_ready")
+    if isinstance(exc, StreamFailed):
+        return ApiError(f"Speech generation failed: {exc.cause}", code="stream_failed")
+    if isinstance(exc, StreamCancelled):  # the engine stopped under a stream
+        return shutting_down()
+    return ApiError(f"Speech generation failed: {exc}", code="pipeline_error")
+
+
 def to_api_error(exc: Exception) -> ApiError:
     if isinstance(exc, ApiError):
         return exc
+    if isinstance(exc, PipelineError):
+        return pipeline_api_error(exc)
     if isinstance(exc, RequestValidationError):
         return validation_error(exc.errors())
     if isinstance(exc, StarletteHTTPException):
@@ -214,6 +259,12 @@ async def handle_client_gone(request: Request, exc: Exception) -> JSONResponse:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    for exc_class in (ApiError, RequestValidationError, StarletteHTTPException, Exception):
+    for exc_class in (
+        ApiError,
+        PipelineError,
+        RequestValidationError,
+        StarletteHTTPException,
+        Exception,
+    ):
         app.add_exception_handler(exc_class, handle_error)
     app.add_exception_handler(ClientDisconnect, handle_client_gone)

@@ -8,6 +8,7 @@ read from `engine.stats()` at scrape time, so /metrics shows the engine's truth.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from prometheus_client import (
@@ -136,6 +137,12 @@ class Metrics:
 
     def talker_call(self, seconds: float) -> None:
         self.talker_call_s.observe(seconds)
+
+    def talker_step(self, stream_ids: Sequence[str]) -> None:
+        """A no-op: talker_call's histogram covers the steps; the ids are for traces."""
+
+    def vocoder_selection(self, stream_ids: Sequence[str]) -> None:
+        """A no-op: vocoder_turn's histograms cover the turns; the ids are for traces."""
 
     def rejected(self, reason: str) -> None:
         self.admission_rejections.labels(reason=reason or "unknown").inc()

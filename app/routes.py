@@ -1,18 +1,22 @@
-"""HTTP routes of ../shared/API.md. The WebSocket endpoint (/v1/audio/speech/stream) is
-not implemented yet.
+"""HTTP routes (docs/api.md). The WebSocket endpoint (/v1/audio/speech/stream) and
+the page at / are in app/ws/ (docs/websocket.md).
 
 POST /v1/audio/speech validates everything, opens the encoder and submits to the engine
 before the first byte, so every refusal (400, 404, 413, 429, 503) is a real status code;
 only then does the streamed body start. Its body is read with a size limit
 (`server.max_request_bytes`): a larger Content-Length is refused before anything is read,
 and a body without one (chunked) is refused as soon as it passes the limit.
+
+Routes get the AppState through the `StateDep` dependency (app/state.py). The pipeline's
+exceptions propagate to the one handler (app/errors.py), which maps them.
 """
 
 from __future__ import annotations
 
 import hmac
 import logging
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import Any
 
 import anyio
 from fastapi import APIRouter, Depends, Request, Response
@@ -21,23 +25,23 @@ from starlette.requests import ClientDisconnect
 
 from app.audio import UnsupportedFormat, UnsupportedSampleRate, open_encoder
 from app.errors import (
-    ApiError,
     InvalidRequest,
     NotFound,
-    RateLimited,
     RequestTooLarge,
     Unauthorized,
+    pipeline_api_error,
 )
 from app.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from app.schemas import OPENAI_VOICES, parse_speech_request
+from app.request_id import REQUEST_ID_HEADER
+from app.schemas import is_openai_voice, model_accepted, parse_speech_request
+from app.state import AppState, StateDep
 from app.streaming import SSE_CONTENT_TYPE, SpeechBody, SpeechResponse
-from pipeline import NotReady, Rejected, StreamFailed, UnknownVoice, Voice
-
-if TYPE_CHECKING:
-    from app.server import AppState
-    from pipeline import Engine
+from pipeline import Engine, StreamFailed, UnknownVoice, Voice
+from pipeline.normalize import normalize_text, speakable
 
 logger = logging.getLogger("playhead.app")
+
+INLINE_NORMALIZE_MAX_CHARS = 100  # longer inputs are normalised in a worker thread
 
 
 def _too_large(max_bytes: int) -> RequestTooLarge:
@@ -62,10 +66,6 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
     return bytes(received)
 
 
-def app_state(request: Request) -> AppState:
-    return request.app.state.playhead
-
-
 def check_api_key(expected: str | None, authorization: str | None) -> None:
     """Raises Unauthorized unless `authorization` is `Bearer <expected>` (or no key is set)."""
     if expected is None:
@@ -86,8 +86,8 @@ def check_api_key(expected: str | None, authorization: str | None) -> None:
         )
 
 
-async def require_api_key(request: Request) -> None:
-    check_api_key(app_state(request).settings.server.api_key, request.headers.get("authorization"))
+async def require_api_key(request: Request, state: StateDep) -> None:
+    check_api_key(state.settings.server.api_key, request.headers.get("authorization"))
 
 
 v1_router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
@@ -99,15 +99,9 @@ def resolve_voice(engine: Engine, name: str) -> Voice:
     try:
         return engine.resolve_voice(name)
     except UnknownVoice as exc:
-        if name in OPENAI_VOICES:
+        if is_openai_voice(name):
             return engine.resolve_voice(engine.backend.default_voice())
-        available = ", ".join(v.id for v in engine.backend.voices())
-        raise InvalidRequest(
-            f"Unknown voice '{name}'. Available voices: {available} "
-            f"(OpenAI voice names map to '{engine.backend.default_voice()}').",
-            param="voice",
-            code="voice_not_found",
-        ) from exc
+        raise pipeline_api_error(exc) from exc
 
 
 async def start_unless_client_gone(request: Request, body: SpeechBody) -> None:
@@ -140,14 +134,13 @@ async def start_unless_client_gone(request: Request, body: SpeechBody) -> None:
 
 
 @v1_router.post("/audio/speech", response_model=None)
-async def create_speech(request: Request) -> Response:
-    state = app_state(request)
+async def create_speech(request: Request, state: StateDep) -> Response:
     server = state.settings.server
     speech = parse_speech_request(await read_body(request, server.max_request_bytes))
-    if speech.model not in server.accepted_model_ids:
+    if not model_accepted(speech.model, server.accepted_model_ids):
         raise NotFound(
             f"The model '{speech.model}' does not exist. Available models: "
-            f"{', '.join(server.accepted_model_ids)}.",
+            f"{', '.join(server.accepted_model_ids)} (and any tts-1* or gpt-4o-mini-tts* id).",
             param="model",
             code="model_not_found",
         )
@@ -166,6 +159,21 @@ async def create_speech(request: Request) -> Response:
         )
     engine = state.require_engine()
     voice = resolve_voice(engine, speech.voice_id)
+    # numbers, dates, symbols... -> words, by the voice's language (pipeline/normalize).
+    # ~10 us a character: a long input is normalised off the event loop (which runs the
+    # engine's loops too)
+    normalize = partial(normalize_text, text, voice.language, state.settings.normalize)
+    if len(text) <= INLINE_NORMALIZE_MAX_CHARS:
+        spoken = normalize()
+    else:
+        spoken = await anyio.to_thread.run_sync(normalize)
+    if not speakable(spoken):
+        raise InvalidRequest(
+            "Invalid 'input': nothing speakable is left after text normalization (the input "
+            "has no words or numbers, only punctuation, symbols or emoji).",
+            param="input",
+            code="nothing_to_speak",
+        )
     sample_rate_hz = speech.sample_rate or server.default_sample_rate_hz
     try:
         encoder = open_encoder(
@@ -179,19 +187,8 @@ async def create_speech(request: Request) -> Response:
     except UnsupportedSampleRate as exc:
         raise InvalidRequest(str(exc), param="sample_rate", code="invalid_value") from exc
     try:
-        stream = engine.submit(text, voice=voice.id, speed=speech.speed)
-    except Rejected as exc:
-        encoder.close()
-        decision = exc.decision
-        raise RateLimited(
-            f"The server is at capacity ({decision.reason}); retry after "
-            f"{decision.retry_after_s} s.",
-            retry_after_s=decision.retry_after_s or 1,
-            code="rate_limit_exceeded",
-        ) from exc
-    except NotReady as exc:
-        encoder.close()
-        raise state.not_ready_error() from exc
+        # Rejected (429) and NotReady (503) propagate to the error handler
+        stream = engine.submit(spoken, voice=voice.id, speed=speech.speed)
     except BaseException:
         encoder.close()
         raise
@@ -209,11 +206,15 @@ async def create_speech(request: Request) -> Response:
     except StreamFailed as exc:
         body.close()
         logger.error("stream %s failed before its first audio: %s", stream.id, exc)
-        raise ApiError(f"Speech generation failed: {exc.cause}", code="stream_failed") from exc
+        raise
     except BaseException:
         body.close()
         raise
-    headers = {"Cache-Control": "no-cache", "X-Playhead-Stream-Id": stream.id}
+    headers = {
+        "Cache-Control": "no-cache",
+        "X-Playhead-Stream-Id": stream.id,
+        REQUEST_ID_HEADER: stream.id,
+    }
     if sse:
         headers["X-Accel-Buffering"] = "no"
     return SpeechResponse(
@@ -226,16 +227,14 @@ def _model_entry(state: AppState, model_id: str) -> dict[str, Any]:
 
 
 @v1_router.get("/models")
-async def list_models(request: Request) -> dict[str, Any]:
-    state = app_state(request)
+async def list_models(state: StateDep) -> dict[str, Any]:
     ids = state.settings.server.accepted_model_ids
     return {"object": "list", "data": [_model_entry(state, model_id) for model_id in ids]}
 
 
 @v1_router.get("/models/{model_id}")
-async def get_model(request: Request, model_id: str) -> dict[str, Any]:
-    state = app_state(request)
-    if model_id not in state.settings.server.accepted_model_ids:
+async def get_model(state: StateDep, model_id: str) -> dict[str, Any]:
+    if not model_accepted(model_id, state.settings.server.accepted_model_ids):
         raise NotFound(
             f"The model '{model_id}' does not exist.", param="model", code="model_not_found"
         )
@@ -243,14 +242,14 @@ async def get_model(request: Request, model_id: str) -> dict[str, Any]:
 
 
 @v1_router.get("/audio/models")
-async def list_audio_models(request: Request) -> dict[str, Any]:
-    ids = app_state(request).settings.server.accepted_model_ids
+async def list_audio_models(state: StateDep) -> dict[str, Any]:
+    ids = state.settings.server.accepted_model_ids
     return {"models": [{"id": model_id} for model_id in ids]}
 
 
 @v1_router.get("/audio/voices")
-async def list_voices(request: Request) -> dict[str, Any]:
-    engine = app_state(request).require_engine()
+async def list_voices(state: StateDep) -> dict[str, Any]:
+    engine = state.require_engine()
     voices = [
         {"id": v.id, "name": v.name, "language": v.language, "sample_rate": v.sample_rate_hz}
         for v in engine.backend.voices()
@@ -264,16 +263,14 @@ async def health() -> dict[str, str]:
 
 
 @open_router.get("/ready", response_model=None)
-async def ready(request: Request) -> JSONResponse:
-    state = app_state(request)
+async def ready(state: StateDep) -> JSONResponse:
     if not state.ready:
         raise state.not_ready_error()
     return JSONResponse({"status": "ready"})
 
 
 @open_router.get("/metrics")
-async def metrics(request: Request) -> Response:
-    state = app_state(request)
+async def metrics(state: StateDep) -> Response:
     engine = state.ready_engine
     stats = engine.stats() if engine is not None else None
     return Response(state.metrics.render(stats), media_type=METRICS_CONTENT_TYPE)

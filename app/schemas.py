@@ -1,4 +1,4 @@
-"""Request models of the HTTP API (../shared/API.md), validated strictly.
+"""Request models of the HTTP API (docs/api.md), validated strictly.
 
 The body is parsed here rather than by FastAPI so that a missing or odd Content-Type,
 malformed JSON, a non-object body, an unknown field and a wrong type all become the same
@@ -30,6 +30,8 @@ OPENAI_VOICES = (
     "marin",
     "cedar",
 )
+# OpenAI's model families: any id of the family (dated snapshots, "-hd") is accepted.
+OPENAI_MODEL_FAMILIES = ("tts-1", "gpt-4o-mini-tts")
 MAX_INSTRUCTIONS_CHARS = 4096
 MIN_SPEED = 0.25
 MAX_SPEED = 4.0
@@ -63,6 +65,18 @@ class SpeechRequest(BaseModel):
     @property
     def voice_id(self) -> str:
         return self.voice if isinstance(self.voice, str) else self.voice.id
+
+
+def model_accepted(model_id: str, listed: tuple[str, ...] | list[str]) -> bool:
+    """A listed id (exact), or an id of an OpenAI family: `tts-1*`, `gpt-4o-mini-tts*`."""
+    return model_id in listed or any(
+        model_id == family or model_id.startswith(family + "-") for family in OPENAI_MODEL_FAMILIES
+    )
+
+
+def is_openai_voice(name: str) -> bool:
+    """OpenAI's voice names, in any case ("Nova", "ALLOY")."""
+    return name.strip().lower() in OPENAI_VOICES
 
 
 def parse_speech_request(body: bytes) -> SpeechRequest:

@@ -21,23 +21,35 @@ import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib.resources.abc import Traversable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from app.cluster.config import ClusterConfig
 from app.encoding_config import EncodingConfig
+from app.ws.config import WebSocketConfig
 from pipeline.config import (
     BackendConfig,
+    CodecLMConfig,
     EngineConfig,
+    NormalizeConfig,
     PiperConfig,
     SimConfig,
     TalkerConfig,
     VocoderConfig,
 )
-from scheduling import AdmissionConfig, ChunkingConfig, SchedulingConfig
+from scheduling import AdmissionConfig, ChunkingConfig, ConfigError, SchedulingConfig
+from scheduling.validation import (
+    check_choice,
+    check_int,
+    check_int_in,
+    check_names,
+    check_text,
+)
 
 ENV_PREFIX = "PLAYHEAD_"
 OPENAI_MODEL_IDS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
@@ -55,60 +67,47 @@ class SettingsError(ValueError):
     """The settings are invalid; the message is one line naming the source and the field."""
 
 
-class ServerConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
-    host: str = Field("127.0.0.1", min_length=1)
-    port: int = Field(8000, ge=1, le=65535)
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
     # When set, every request needs `Authorization: Bearer <api_key>`.
     api_key: str | None = None
-    default_sample_rate_hz: int = Field(24000, ge=8000, le=48000)
-    max_input_chars: int = Field(4096, ge=1)
+    default_sample_rate_hz: int = 24000
+    max_input_chars: int = 4096
     # Larger request bodies get a 413 before they are read (Content-Length) or once the
     # limit is passed (chunked).
-    max_request_bytes: int = Field(65536, ge=1024, le=MAX_REQUEST_BYTES_LIMIT)
-    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    max_request_bytes: int = 65536
+    log_level: str = "info"  # one of LOG_LEVELS, any case
     # Playhead's own model ids; OPENAI_MODEL_IDS are accepted on top of these.
-    model_ids: list[str] = Field(default_factory=lambda: ["playhead", "playhead-piper"])
+    model_ids: tuple[str, ...] = ("playhead", "playhead-piper")
 
-    @field_validator("api_key")
-    @classmethod
-    def _api_key_not_empty(cls, value: str | None) -> str | None:
-        if value is not None and not value.strip():
-            raise ValueError("api_key must not be empty (use null for no key)")
-        return value
-
-    @field_validator("log_level", mode="before")
-    @classmethod
-    def _log_level_lower(cls, value: object) -> object:
-        return value.lower() if isinstance(value, str) else value
-
-    @field_validator("model_ids")
-    @classmethod
-    def _model_ids_valid(cls, value: list[str]) -> list[str]:
-        if not value:
-            raise ValueError("model_ids must name at least one model")
-        if any(not model_id.strip() for model_id in value):
-            raise ValueError("model_ids must not contain an empty id")
-        if len(set(value)) != len(value):
-            raise ValueError(f"model_ids has duplicates: {value!r}")
-        return value
-
-    @model_validator(mode="after")
-    def _body_fits_the_longest_input(self) -> ServerConfig:
+    def __post_init__(self) -> None:
+        check_text("host", self.host)
+        check_int_in("port", self.port, (1, 65535))
+        check_text("api_key", self.api_key, optional=True)
+        check_int_in("default_sample_rate_hz", self.default_sample_rate_hz, (8000, 48000), "Hz")
+        check_int("max_input_chars", self.max_input_chars, 1)
+        check_int_in("max_request_bytes", self.max_request_bytes, (1024, MAX_REQUEST_BYTES_LIMIT))
+        level = self.log_level.lower() if isinstance(self.log_level, str) else self.log_level
+        check_choice("log_level", level, LOG_LEVELS)
+        object.__setattr__(self, "log_level", level)
+        object.__setattr__(self, "model_ids", check_names("model_ids", self.model_ids))
         needed = JSON_BYTES_PER_CHAR * self.max_input_chars
         if self.max_request_bytes < needed:
-            raise ValueError(
+            raise ConfigError(
                 f"max_request_bytes ({self.max_request_bytes}) must be at least "
                 f"{JSON_BYTES_PER_CHAR} x max_input_chars = {needed}: a JSON body may spell "
                 "each character as a \\uXXXX escape"
             )
-        return self
 
     @property
     def accepted_model_ids(self) -> tuple[str, ...]:
         """Every model id the API accepts: Playhead's own, then OpenAI's."""
-        own = tuple(self.model_ids)
+        own = self.model_ids
         return own + tuple(m for m in OPENAI_MODEL_IDS if m not in own)
 
 
@@ -120,12 +119,15 @@ class Settings(BaseModel):
     backend: BackendConfig = Field(default_factory=BackendConfig)
     sim: SimConfig = Field(default_factory=SimConfig)
     piper: PiperConfig = Field(default_factory=PiperConfig)
+    codec_lm: CodecLMConfig = Field(default_factory=CodecLMConfig)
     talker: TalkerConfig = Field(default_factory=TalkerConfig)
+    normalize: NormalizeConfig = Field(default_factory=NormalizeConfig)
     vocoder: VocoderConfig = Field(default_factory=VocoderConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
     chunking: ChunkingConfig = Field(default_factory=lambda: DEFAULT_CHUNKING)
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
+    websocket: WebSocketConfig = Field(default_factory=WebSocketConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
 
 
@@ -139,16 +141,13 @@ def _section_type(section: str) -> type:
 @functools.cache  # read-only: the sections' types never change
 def _field_types(section: str) -> dict[str, Any]:
     cls = _section_type(section)
-    if dataclasses.is_dataclass(cls):
-        hints = typing.get_type_hints(cls)
-        return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
-    return {name: info.annotation for name, info in cls.model_fields.items()}
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
-def _section_defaults(section: str) -> dict[str, Any]:
+def section_defaults(section: str) -> dict[str, Any]:
+    """The code's default of every field of `section`, by name."""
     value = Settings.model_fields[section].get_default(call_default_factory=True)
-    if isinstance(value, BaseModel):
-        return value.model_dump()
     return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
 
 
@@ -272,12 +271,12 @@ class _Layers:
 
     def merged(self) -> dict[str, dict[str, Any]]:
         return {
-            section: {**_section_defaults(section), **fields}
+            section: {**section_defaults(section), **fields}
             for section, fields in self.values.items()
         }
 
 
-def _read_yaml(path: Path, label: str) -> object:
+def _read_yaml(path: Path | Traversable, label: str) -> object:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -334,7 +333,7 @@ def _describe(exc: ValidationError, layers: _Layers, fallback: str) -> str:
 
 
 def load_settings(
-    path: str | Path | None,
+    path: str | Path | Traversable | None,
     overrides: Sequence[str] = (),
     environ: Mapping[str, str] | None = None,
     *,
@@ -342,6 +341,7 @@ def load_settings(
 ) -> Settings:
     """Read the settings: `path` (None: built-in defaults), then the environment, then overrides.
 
+    `path` is a file, or a packaged one (`configs.packaged_config()`).
     `overrides` are `section.field=value` texts (the command line's `--set`). `options` are
     typed values applied last, each `(label, "section.field", value)`, for flags such as
     `("--port", "server.port", 9000)`; the label names them in errors. `environ` defaults to
@@ -353,7 +353,8 @@ def load_settings(
     fallback = "defaults"
     if path is not None:
         fallback = str(path)
-        layers.add_file(fallback, _read_yaml(Path(path), fallback))
+        source = Path(path) if isinstance(path, str) else path
+        layers.add_file(fallback, _read_yaml(source, fallback))
     layers.add_environ(os.environ if environ is None else environ)
     for item in overrides:
         layers.add_override("--set", item)

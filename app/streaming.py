@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import logging
 import threading
@@ -31,8 +32,8 @@ from starlette.types import Receive, Scope, Send
 
 from app.audio import EncoderClosed, EncoderError, StreamEncoder
 from app.encoding_config import DEFAULT_ENCODING
-from app.errors import ServiceUnavailable
-from pipeline import Engine, Stream, StreamCancelled, StreamFailed
+from app.errors import ApiError, pipeline_api_error
+from pipeline import Engine, PipelineError, Stream
 
 logger = logging.getLogger("playhead.app")
 
@@ -57,9 +58,13 @@ def done_event(input_tokens: int, output_tokens: int) -> bytes:
     return sse_event({"type": "speech.audio.done", "usage": usage})
 
 
-def error_event(message: str, *, code: str | None = "stream_failed") -> bytes:
-    error = {"message": message, "type": "server_error", "param": None, "code": code}
-    return sse_event({"type": "error", "error": error})
+def error_event(error: ApiError) -> bytes:
+    """The last event of an SSE body that failed after it started: the error's envelope."""
+    return sse_event({"type": "error", **error.envelope()})
+
+
+def encoding_error(exc: Exception) -> ApiError:
+    return ApiError(f"Audio encoding failed: {exc}", code="encoding_failed")
 
 
 class StreamAborted(Exception):
@@ -102,14 +107,13 @@ class SpeechBody:
         return self._stream.id
 
     async def start(self) -> None:
-        """Wait for the first chunk. Raises StreamFailed, or ServiceUnavailable when the
-        engine stopped meanwhile; the caller closes the body on any error."""
-        try:
+        """Wait for the first chunk. Raises the pipeline's error (StreamFailed), or
+        ServiceUnavailable when the engine stopped meanwhile; the caller closes the body on
+        any error."""
+        with contextlib.suppress(StopAsyncIteration):  # a stream with no audio at all
             self._first = await anext(self._chunks)
-        except StopAsyncIteration:
-            pass  # a stream with no audio at all
-        except StreamCancelled:  # the engine stopped under us (a client gone never gets here)
-            raise ServiceUnavailable("The server is shutting down.", code="shutting_down") from None
+        # StreamCancelled (the engine stopped under us; a client gone never gets here)
+        # reaches the app's handler: 503 shutting_down
 
     def _call_encoder(self, method: Callable[..., bytes], *args: Any) -> bytes:
         with self._lock:
@@ -134,27 +138,26 @@ class SpeechBody:
         encoder) ends an SSE body with an error event; an audio body raises StreamAborted,
         so that it is cut."""
         try:
-            try:
-                async with aclosing(self._chunks), aclosing(self._pcm()) as chunks:
-                    async for pcm in chunks:
-                        data = await self._encode(pcm)
-                        if data:
-                            yield delta_event(data) if self._sse else data
-            except StreamCancelled as exc:  # the engine stopped under us
-                cause = RuntimeError("the server is shutting down")
-                raise StreamFailed(self.stream_id, cause) from exc
+            # StreamCancelled here means the engine stopped under us: a PipelineError
+            async with aclosing(self._chunks), aclosing(self._pcm()) as chunks:
+                async for pcm in chunks:
+                    data = await self._encode(pcm)
+                    if data:
+                        yield delta_event(data) if self._sse else data
             tail = self._call_encoder(self._encoder.finish)
-        except (StreamFailed, EncoderError, EncoderClosed, ValueError) as exc:
+        except (ApiError, PipelineError, EncoderError, EncoderClosed, ValueError) as exc:
             # Exception subclasses only: a cancellation (client gone) still propagates.
-            if isinstance(exc, StreamFailed):
-                message, code = f"Speech generation failed: {exc}", "stream_failed"
+            if isinstance(exc, ApiError):
+                error = exc
+            elif isinstance(exc, PipelineError):
+                error = pipeline_api_error(exc)
             else:  # the encoder refused the PCM or the codec failed
-                message, code = f"Audio encoding failed: {exc}", "encoding_failed"
+                error = encoding_error(exc)
             logger.error("stream %s failed after the response started: %s", self.stream_id, exc)
             if self._sse:
-                yield error_event(message, code=code)
+                yield error_event(error)
                 return
-            raise StreamAborted(message) from exc
+            raise StreamAborted(error.message) from exc
         if self._sse:
             if tail:
                 yield delta_event(tail)

@@ -1,4 +1,4 @@
-"""The load generator: a client that plays every stream it receives (see ../shared/BENCH.md).
+"""The load generator: a client that plays every stream it receives (see docs/benchmarking.md).
 
 It speaks POST /v1/audio/speech (OpenAI's speech API) over httpx, plays each response
 through the simulated 1x player (benchmarks/player.py) as the bytes arrive, and never asks

@@ -1,4 +1,4 @@
-"""The simulated 1x player and the listener-side metrics (see ../shared/BENCH.md).
+"""The simulated 1x player and the listener-side metrics (see docs/benchmarking.md).
 
 Pure code: no I/O, no clocks. The load generator and the simulator feed it arrival times
 and durations; both report through `summarize`, so a figure means the same thing in both.
@@ -145,7 +145,7 @@ def stall_ratio_bound(streams: float, capacity_audio_s_per_s: float) -> float:
 
 @dataclass(frozen=True)
 class Summary:
-    """Every BENCH.md metric over one run. Latency fields in ms; None when undefined."""
+    """Every metric of docs/benchmarking.md over one run. Latency in ms; None when undefined."""
 
     streams_ok: int
     streams_failed: int

@@ -1,39 +1,43 @@
-"""A discrete-event simulation of Playhead's engine, driving the real scheduling/ code.
+"""A discrete-event simulation of Playhead's engine at scale, in virtual time.
 
 `make sim` (python -m benchmarks.simulate) answers capacity-planning questions the machine
 here cannot: 10^3..10^5 streams, closed-loop or Poisson arrivals, several replicas behind a
-router. Time is virtual; costs are the sim backend's (../shared/BENCH.md):
+router. Each replica (benchmarks/sim_replica.py) is the engine's own StreamBook and the
+sim backend, with the engine's two stage loops as event handlers: every decision (talker
+order, vocoder selection, chunk planning, admission, the ledger of players still playing)
+is the engine's scheduling/ and pipeline/ code, and the costs are the sim backend's
+(pipeline/config.py SimConfig, the only cost model):
 
-- talker: one call at a time per replica, a segment of F frames yields pieces of
-  `talker_piece_frames` at `talker_frames_per_s` (F / rate seconds in all); the next call
-  goes to the stream whose audio runs out first, skipping streams more than
-  `high_water_s` ahead (pipeline/talker.py's `pick_stream`, mirrored);
-- vocoder: each turn, the streams whose next chunk is ready (the real ChunkPlanner) go to
-  the real PlaybackScheduler.select; the chosen chunks cost `base + per_frame * frames`
-  (frames with context; base once per batched call) and are emitted when the turn ends;
-- admission: the real Admission, fed the engine's capacity estimate
-  (pipeline/capacity.py, audio per busy second of each stage) and the active streams'
-  finish times.
+- talker: each step runs up to `talker.batch` open segments chosen by
+  scheduling.plan_talker_step; each gets `talker_frames_per_step` frames; a step costs
+  `talker_step_base_ms + talker_step_per_stream_ms * segments`;
+- vocoder: each turn decodes the chunks PlaybackScheduler.select picks, for
+  `vocoder_base_ms + vocoder_per_frame_ms * frames` (context included; base once per
+  batched call), emitted when the turn ends; the two stages overlap;
+- admission: scheduling.Admission, fed the engine's capacity estimate
+  (pipeline/capacity.py) and the book's playing streams and finish times.
 
-Each stream is played by the same 1x player as the load generator's
-(benchmarks/player.py) at its emission times, and reported through the same `summarize`.
-Segments and frame counts come from the engine's own text splitter and the sim backend's
-`frames_for_text`.
+tests/test_engine_vs_simulator.py drives the real Engine (sim backend, virtual clock) and
+a replica with the same arrivals and checks they make the same choices in the same order.
 
-Routers: `random`; `least-loaded` (fewest active streams, known to the router at once);
-`slack` (each replica reports, every `report_interval_s`, its streams' minimum and mean
-slack = horizon - now, or the first-chunk deadline - now before first audio; infinite
+Each stream is played by the same 1x player as the load generator's (benchmarks/player.py)
+at its emission times, and reported through the same `summarize`.
+
+Routers: `random`; `least-loaded` (fewest streams with work left, known to the router at
+once); `slack` (each replica reports, every `report_interval_s`, its streams' minimum and
+mean slack = horizon - now, or the first-chunk deadline - now before first audio; infinite
 when idle. The router draws two replicas at random and takes the one with the higher
 minimum slack (a stream sent there since the report counts with its first-chunk
 deadline), then the higher mean, then fewer streams: with stale reports, always taking
-the best replica would herd a whole interval's arrivals onto it). A router
-offers a request to the replicas in its order until one admits it. A rejected closed-loop
-client retries after Retry-After; a rejected Poisson arrival is lost. A closed-loop
-listener sends its next request when its player has played the last sample (as the load
-generator's default).
+the best replica would herd a whole interval's arrivals onto it). A router offers a
+request to the replicas in its order until one admits it. A rejected closed-loop client
+retries after Retry-After; a rejected Poisson arrival is lost. A closed-loop listener sends
+its next request when its player has played the last sample (as the load generator's
+default). Clients may hang up mid-stream (`hangup_share`): the replica cancels the stream,
+which leaves the playing ledger at once.
 
 The bound uses C = the replicas' vocoder throughput with full turns of K steady chunks
-(K = 0: of one chunk per concurrent stream), from the cost model.
+(K = 0: of one chunk per concurrent stream), from the sim backend's costs.
 """
 
 from __future__ import annotations
@@ -42,10 +46,12 @@ import argparse
 import heapq
 import json
 import math
+import os
 import random
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -60,58 +66,28 @@ from benchmarks.player import (
     stall_ratio_bound,
     summarize,
 )
-from pipeline.backends.sim import frames_for_text
-from pipeline.capacity import CapacityEstimate, pipeline_capacity
-from pipeline.config import TalkerConfig
-from pipeline.text import split_text
-from scheduling import (
-    Admission,
-    AdmissionConfig,
-    ChunkingConfig,
-    ChunkPlanner,
-    PlaybackScheduler,
-    SchedulingConfig,
-)
+from benchmarks.sim_replica import EngineSetup, Replica, Trace
+from pipeline.backends.sim import expected_frames, vocoder_cost_s
+from pipeline.config import EngineConfig, SimConfig, TalkerConfig
+from pipeline.stream import Stream
+from scheduling import AdmissionConfig, ChunkingConfig, SchedulingConfig
 
 ROUTERS = ("random", "least-loaded", "slack")
 RESULTS_DIR = Path(__file__).with_name("results")
 
-_ARRIVE, _TALK_DONE, _VOCODE_DONE, _VOCODER_WAKE, _TALKER_WAKE, _REPORT = range(6)
-
-
-@dataclass(frozen=True)
-class CostModel:
-    """The sim backend's set costs (pipeline/config.py SimConfig, same meanings)."""
-
-    sample_rate_hz: int = 24000
-    samples_per_frame: int = 1920  # 80 ms frames
-    talker_frames_per_s: float = 2500.0
-    talker_piece_frames: int = 4
-    vocoder_base_ms: float = 4.0
-    vocoder_per_frame_ms: float = 1.21875
-    batched: bool = True
-
-    @property
-    def frame_s(self) -> float:
-        return self.samples_per_frame / self.sample_rate_hz
-
-    def vocode_s(self, decoded_frames: int, items: int) -> float:
-        calls = 1 if self.batched else items
-        return (self.vocoder_base_ms * calls + self.vocoder_per_frame_ms * decoded_frames) / 1e3
-
-    def capacity_audio_s_per_s(self, batch: int, chunking: ChunkingConfig) -> float:
-        """Audio seconds per second of back-to-back turns of `batch` steady chunks."""
-        new = chunking.chunk_frames
-        decoded = new + chunking.left_context_frames + chunking.right_context_frames
-        batch = max(1, batch)
-        return batch * new * self.frame_s / self.vocode_s(batch * decoded, batch)
-
-
 # A replica: K = 16 chunks of 640 ms per batched call of 4 + 128 * 1.22 = 160 ms, so C = 64
 # streams; the base cost is small, so that a window costs little throughput and policies
 # compare at equal capacity (unbounded batches: 65.6). The first chunk (320 ms) covers a
-# full turn.
-DEFAULT_COST = CostModel()
+# full turn. The talker is configs/sim.yaml's: 16 segments a step, 8 frames each, for
+# 1 + 0.2 ms per segment (never the bottleneck).
+DEFAULT_SIM = SimConfig(
+    talker_frames_per_step=8,
+    talker_step_base_ms=1.0,
+    talker_step_per_stream_ms=0.2,
+    vocoder_base_ms=4.0,
+    vocoder_per_frame_ms=1.21875,
+)
+DEFAULT_TALKER = TalkerConfig(batch=16)
 DEFAULT_CHUNKING = ChunkingConfig(chunk_frames=8, ramp=(4,))
 DEFAULT_WINDOW = 16
 
@@ -129,13 +105,14 @@ class Scenario:
     )
     chunking: ChunkingConfig = DEFAULT_CHUNKING
     admission: AdmissionConfig = field(default_factory=lambda: AdmissionConfig(enabled=False))
-    cost: CostModel = DEFAULT_COST
-    talker: TalkerConfig = field(default_factory=TalkerConfig)
-    capacity_window_s: float = 5.0  # the engine's capacity estimate window
+    sim: SimConfig = DEFAULT_SIM
+    talker: TalkerConfig = DEFAULT_TALKER
+    engine: EngineConfig = field(default_factory=EngineConfig)
     warmup_s: float = 20.0  # requests before this (virtual) time are not measured
     report_interval_s: float = 0.5  # slack router: how often replicas report
     give_up_after_s: float = 60.0  # a closed-loop client rejected this long takes a new text
     after_playback: bool = True  # closed loop: next request when played (else at last byte)
+    hangup_share: float = 0.0  # share of accepted streams whose client leaves mid-stream
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -145,113 +122,72 @@ class Scenario:
             raise ValueError("give clients (closed loop) or rate_per_s (Poisson), not both")
         if self.streams < 1 or self.replicas < 1:
             raise ValueError("streams and replicas must be >= 1")
+        if not 0.0 <= self.hangup_share <= 1.0:
+            raise ValueError(f"hangup_share must be in [0, 1], got {self.hangup_share!r}")
+
+    @property
+    def setup(self) -> EngineSetup:
+        return EngineSetup(
+            scheduling=self.scheduling,
+            chunking=self.chunking,
+            admission=self.admission,
+            talker=self.talker,
+            sim=self.sim,
+            engine=self.engine,
+        )
 
 
 @dataclass(frozen=True)
 class _Text:
+    text: str
     chars: int
-    segments: tuple[int, ...]  # frames per talker segment
-    audio_s: float
+    audio_s: float  # what the sim backend makes of it
 
 
-def prepare_texts(texts: Sequence[str], talker: TalkerConfig, frame_s: float) -> list[_Text]:
-    out = []
-    for text in texts:
-        segments = split_text(
-            text,
-            first_fragment_words=talker.first_fragment_words,
-            max_segment_chars=talker.max_segment_chars,
-        )
-        frames = tuple(frames_for_text(s) for s in segments)
-        out.append(_Text(len(text), frames, sum(frames) * frame_s))
-    return out
+def prepare_texts(texts: Sequence[str], talker: TalkerConfig, sim: SimConfig) -> list[_Text]:
+    frame_s = sim.samples_per_frame / sim.sample_rate_hz
+    return [_Text(t, len(t), expected_frames(t, talker=talker) * frame_s) for t in texts]
 
 
 def mean_audio_s(texts: Sequence[_Text]) -> float:
     return sum(t.audio_s for t in texts) / len(texts)
 
 
-class _Stream:
-    __slots__ = (
-        "chunk",
-        "client",
-        "cur",
-        "dirty",
-        "emitted",
-        "id",
-        "measured",
-        "order",
-        "player",
-        "produced",
-        "sent_at",
-        "started_talk",
-        "talked",
-        "text",
-        "waited",
-    )
+class _Listener:
+    """One accepted request, as its client sees it."""
+
+    __slots__ = ("client", "hangup_at_s", "measured", "player", "replica", "sent_at", "text")
+    __slots__ += ("waited",)
 
     def __init__(
-        self, sid: str, order: int, text: _Text, client: int, sent_at: float, waited: float
+        self,
+        replica: Replica,
+        text: _Text,
+        client: int,
+        sent_at: float,
+        waited: float,
+        measured: bool,
     ) -> None:
-        self.id = sid
-        self.order = order
+        self.replica = replica
         self.text = text
         self.client = client  # closed-loop client index; -1 for a Poisson arrival
         self.sent_at = sent_at
         self.waited = waited
-        self.measured = False
+        self.measured = measured
         self.player = Player()
-        self.talked = 0  # segments fully talked
-        self.started_talk = 0  # segments given to the talker
-        self.cur = 0  # the vocoder's segment
-        self.produced = 0  # frames of fully talked segments
-        self.emitted = 0
-        self.chunk = None
-        self.dirty = True
+        self.hangup_at_s: float | None = None  # this far into playback the client leaves
 
 
-class _Replica:
-    def __init__(self, index: int, sc: Scenario) -> None:
-        self.index = index
-        self.scheduler = PlaybackScheduler(sc.scheduling)
-        self.planner = ChunkPlanner(sc.chunking)
-        self.admission = Admission(sc.admission)
-        self.vocoder_rate = CapacityEstimate(sc.capacity_window_s)
-        self.talker_rate = CapacityEstimate(sc.capacity_window_s)
-        self.active: dict[str, _Stream] = {}  # arrival order
-        # when the players of streams with all audio sent run dry (min-heap): admission
-        # counts them until then, as the engine does
-        self.playing_until: list[float] = []
-        self.text_waiting: dict[str, _Stream] = {}  # untalked segments, no talker call
-        self.talking: _Stream | None = None
-        self.talk_t0 = 0.0
-        self.talk_total = 0
-        self.vocoder_busy = False
-        self.batch: list[tuple[_Stream, object]] = []
-        self.turn_start = 0.0
-        self.wake_at = math.inf
-        self.talker_wake_at = math.inf
+class _ReplicaState:
+    """What the slack router last heard from a replica."""
+
+    __slots__ = ("reported_n", "routed_since", "slack_min", "slack_sum")
+
+    def __init__(self) -> None:
         self.slack_sum = 0.0
         self.slack_min = math.inf
         self.reported_n = 0
         self.routed_since = 0
-
-    def capacity(self, now: float) -> float:
-        return pipeline_capacity(self.vocoder_rate.value(now), self.talker_rate.value(now))
-
-    def playing(self, now: float) -> int:
-        """Streams with vocoder work left plus those still playing their last audio."""
-        while self.playing_until and self.playing_until[0] <= now:
-            heapq.heappop(self.playing_until)
-        return len(self.active) + len(self.playing_until)
-
-    def finish_times(self, now: float, frame_s: float) -> Iterator[float]:
-        horizon = self.scheduler.horizon_s
-        for s in self.active.values():
-            h = horizon(s.id)
-            start = now if h is None else max(h, now)
-            yield start + s.text.audio_s - s.emitted * frame_s
-        yield from self.playing_until
 
 
 @dataclass(frozen=True)
@@ -263,6 +199,9 @@ class SimResult:
     virtual_s: float
     wall_s: float
     events: int
+    hangups: int = 0  # measured streams whose client left mid-stream
+    talker_steps: int = 0
+    vocoder_turns: int = 0
     records: tuple[StreamRecord, ...] = ()
 
     def row(self) -> dict[str, object]:
@@ -294,97 +233,140 @@ class SimResult:
             "ttfa_p99_ms": s.ttfa_p99_ms,
             "rejected": s.rejected,
             "streams_ok": s.streams_ok,
+            "hangups": self.hangups,
             "xrt": s.xrt,
             "goodput_streams_per_s": s.goodput_streams_per_s,
             "rtf_p50": s.rtf_p50,
             "virtual_s": self.virtual_s,
             "sim_wall_s": self.wall_s,
             "events": self.events,
+            "talker_steps": self.talker_steps,
+            "vocoder_turns": self.vocoder_turns,
         }
+
+
+Handler = Callable[[float, object], None]
 
 
 class _Simulation:
     def __init__(self, sc: Scenario, texts: Sequence[str]) -> None:
         self.sc = sc
-        self.cost = sc.cost
-        self.frame_s = sc.cost.frame_s
-        self.texts = prepare_texts(texts, sc.talker, self.frame_s)
+        self.texts = prepare_texts(texts, sc.talker, sc.sim)
         self.rng = random.Random(sc.seed)
-        self.replicas = [_Replica(i, sc) for i in range(sc.replicas)]
-        self.heap: list[tuple[float, int, int, object, object]] = []
+        self.now = 0.0
+        self.heap: list[tuple[float, int, Handler, object]] = []
         self.seq = 0
-        self.order = 0
-        self.period_s = 1.0 / sc.cost.talker_frames_per_s
-        self.piece = sc.cost.talker_piece_frames
-        self.high_water_s = sc.talker.high_water_s
+        self.replicas = [Replica(i, sc.setup, self, self) for i in range(sc.replicas)]
+        self.reports = [_ReplicaState() for _ in self.replicas]
         self.first_chunk_s = sc.scheduling.first_chunk_ms / 1000.0
-        self.safety_margin_s = sc.scheduling.safety_margin_ms / 1000.0
+        self.listeners: dict[str, _Listener] = {}
         self.records: list[StreamRecord] = []
         self.measured_issued = 0
         self.measured_open = 0
+        self.hangups = 0
         self.first_measured_s: float | None = None
         self.last_finished_s = 0.0
-        self.turn_audio: list[tuple[float, float]] = []  # (time, audio) once measuring
+        self.received_s = 0.0  # audio emitted once measuring
         self.playbacks: list[tuple[float, float]] = []  # every player's (start, end)
 
-    # Events.
+    # The event queue (benchmarks/sim_replica.EventQueue).
 
-    def push(self, t: float, kind: int, a: object = None, b: object = None) -> None:
+    def push(self, at_s: float, handler: Handler, arg: object = None) -> None:
         self.seq += 1
-        heapq.heappush(self.heap, (t, self.seq, kind, a, b))
+        heapq.heappush(self.heap, (at_s, self.seq, handler, arg))
 
     def run(self) -> tuple[float, int]:
         sc = self.sc
         if sc.clients:
             for client in range(sc.clients):
-                self.push(0.0, _ARRIVE, client, None)
+                self.push(0.0, self.arrive, (client, None))
         else:
-            self.push(self.rng.expovariate(sc.rate_per_s), _ARRIVE, -1, None)
+            self.push(self.rng.expovariate(sc.rate_per_s), self.arrive, (-1, None))
         if sc.router == "slack":
-            self.push(0.0, _REPORT)
+            self.push(0.0, self.report)
         events = 0
         heap = self.heap
         pop = heapq.heappop
-        t = 0.0
         while heap:
-            t, _, kind, a, b = pop(heap)
+            t, _, handler, arg = pop(heap)
+            self.now = t
+            handler(t, arg)
             events += 1
-            if kind == _VOCODE_DONE:
-                self.vocode_done(t, a)  # type: ignore[arg-type]
-            elif kind == _VOCODER_WAKE:
-                r: _Replica = a  # type: ignore[assignment]
-                if t == r.wake_at:
-                    r.wake_at = math.inf
-                    self.vocoder_turn(t, r)
-            elif kind == _TALK_DONE:
-                self.talk_done(t, a)  # type: ignore[arg-type]
-            elif kind == _ARRIVE:
-                self.arrive(t, a, b)  # type: ignore[arg-type]
-            elif kind == _TALKER_WAKE:
-                r = a  # type: ignore[assignment]
-                if t == r.talker_wake_at:
-                    r.talker_wake_at = math.inf
-                    self.talker_pick(t, r)
-            elif kind == _REPORT:
-                self.report(t)
             if self.measured_issued >= sc.streams and self.measured_open == 0:
                 break
-        return t, events
+        return self.now, events
+
+    # The replicas' listener (benchmarks/sim_replica.Listener).
+
+    def audio(self, stream_id: str, at_s: float, audio_s: float) -> None:
+        listener = self.listeners[stream_id]
+        player = listener.player
+        first = player.started_at_s is None
+        player.feed(at_s, audio_s)
+        if self.first_measured_s is not None:
+            self.received_s += audio_s
+        if first and listener.hangup_at_s is not None:
+            self.push(at_s + listener.hangup_at_s, self.hang_up, stream_id)
+
+    def done(self, stream_id: str, at_s: float) -> None:
+        listener = self.listeners.pop(stream_id)
+        player = listener.player
+        if self.first_measured_s is not None and player.started_at_s is not None:
+            self.playbacks.append((player.started_at_s, player.dry_at_s or at_s))
+        if listener.measured:
+            self.records.append(
+                StreamRecord(
+                    outcome=Outcome.OK,
+                    sent_at_s=listener.sent_at,
+                    answered_at_s=listener.sent_at,
+                    finished_at_s=at_s,
+                    playback=player.result(),
+                    text_chars=listener.text.chars,
+                    waited_s=listener.waited,
+                )
+            )
+            self.measured_open -= 1
+            self.last_finished_s = max(self.last_finished_s, at_s)
+        if listener.client >= 0:  # the listener's next request, once it heard this one
+            dry = player.dry_at_s or at_s
+            self.push(
+                max(at_s, dry) if self.sc.after_playback else at_s,
+                self.arrive,
+                (listener.client, None),
+            )
+
+    def hang_up(self, t: float, arg: object) -> None:
+        """The client leaves mid-stream (only while the body is still coming)."""
+        stream_id: str = arg  # type: ignore[assignment]
+        listener = self.listeners.pop(stream_id, None)
+        if listener is None:
+            return  # its audio was all sent: the server never hears of it
+        listener.replica.cancel(stream_id)
+        player = listener.player
+        if self.first_measured_s is not None and player.started_at_s is not None:
+            self.playbacks.append((player.started_at_s, min(t, player.dry_at_s or t)))
+        if listener.measured:
+            self.hangups += 1
+            self.measured_open -= 1
+            self.last_finished_s = max(self.last_finished_s, t)
+        if listener.client >= 0:  # a voice agent's next request, at once
+            self.push(t, self.arrive, (listener.client, None))
 
     # Arrivals, routing, admission.
 
     def measuring(self, t: float) -> bool:
         return t >= self.sc.warmup_s and self.measured_issued < self.sc.streams
 
-    def arrive(self, t: float, client: int, retry: tuple[_Text, float] | None) -> None:
+    def arrive(self, t: float, arg: object) -> None:
         """One request (a retry is a request of its own, measured when sent in the window;
         a rejected one does not use up `streams`)."""
+        client, retry = arg  # type: ignore[misc]
         sc = self.sc
         if retry is None:
             text = self.rng.choice(self.texts)
             first_sent = t
             if client < 0:  # Poisson: schedule the next arrival
-                self.push(t + self.rng.expovariate(sc.rate_per_s), _ARRIVE, -1, None)
+                self.push(t + self.rng.expovariate(sc.rate_per_s), self.arrive, (-1, None))
         else:
             text, first_sent = retry
         measured = self.measuring(t)
@@ -392,16 +374,17 @@ class _Simulation:
             self.first_measured_s = t
         retry_after: int | None = None
         for r in self.route(t):
-            decision = r.admission.decide(
-                t, r.playing(t), r.capacity(t), r.finish_times(t, self.frame_s)
-            )
-            if decision.accept:
+            outcome = r.submit(t, text.text)
+            if isinstance(outcome, Stream):
                 if measured:
                     self.measured_issued += 1
                     self.measured_open += 1
-                self.start_stream(t, r, text, client, first_sent, measured)
+                listener = _Listener(r, text, client, t, t - first_sent, measured)
+                if sc.hangup_share and self.rng.random() < sc.hangup_share:
+                    listener.hangup_at_s = self.rng.uniform(0.0, text.audio_s)
+                self.listeners[outcome.id] = listener
                 return
-            ra = decision.retry_after_s or 1
+            ra = outcome.retry_after_s or 1
             retry_after = ra if retry_after is None else min(retry_after, ra)
         if measured:
             self.records.append(
@@ -418,9 +401,11 @@ class _Simulation:
             )
         if client >= 0:  # closed loop: retry after Retry-After, or give up for a new text
             again = (text, first_sent) if t - first_sent < sc.give_up_after_s else None
-            self.push(t + (retry_after or 1), _ARRIVE, client, again)
+            self.push(t + (retry_after or 1), self.arrive, (client, again))
 
-    def route(self, t: float) -> list[_Replica]:
+    def route(self, t: float) -> list[Replica]:
+        # TODO(routing): the slack router below is to call scheduling/routing.py's pure
+        # router once it lands; random and least-loaded stay here.
         replicas = self.replicas
         if len(replicas) == 1:
             return replicas
@@ -429,240 +414,47 @@ class _Simulation:
             return self.rng.sample(replicas, len(replicas))
         if router == "least-loaded":
             rnd = self.rng.random
-            return sorted(replicas, key=lambda r: (len(r.active), rnd()))
+            return sorted(replicas, key=lambda r: (len(r.book), rnd()))
 
         first_chunk_s = self.first_chunk_s
+        reports = self.reports
 
-        def key(r: _Replica) -> tuple[float, float, int]:
+        def key(r: Replica) -> tuple[float, float, int]:
+            rep = reports[r.index]
             # A stream sent since the report has its first-chunk deadline as its slack.
-            low = min(r.slack_min, first_chunk_s) if r.routed_since else r.slack_min
-            mean = r.slack_sum / r.reported_n if r.reported_n else math.inf
-            return (-low, -mean, r.reported_n + r.routed_since)
+            low = min(rep.slack_min, first_chunk_s) if rep.routed_since else rep.slack_min
+            mean = rep.slack_sum / rep.reported_n if rep.reported_n else math.inf
+            return (-low, -mean, rep.reported_n + rep.routed_since)
 
         # Two random choices, the better by reported slack: reports are stale between
         # intervals, and sending every arrival to the one best replica would herd them.
         order = self.rng.sample(replicas, len(replicas))
         if key(order[1]) < key(order[0]):
             order[0], order[1] = order[1], order[0]
-        order[0].routed_since += 1
+        reports[order[0].index].routed_since += 1
         return order
 
-    def report(self, t: float) -> None:
+    def report(self, t: float, _: object = None) -> None:
         """Each replica's slack: horizon - now per stream; before its first audio, its
         first-chunk deadline - now. Minimum and mean (inf for an idle replica)."""
         first_chunk_s = self.first_chunk_s
-        for r in self.replicas:
-            horizon = r.scheduler.horizon_s
+        for r, rep in zip(self.replicas, self.reports, strict=True):
+            state = r.book.scheduler.state
             total = 0.0
             low = math.inf
-            for s in r.active.values():
-                h = horizon(s.id)
-                slack = (s.sent_at + first_chunk_s if h is None else h) - t
+            for stream_id in r.live:
+                st = state(stream_id)
+                if st is None:
+                    continue
+                h = st.horizon_s
+                slack = (st.first_seen_s + first_chunk_s if h is None else h) - t
                 total += slack
                 low = min(low, slack)
-            r.slack_sum = total
-            r.slack_min = low
-            r.reported_n = len(r.active)
-            r.routed_since = 0
-        self.push(t + self.sc.report_interval_s, _REPORT)
-
-    def start_stream(
-        self, t: float, r: _Replica, text: _Text, client: int, first_sent: float, measured: bool
-    ) -> None:
-        self.order += 1
-        s = _Stream(f"s{self.order}", self.order, text, client, t, t - first_sent)
-        s.measured = measured
-        r.active[s.id] = s
-        r.scheduler.admit(s.id, t)  # its first-audio deadline counts from arrival, as in the engine
-        r.text_waiting[s.id] = s
-        if r.talking is None:
-            self.talker_pick(t, r)
-
-    # The talker (pipeline/talker.py `pick_stream` and `_talk`).
-
-    def talker_pick(self, t: float, r: _Replica) -> None:
-        if r.talking is not None:
-            return
-        best: _Stream | None = None
-        best_key: tuple[int, float, int] | None = None
-        retry_in: float | None = None
-        horizon = r.scheduler.horizon_s
-        frame_s = self.frame_s
-        for s in r.text_waiting.values():
-            queued = s.produced - s.emitted
-            h = horizon(s.id)
-            if h is None and queued == 0:
-                first_seen = r.scheduler.first_seen_s(s.id)
-                key = (1, (t if first_seen is None else first_seen) + self.first_chunk_s, s.order)
-            else:
-                run_out = max(t if h is None else h, t) + queued * frame_s
-                ahead = run_out - t
-                if ahead > self.high_water_s:
-                    wait = ahead - self.high_water_s
-                    retry_in = wait if retry_in is None else min(retry_in, wait)
-                    continue
-                protected = h is not None and ahead <= self.safety_margin_s
-                key = (0 if protected else 1, run_out, s.order)
-            if best_key is None or key < best_key:
-                best, best_key = s, key
-        if best is None:
-            if retry_in is not None and t + retry_in < r.talker_wake_at:
-                r.talker_wake_at = t + retry_in
-                self.push(r.talker_wake_at, _TALKER_WAKE, r)
-            return
-        index = best.started_talk
-        best.started_talk += 1
-        del r.text_waiting[best.id]  # listed again when its call ends, if text remains
-        r.talking = best
-        r.talk_t0 = t
-        r.talk_total = best.text.segments[index]
-        best.dirty = True
-        self.push(t + r.talk_total * self.period_s, _TALK_DONE, r)
-        if not r.vocoder_busy:
-            self.ensure_wake(t, r)
-
-    def talk_done(self, t: float, r: _Replica) -> None:
-        s = r.talking
-        assert s is not None
-        r.talking = None
-        s.talked += 1
-        s.produced += r.talk_total
-        s.dirty = True
-        r.talker_rate.record(r.talk_t0, t, r.talk_total * self.frame_s)
-        if s.started_talk < len(s.text.segments) and s.id in r.active:
-            r.text_waiting[s.id] = s
-        self.talker_pick(t, r)
-        if not r.vocoder_busy:
-            self.vocoder_turn(t, r)
-
-    def talk_available(self, t: float, r: _Replica) -> int:
-        pieces = math.floor((t - r.talk_t0) / (self.period_s * self.piece) + 1e-9)
-        return min(r.talk_total, pieces * self.piece)
-
-    def ensure_wake(self, t: float, r: _Replica) -> None:
-        """The idle vocoder looks again when the talker's next piece lands."""
-        if r.talking is None:
-            return
-        step = self.period_s * self.piece
-        n = math.floor((t - r.talk_t0) / step + 1e-9) + 1
-        at = r.talk_t0 + n * step
-        if at >= r.talk_t0 + r.talk_total * self.period_s:
-            return  # the talk's end comes first, and it runs a turn
-        if at < r.wake_at:
-            r.wake_at = at
-            self.push(at, _VOCODER_WAKE, r)
-
-    # The vocoder (pipeline/vocoder.py `_vocoder_loop`).
-
-    def plan(self, t: float, r: _Replica, s: _Stream):  # type: ignore[no-untyped-def]
-        segments = s.text.segments
-        if s.cur < s.talked:
-            available, done = segments[s.cur], True
-        elif r.talking is s and s.started_talk - 1 == s.cur:
-            available, done = self.talk_available(t, r), False
-        else:
-            return None
-        stream_done = done and s.talked == len(segments) and s.cur == len(segments) - 1
-        return r.planner.next_chunk(s.id, available, done, stream_done)
-
-    def vocoder_turn(self, t: float, r: _Replica) -> None:
-        if r.vocoder_busy:
-            return
-        talking = r.talking
-        while True:
-            ready: list[str] = []
-            empties: list[_Stream] = []
-            for s in r.active.values():
-                if s.dirty or s is talking:
-                    s.chunk = self.plan(t, r, s)
-                    s.dirty = False
-                chunk = s.chunk
-                if chunk is None:
-                    continue
-                if chunk.stop == chunk.start:
-                    empties.append(s)
-                else:
-                    ready.append(s.id)
-            if not empties:
-                break
-            for s in empties:
-                self.commit(t, r, s, s.chunk)
-        selected = r.scheduler.select(t, ready) if ready else []
-        if not selected:
-            self.ensure_wake(t, r)
-            return
-        active = r.active
-        batch = []
-        decoded = 0
-        for sid in selected:
-            s = active[sid]
-            chunk = s.chunk
-            batch.append((s, chunk))
-            decoded += chunk.context_stop - chunk.context_start
-        r.vocoder_busy = True
-        r.batch = batch
-        r.turn_start = t
-        self.push(t + self.cost.vocode_s(decoded, len(batch)), _VOCODE_DONE, r)
-
-    def vocode_done(self, t: float, r: _Replica) -> None:
-        r.vocoder_busy = False
-        spf = self.cost.samples_per_frame
-        rate = self.cost.sample_rate_hz
-        frame_s = self.frame_s
-        record = r.scheduler.record_audio
-        audio = 0.0
-        for s, chunk in r.batch:
-            n = chunk.stop - chunk.start
-            record(s.id, n * spf, rate, t)
-            s.player.feed(t, n * frame_s)
-            audio += n * frame_s
-            self.commit(t, r, s, chunk)
-        r.batch = []
-        r.vocoder_rate.record(r.turn_start, t, audio)
-        if self.first_measured_s is not None:
-            self.turn_audio.append((t, audio))
-        self.vocoder_turn(t, r)
-
-    def commit(self, t: float, r: _Replica, s: _Stream, chunk) -> None:  # type: ignore[no-untyped-def]
-        r.planner.commit(s.id, chunk)
-        s.chunk = None
-        s.dirty = True
-        s.emitted += chunk.stop - chunk.start
-        if chunk.segment_end:
-            s.cur += 1
-        if chunk.final:
-            self.finish(t, r, s)
-
-    def finish(self, t: float, r: _Replica, s: _Stream) -> None:
-        horizon_s = r.scheduler.horizon_s(s.id)
-        if horizon_s is not None and horizon_s > t:
-            heapq.heappush(r.playing_until, horizon_s)
-        del r.active[s.id]
-        r.text_waiting.pop(s.id, None)
-        r.scheduler.forget(s.id)
-        r.planner.forget(s.id)
-        player = s.player
-        if self.first_measured_s is not None and player.started_at_s is not None:
-            self.playbacks.append((player.started_at_s, player.dry_at_s))
-        if s.measured:
-            self.records.append(
-                StreamRecord(
-                    outcome=Outcome.OK,
-                    sent_at_s=s.sent_at,
-                    answered_at_s=s.sent_at,
-                    finished_at_s=t,
-                    playback=s.player.result(),
-                    text_chars=s.text.chars,
-                    waited_s=s.waited,
-                )
-            )
-            self.measured_open -= 1
-            self.last_finished_s = max(self.last_finished_s, t)
-        if s.client >= 0:  # the listener's next request, once it heard this one
-            at = max(t, player.dry_at_s or t) if self.sc.after_playback else t
-            self.push(at, _ARRIVE, s.client, None)
-        if r.talking is None:
-            self.talker_pick(t, r)
+            rep.slack_sum = total
+            rep.slack_min = low
+            rep.reported_n = len(r.live)
+            rep.routed_since = 0
+        self.push(t + self.sc.report_interval_s, self.report)
 
     # Results.
 
@@ -670,24 +462,35 @@ class _Simulation:
         sc = self.sc
         start = self.first_measured_s if self.first_measured_s is not None else 0.0
         end = max(self.last_finished_s, start + 1e-9)
-        received = sum(a for at, a in self.turn_audio if start <= at <= end)
         playing = [
-            (s.player.started_at_s, end)  # still playing (or stalled) when the run ended
-            for r in self.replicas
-            for s in r.active.values()
-            if s.player.started_at_s is not None
+            (listener.player.started_at_s, end)  # still playing (or stalled) when the run ended
+            for listener in self.listeners.values()
+            if listener.player.started_at_s is not None
         ]
         listening = listening_in_window([*self.playbacks, *playing], start, end)
         summary = summarize(
-            self.records, wall_s=end - start, audio_received_s=received, listening_s=listening
+            self.records,
+            wall_s=end - start,
+            audio_received_s=self.received_s,
+            listening_s=listening,
         )
         window = sc.scheduling.active_stream_window
         per_replica_clients = max(1, math.ceil(sc.clients / sc.replicas)) if sc.clients else 0
         batch = window if window > 0 else (per_replica_clients or 10**6)
-        capacity = sc.replicas * sc.cost.capacity_audio_s_per_s(batch, sc.chunking)
+        capacity = sc.replicas * replica_capacity(batch, sc.chunking, sc.sim)
         load = float(sc.clients) if sc.clients else sc.rate_per_s * mean_audio_s(self.texts)
         return SimResult(
-            sc, summary, capacity, load, virtual_s, wall_s, events, tuple(self.records)
+            sc,
+            summary,
+            capacity,
+            load,
+            virtual_s,
+            wall_s,
+            events,
+            hangups=self.hangups,
+            talker_steps=sum(r.talker_steps for r in self.replicas),
+            vocoder_turns=sum(r.vocoder_turns for r in self.replicas),
+            records=tuple(self.records),
         )
 
 
@@ -699,12 +502,121 @@ def simulate(scenario: Scenario, texts: Sequence[str] | None = None) -> SimResul
     return sim.result(virtual_s, events, time.perf_counter() - started)
 
 
+@dataclass(frozen=True)
+class Arrival:
+    """A scripted request: its text arrives at `at_s`; its client leaves at `cancel_at_s`."""
+
+    at_s: float
+    text: str
+    cancel_at_s: float | None = None
+
+
+@dataclass
+class ScriptRun:
+    """One replica's decisions over a script, and which stream each arrival became."""
+
+    trace: Trace
+    stream_ids: list[str | None]  # per arrival; None when rejected
+    virtual_s: float
+
+
+class _ScriptQueue:
+    """A bare event queue for `run_script`: no routers, no players."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.heap: list[tuple[float, int, Handler, object]] = []
+        self.seq = 0
+
+    def push(self, at_s: float, handler: Handler, arg: object = None) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (at_s, self.seq, handler, arg))
+
+    def audio(self, stream_id: str, at_s: float, audio_s: float) -> None:
+        pass
+
+    def done(self, stream_id: str, at_s: float) -> None:
+        pass
+
+
+def run_script(setup: EngineSetup, arrivals: Sequence[Arrival]) -> ScriptRun:
+    """One replica, the given arrivals (and cancels), to the end of every stream."""
+    queue = _ScriptQueue()
+    trace = Trace()
+    replica = Replica(0, setup, queue, queue, trace)
+    run = ScriptRun(trace, [None] * len(arrivals), 0.0)
+
+    def arrive(t: float, arg: object) -> None:
+        index: int = arg  # type: ignore[assignment]
+        outcome = replica.submit(t, arrivals[index].text)
+        if isinstance(outcome, Stream):
+            run.stream_ids[index] = outcome.id
+
+    def cancel(t: float, arg: object) -> None:
+        stream_id = run.stream_ids[arg]  # type: ignore[index]
+        if stream_id is not None:
+            replica.cancel(stream_id)
+
+    for index, arrival in enumerate(arrivals):
+        queue.push(arrival.at_s, arrive, index)
+        if arrival.cancel_at_s is not None:
+            queue.push(arrival.cancel_at_s, cancel, index)
+    while queue.heap:
+        t, _, handler, arg = heapq.heappop(queue.heap)
+        queue.now = t
+        handler(t, arg)
+    run.virtual_s = queue.now
+    return run
+
+
+def _simulate_quietly(scenario: Scenario) -> SimResult:
+    """A worker's run: the per-stream records stay behind (the rows do not need them)."""
+    return replace(simulate(scenario), records=())
+
+
+def _progress(res: SimResult) -> None:
+    row = res.row()
+    print(
+        f"{row['label']}: {row['requests']} requests, N/C {row['streams_per_capacity']:.2f}, "
+        f"stall ratio {row['stall_ratio']:.3f} (bound {row['stall_ratio_bound']:.3f}), "
+        f"stall-free {100 * row['stall_free_share']:.1f}%, TTFA p99 "
+        f"{row['ttfa_p99_ms'] or 0:.0f} ms, rejected {row['rejected']}, "
+        f"{res.events} events in {res.wall_s:.1f} s",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def run_plan(plan: Sequence[Scenario], jobs: int = 1) -> list[SimResult]:
+    """Every scenario of `plan`, in its order; `jobs` > 1 runs them in worker processes
+    (largest first). Each run is seeded: the figures do not depend on `jobs`."""
+    if jobs <= 1 or len(plan) <= 1:
+        results = []
+        for sc in plan:
+            results.append(simulate(sc))
+            _progress(results[-1])
+        return results
+    done: dict[int, SimResult] = {}
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        largest_first = sorted(range(len(plan)), key=lambda i: -plan[i].streams)
+        futures = {pool.submit(_simulate_quietly, plan[i]): i for i in largest_first}
+        for future in as_completed(futures):
+            done[futures[future]] = future.result()
+            _progress(done[futures[future]])
+    return [done[i] for i in range(len(plan))]
+
+
 def replica_capacity(
     window: int = DEFAULT_WINDOW,
     chunking: ChunkingConfig = DEFAULT_CHUNKING,
-    cost: CostModel = DEFAULT_COST,
+    sim: SimConfig = DEFAULT_SIM,
 ) -> float:
-    return cost.capacity_audio_s_per_s(window, chunking)
+    """Audio seconds per second of back-to-back vocoder turns of `window` steady chunks."""
+    new = chunking.chunk_frames
+    decoded = new + chunking.left_context_frames + chunking.right_context_frames
+    batch = max(1, window)
+    frame_s = sim.samples_per_frame / sim.sample_rate_hz
+    return batch * new * frame_s / vocoder_cost_s(sim, batch * decoded, batch)
 
 
 POLICIES: dict[str, tuple[str, int, bool]] = {
@@ -729,8 +641,8 @@ def policy_scenario(name: str, window: int, **kw: object) -> Scenario:
 
 
 def _corpus_mean_audio_s() -> float:
-    """Mean audio of a corpus text with the default talker and cost model."""
-    return mean_audio_s(prepare_texts(load_corpus(), TalkerConfig(), DEFAULT_COST.frame_s))
+    """Mean audio of a corpus text with the default talker and costs."""
+    return mean_audio_s(prepare_texts(load_corpus(), DEFAULT_TALKER, DEFAULT_SIM))
 
 
 def default_plan(quick: bool = False, window: int = DEFAULT_WINDOW) -> list[Scenario]:
@@ -742,6 +654,18 @@ def default_plan(quick: bool = False, window: int = DEFAULT_WINDOW) -> list[Scen
         clients = max(1, round(factor * c))
         for name in POLICIES:
             plan.append(policy_scenario(name, window, streams=per_point, clients=clients))
+    plan.append(
+        replace(
+            policy_scenario(
+                "edf K + admission",
+                window,
+                streams=per_point,
+                clients=round(1.5 * c),
+                hangup_share=0.3,
+            ),
+            label=f"edf K={window} + admission, 30% hang up mid-stream",
+        )
+    )
     replicas = 4
     rate = 0.95 * replicas * c / _corpus_mean_audio_s()
     for router in ROUTERS:
@@ -773,8 +697,8 @@ def format_table(results: Sequence[SimResult]) -> str:
     """Markdown table of simulation runs, with its notes."""
     lines = [
         "| scenario | requests | N or load | N/C | stall ratio | bound | bound (L) "
-        "| stall-free | interruptions | TTFA p50/p95/p99 ms | rejected | xRT | sim s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| stall-free | interruptions | TTFA p50/p95/p99 ms | rejected | hung up | xRT | sim s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for res in results:
         row = res.row()
@@ -787,7 +711,8 @@ def format_table(results: Sequence[SimResult]) -> str:
             f"| {row['streams_per_capacity']:.2f} | {row['stall_ratio']:.3f} "
             f"| {row['stall_ratio_bound']:.3f} | {row['stall_ratio_bound_listening']:.3f} "
             f"| {100 * row['stall_free_share']:.1f}% "
-            f"| {row['interruptions']} | {ttfa} | {row['rejected']} | {row['xrt']:.1f} "
+            f"| {row['interruptions']} | {ttfa} | {row['rejected']} | {row['hangups']} "
+            f"| {row['xrt']:.1f} "
             f"| {row['sim_wall_s']:.1f} |"
         )
     lines += [
@@ -796,7 +721,8 @@ def format_table(results: Sequence[SimResult]) -> str:
         "(Poisson). Bound: max(0, N/C - 1). Bound (L): max(0, L/C - 1) with L the "
         "time-averaged number of players between first audio and end of playback (in a "
         "closed loop, time waiting for first audio is no stall, so L < N when streams wait). "
-        "Stall-free ignores stalls under 10 ms. Sim s: wall seconds the simulation took.",
+        "Stall-free ignores stalls under 10 ms. Hung up: measured streams whose client left "
+        "mid-stream (not counted as served). Sim s: wall seconds the simulation took.",
     ]
     return "\n".join(lines) + "\n"
 
@@ -823,6 +749,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--replicas", type=int, default=1)
     parser.add_argument("--router", choices=ROUTERS, default="least-loaded")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=min(4, os.cpu_count() or 1),
+        help="scenarios run in parallel processes (results do not depend on it)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default results/)")
     args = parser.parse_args(argv)
 
@@ -842,22 +774,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         plan = [replace(sc, seed=args.seed) for sc in default_plan(args.quick, args.window)]
 
-    results = []
-    rows = []
-    for sc in plan:
-        res = simulate(sc)
-        results.append(res)
-        row = res.row()
-        rows.append(row)
-        print(
-            f"{row['label']}: {row['requests']} requests, N/C {row['streams_per_capacity']:.2f}, "
-            f"stall ratio {row['stall_ratio']:.3f} (bound {row['stall_ratio_bound']:.3f}), "
-            f"stall-free {100 * row['stall_free_share']:.1f}%, TTFA p99 "
-            f"{row['ttfa_p99_ms'] or 0:.0f} ms, rejected {row['rejected']}, "
-            f"{res.events} events in {res.wall_s:.1f} s",
-            file=sys.stderr,
-            flush=True,
-        )
+    results = run_plan(plan, args.jobs)
+    rows = [res.row() for res in results]
     table = format_table(results)
     print(table)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")

@@ -4,7 +4,7 @@ own HTTP server, in one run on this machine.
     python -m benchmarks.voice [--quick] [--set section.field=value ...]
 
 1. Playhead as deployed (`python -m app serve --config configs/default.yaml`, i.e.
-   `playhead serve`: edf K=4 + admission): single-stream TTFA for texts whose first
+   `playhead serve`: edf K=1 + admission): single-stream TTFA for texts whose first
    sentence is short ("Hello there. ...") and for texts whose first sentence has 30+
    words, sequential requests (the next one at the last byte); then closed loops of 1, 4,
    8 and 16 listeners, each sending its next request once it has heard the last one
@@ -358,7 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "load": f"{len(bench.plan.texts)} corpus texts of <= {args.max_text_chars} chars",
         },
         "notes": [
-            "Playhead runs configs/default.yaml as served (edf K=4 + admission) for the single "
+            "Playhead runs configs/default.yaml as served (edf K=1 + admission) for the single "
             "stream and the N sweep; a rejected client waits Retry-After and retries",
             "piper-http: python -m piper.http_server (Flask, one thread per request, ONNX "
             "Runtime defaults); it answers with a whole WAV, so its players never stall: its "

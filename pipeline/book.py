@@ -57,12 +57,6 @@ class Wakes:
     vocoder: Callable[[], None]
 
 
-@dataclass(frozen=True)
-class SegmenterSettings:
-    first_fragment_words: int
-    max_segment_chars: int
-
-
 class OpenSegment:
     """One stream's talker segment from its opening to its close.
 
@@ -112,7 +106,7 @@ class StreamBook:
         *,
         scheduler: PlaybackScheduler,
         planner: ChunkPlanner,
-        segmenter: SegmenterSettings,
+        segmenter: Callable[[], Segmenter],
         max_pending_audio_s: float,
         left_context_frames: int,
         clock: Callable[[], float],
@@ -122,7 +116,7 @@ class StreamBook:
         self.scheduler = scheduler
         self.planner = planner
         self.ledger = PlayingLedger()
-        self._segmenter = segmenter
+        self._new_segmenter = segmenter
         self._max_pending_audio_s = max_pending_audio_s
         self._left_context_frames = left_context_frames
         self._clock = clock
@@ -263,10 +257,7 @@ class StreamBook:
             sender=sender,
             tag=self._submitted,
             order=self._submitted,
-            segmenter=Segmenter(
-                first_fragment_words=self._segmenter.first_fragment_words,
-                max_segment_chars=self._segmenter.max_segment_chars,
-            ),
+            segmenter=self._new_segmenter(),
         )
         self.scheduler.admit(stream_id, now_s)  # its first-chunk deadline counts from now
         self._event("stream_started", stream_id)

@@ -1,38 +1,36 @@
 """Typed configuration of the pipeline: the engine, its two stages, and the backends.
 
-Frozen dataclasses that validate themselves (ConfigError names the field), so that the
-engine can be built from plain Python in tests and benchmarks, and app/settings.py can
-embed them in the YAML-backed settings.
+Frozen dataclasses that validate themselves through scheduling/validation.py (ConfigError
+names the field), so that the engine can be built from plain Python in tests and
+benchmarks, and app/settings.py can embed them in the YAML-backed settings. Their defaults
+are the measured ones: configs/default.yaml writes out the same values (a test compares
+them field by field).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from scheduling.errors import ConfigError
+from scheduling.validation import (
+    check_bool,
+    check_choice,
+    check_int,
+    check_non_negative,
+    check_optional_non_negative,
+    check_positive,
+    check_text,
+)
 
-
-def _positive(name: str, value: float) -> None:
-    if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-        raise ConfigError(f"{name} must be a finite number > 0, got {value!r}")
-
-
-def _non_negative(name: str, value: float) -> None:
-    if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
-        raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
-
-
-BACKEND_KINDS = ("piper", "sim")
+BACKEND_KINDS = ("piper", "sim", "codec_lm")
 
 
 @dataclass(frozen=True)
 class BackendConfig:
-    kind: str = "piper"  # which backend serves: piper (real voice) or sim
+    kind: str = "piper"  # which backend serves: piper (real voice), sim or codec_lm
 
     def __post_init__(self) -> None:
-        if self.kind not in BACKEND_KINDS:
-            raise ConfigError(f"kind must be one of {', '.join(BACKEND_KINDS)}, got {self.kind!r}")
+        check_choice("kind", self.kind, BACKEND_KINDS)
 
 
 @dataclass(frozen=True)
@@ -42,23 +40,45 @@ class TalkerConfig:
     high_water_s: float = 8.0  # a stream this many seconds of audio ahead gets no talker work
     first_fragment_words: int = 6  # a first sentence longer than this is cut early
     max_segment_chars: int = 300  # sentences longer than this split at clause boundaries
+    # no segment has more estimated phonemes than this (pipeline/text.py's proxy)
+    max_segment_phonemes: int = 400
+    # a stream's first segment is at most this long, even one unbroken token (0: no cap)
+    first_segment_chars: int = 80
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.intra_op_threads, int) and self.intra_op_threads >= 1):
+        check_int("intra_op_threads", self.intra_op_threads, 1)
+        check_int("batch", self.batch, 1)
+        check_positive("high_water_s", self.high_water_s)
+        check_int("first_fragment_words", self.first_fragment_words, 0)
+        check_int("max_segment_chars", self.max_segment_chars, 20)
+        check_int("max_segment_phonemes", self.max_segment_phonemes, 20)
+        check_int("first_segment_chars", self.first_segment_chars, 0)
+
+
+NORMALIZE_LANGUAGES = ("en",)  # languages with normalisation rules
+
+
+@dataclass(frozen=True)
+class NormalizeConfig:
+    """The text normaliser (pipeline/normalize): numbers, dates, symbols... to words."""
+
+    enabled: bool = True  # false: text goes to the phonemiser as written
+    # languages whose rules run (a voice of another language only gets symbols dropped)
+    languages: tuple[str, ...] = NORMALIZE_LANGUAGES
+
+    def __post_init__(self) -> None:
+        check_bool("enabled", self.enabled)
+        if isinstance(self.languages, str) or not all(
+            isinstance(code, str) for code in self.languages
+        ):
+            raise ConfigError(f"languages must be a list of language codes, got {self.languages!r}")
+        unknown = [code for code in self.languages if code not in NORMALIZE_LANGUAGES]
+        if unknown:
             raise ConfigError(
-                f"intra_op_threads must be an integer >= 1, got {self.intra_op_threads!r}"
+                f"languages: no normalisation rules for {', '.join(map(repr, unknown))} "
+                f"(available: {', '.join(NORMALIZE_LANGUAGES)})"
             )
-        if not (isinstance(self.batch, int) and self.batch >= 1):
-            raise ConfigError(f"batch must be an integer >= 1, got {self.batch!r}")
-        _positive("high_water_s", self.high_water_s)
-        if not (isinstance(self.first_fragment_words, int) and self.first_fragment_words >= 0):
-            raise ConfigError(
-                f"first_fragment_words must be an integer >= 0, got {self.first_fragment_words!r}"
-            )
-        if not (isinstance(self.max_segment_chars, int) and self.max_segment_chars >= 20):
-            raise ConfigError(
-                f"max_segment_chars must be an integer >= 20, got {self.max_segment_chars!r}"
-            )
+        object.__setattr__(self, "languages", tuple(self.languages))
 
 
 @dataclass(frozen=True)
@@ -66,10 +86,7 @@ class VocoderConfig:
     intra_op_threads: int = 1  # ONNX Runtime threads inside the vocoder's one worker thread
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.intra_op_threads, int) and self.intra_op_threads >= 1):
-            raise ConfigError(
-                f"intra_op_threads must be an integer >= 1, got {self.intra_op_threads!r}"
-            )
+        check_int("intra_op_threads", self.intra_op_threads, 1)
 
 
 @dataclass(frozen=True)
@@ -80,14 +97,14 @@ class EngineConfig:
     initial_capacity_audio_s_per_s: float = 0.0
 
     def __post_init__(self) -> None:
-        _positive("max_pending_audio_s", self.max_pending_audio_s)
-        _positive("capacity_window_s", self.capacity_window_s)
-        _non_negative("initial_capacity_audio_s_per_s", self.initial_capacity_audio_s_per_s)
+        check_positive("max_pending_audio_s", self.max_pending_audio_s)
+        check_positive("capacity_window_s", self.capacity_window_s)
+        check_non_negative("initial_capacity_audio_s_per_s", self.initial_capacity_audio_s_per_s)
 
 
 @dataclass(frozen=True)
 class SimConfig:
-    """The sim backend's cost model (../shared/BENCH.md): costs are set, not measured."""
+    """The sim backend's cost model (docs/benchmarking.md): costs are set, not measured."""
 
     sample_rate_hz: int = 24000
     samples_per_frame: int = 1920  # 80 ms frames, like a 12.5 Hz codec
@@ -100,13 +117,15 @@ class SimConfig:
 
     def __post_init__(self) -> None:
         for name in ("sample_rate_hz", "samples_per_frame", "talker_frames_per_step"):
-            value = getattr(self, name)
-            if not (isinstance(value, int) and value >= 1):
-                raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
-        _non_negative("talker_step_base_ms", self.talker_step_base_ms)
-        _non_negative("talker_step_per_stream_ms", self.talker_step_per_stream_ms)
-        _non_negative("vocoder_base_ms", self.vocoder_base_ms)
-        _non_negative("vocoder_per_frame_ms", self.vocoder_per_frame_ms)
+            check_int(name, getattr(self, name), 1)
+        for name in (
+            "talker_step_base_ms",
+            "talker_step_per_stream_ms",
+            "vocoder_base_ms",
+            "vocoder_per_frame_ms",
+        ):
+            check_non_negative(name, getattr(self, name))
+        check_bool("batched", self.batched)
 
 
 @dataclass(frozen=True)
@@ -119,8 +138,127 @@ class PiperConfig:
     noise_w: float | None = None  # phoneme-duration noise; None: each voice's own
 
     def __post_init__(self) -> None:
-        _positive("output_gain", self.output_gain)
-        for name in ("noise_scale", "noise_w"):
+        for name in ("model_path", "voices_dir", "cache_dir"):
+            check_text(name, getattr(self, name), optional=True)
+        check_positive("output_gain", self.output_gain)
+        check_optional_non_negative("noise_scale", self.noise_scale)
+        check_optional_non_negative("noise_w", self.noise_w)
+
+
+CODEC_LM_DEVICES = ("auto", "cpu", "cuda")
+CODEC_LM_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class CodecLMConfig:
+    """The codec-LM backend (CSM + Mimi, pipeline/backends/codec_lm): where the model comes
+    from, how it runs, how long a segment may get, and the sizes of a random-weight model."""
+
+    model: str | None = None  # CSM checkpoint: a local directory or hub id; None: random weights
+    cache_dir: str | None = None  # where a random model is saved; None: the user's cache dir
+    save_random: bool = True  # save a random model and load it back like a checkpoint
+    seed: int = 0  # seed of the random weights
+    device: str = "auto"  # auto: cuda when available, else cpu
+    dtype: str = "auto"  # auto: bfloat16 on cuda, float32 on cpu
+    cpu_threads: int = 0  # torch intra-op threads (process-wide) on a cpu; 0: torch's default
+    speakers: int = 1  # voices speaker-0 .. speaker-(n-1) (CSM speaker ids)
+    temperature: float = 0.0  # 0: greedy (frames independent of the batch); > 0: sampling
+    top_k: int = 0  # sampling: keep the k most likely codes (0: all)
+    stop_on_end_frame: bool = True  # an all-zero frame ends a segment (CSM's end condition)
+    frames_per_char: float = 1.0  # a segment gets at most this many frames per character
+    min_frames_per_segment: int = 2  # ... but at least this many
+    max_frames_per_segment: int = 400  # ... and never more (400 x 80 ms = 32 s)
+    max_prompt_tokens: int = 512  # a longer tokenised segment fails its stream
+    initial_slots: int = 8  # KV-cache slots allocated at start (doubled when all are taken)
+    row_multiple: int = 4  # batch rows padded to a multiple of this (CPU gemm tiles, see talker)
+    # sizes of a random-weight model (model: null); defaults: the published CSM-1B + Mimi
+    num_codebooks: int = 32
+    codebook_size: int = 2051  # CSM's codebook vocabulary (codec codes + 3 special ids)
+    text_vocab_size: int = 128256
+    backbone_hidden_size: int = 2048
+    backbone_layers: int = 16
+    backbone_heads: int = 32
+    backbone_kv_heads: int = 8
+    backbone_intermediate_size: int = 8192
+    depth_hidden_size: int = 1024
+    depth_layers: int = 4
+    depth_heads: int = 8
+    depth_kv_heads: int = 2
+    depth_intermediate_size: int = 8192
+    codec_hidden_size: int = 512
+    codec_layers: int = 8
+    codec_heads: int = 8
+    codec_intermediate_size: int = 2048
+    codec_filters: int = 64
+    codec_codebook_size: int = 2048
+    codec_codebook_dim: int = 256
+
+    def __post_init__(self) -> None:
+        if self.model is not None and not (isinstance(self.model, str) and self.model.strip()):
+            raise ConfigError(f"model must be a path or hub id (or null), got {self.model!r}")
+        if self.device not in CODEC_LM_DEVICES:
+            raise ConfigError(
+                f"device must be one of {', '.join(CODEC_LM_DEVICES)}, got {self.device!r}"
+            )
+        if self.dtype not in CODEC_LM_DTYPES:
+            raise ConfigError(
+                f"dtype must be one of {', '.join(CODEC_LM_DTYPES)}, got {self.dtype!r}"
+            )
+        if not isinstance(self.save_random, bool):
+            raise ConfigError(f"save_random must be true or false, got {self.save_random!r}")
+        if not isinstance(self.stop_on_end_frame, bool):
+            raise ConfigError(
+                f"stop_on_end_frame must be true or false, got {self.stop_on_end_frame!r}"
+            )
+        check_non_negative("temperature", self.temperature)
+        check_positive("frames_per_char", self.frames_per_char)
+        minimums = {
+            "seed": 0,
+            "cpu_threads": 0,
+            "speakers": 1,
+            "top_k": 0,
+            "min_frames_per_segment": 1,
+            "max_frames_per_segment": 1,
+            "max_prompt_tokens": 2,
+            "initial_slots": 1,
+            "row_multiple": 1,
+        }
+        sizes = [f for f in self.__dataclass_fields__ if f.startswith(_SIZE_PREFIXES)]
+        minimums.update({name: 1 for name in sizes})
+        for name, minimum in minimums.items():
             value = getattr(self, name)
-            if value is not None:
-                _non_negative(name, value)
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= minimum):
+                raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        if self.max_frames_per_segment < self.min_frames_per_segment:
+            raise ConfigError(
+                f"max_frames_per_segment ({self.max_frames_per_segment}) must be >= "
+                f"min_frames_per_segment ({self.min_frames_per_segment})"
+            )
+        if self.codebook_size <= self.codec_codebook_size:
+            raise ConfigError(
+                f"codebook_size ({self.codebook_size}) must exceed codec_codebook_size "
+                f"({self.codec_codebook_size}): CSM adds special ids after the codec's codes"
+            )
+        for heads, kv in (
+            ("backbone_heads", "backbone_kv_heads"),
+            ("depth_heads", "depth_kv_heads"),
+        ):
+            if getattr(self, heads) % getattr(self, kv):
+                raise ConfigError(f"{heads} must be a multiple of {kv}")
+        for hidden, heads in (
+            ("backbone_hidden_size", "backbone_heads"),
+            ("depth_hidden_size", "depth_heads"),
+            ("codec_hidden_size", "codec_heads"),
+        ):
+            if getattr(self, hidden) % getattr(self, heads):
+                raise ConfigError(f"{hidden} must be a multiple of {heads}")
+
+
+_SIZE_PREFIXES = (
+    "num_codebooks",
+    "codebook_size",
+    "text_vocab_size",
+    "backbone_",
+    "depth_",
+    "codec_",
+)

@@ -22,16 +22,18 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from functools import partial
 
 from pipeline.backend import Backend, Voice
-from pipeline.book import SegmenterSettings, StreamBook, Wakes
+from pipeline.book import StreamBook, Wakes
 from pipeline.capacity import pipeline_capacity
 from pipeline.config import EngineConfig, TalkerConfig
 from pipeline.errors import NotReady, Rejected, UnknownVoice
 from pipeline.events import EngineEvents, EngineStats, NullEvents
 from pipeline.executor import StageExecutor
 from pipeline.stream import Stream
-from pipeline.talker import Talker
+from pipeline.talker import Talker, talker_order
+from pipeline.text import Segmenter, segment_options
 from pipeline.vocoder import Vocoder
 from scheduling import (
     Admission,
@@ -40,7 +42,6 @@ from scheduling import (
     ChunkPlanner,
     PlaybackScheduler,
     SchedulingConfig,
-    TalkerOrderConfig,
     warn_if_first_chunk_too_short,
 )
 
@@ -89,7 +90,7 @@ class Engine:
         self.book = StreamBook(
             scheduler=PlaybackScheduler(scheduling),
             planner=ChunkPlanner(self._chunking),
-            segmenter=SegmenterSettings(talker.first_fragment_words, talker.max_segment_chars),
+            segmenter=partial(Segmenter, **segment_options(talker)),
             max_pending_audio_s=engine.max_pending_audio_s,
             left_context_frames=self._chunking.left_context_frames,
             clock=self._clock,
@@ -100,12 +101,7 @@ class Engine:
             self.book,
             self._backend,
             self.talker_stage,
-            TalkerOrderConfig(
-                batch=talker.batch,
-                high_water_s=talker.high_water_s,
-                first_chunk_s=scheduling.first_chunk_ms / 1000.0,
-                safety_margin_s=scheduling.safety_margin_ms / 1000.0,
-            ),
+            talker_order(talker, scheduling),
             clock=self._clock,
             events=self._events,
             capacity_window_s=engine.capacity_window_s,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -20,6 +21,14 @@ class EngineEvents(Protocol):
     def vocoder_turn(self, batch_size: int, turn_s: float) -> None: ...
 
     def talker_call(self, seconds: float) -> None: ...
+
+    def talker_step(self, stream_ids: Sequence[str]) -> None:
+        """The streams one talker step runs, in plan order (decision traces, tests)."""
+        ...
+
+    def vocoder_selection(self, stream_ids: Sequence[str]) -> None:
+        """The streams one vocoder turn decodes, in selection order (decision traces)."""
+        ...
 
     def rejected(self, reason: str) -> None: ...
 
@@ -46,6 +55,12 @@ class NullEvents:
         pass
 
     def talker_call(self, seconds: float) -> None:
+        pass
+
+    def talker_step(self, stream_ids: Sequence[str]) -> None:
+        pass
+
+    def vocoder_selection(self, stream_ids: Sequence[str]) -> None:
         pass
 
     def rejected(self, reason: str) -> None:

@@ -32,12 +32,24 @@ from dataclasses import dataclass
 from pipeline.backend import Backend, TalkStep
 from pipeline.book import OpenSegment, StreamBook
 from pipeline.capacity import CapacityEstimate
+from pipeline.config import TalkerConfig
 from pipeline.errors import BackendError
 from pipeline.events import EngineEvents
 from pipeline.executor import StageExecutor
-from scheduling import TalkerOrderConfig, plan_talker_step
+from scheduling import SchedulingConfig, TalkerOrderConfig, plan_talker_step
 
 log = logging.getLogger("playhead.engine")
+
+
+def talker_order(talker: TalkerConfig, scheduling: SchedulingConfig) -> TalkerOrderConfig:
+    """The talker's ordering knobs, from the talker and scheduling sections (the engine's
+    and the simulator's one source)."""
+    return TalkerOrderConfig(
+        batch=talker.batch,
+        high_water_s=talker.high_water_s,
+        first_chunk_s=scheduling.first_chunk_ms / 1000.0,
+        safety_margin_s=scheduling.safety_margin_ms / 1000.0,
+    )
 
 
 @dataclass(slots=True)
@@ -100,6 +112,8 @@ class Talker:
             record = book.record(stream_id)
             assert record is not None, "a talker candidate is a live stream"
             batch.append(record.talking or book.open_segment(record))
+        if step_ids:
+            self._event("talker_step", step_ids)
         try:
             timed = await self._stage.run_timed(self._in_thread, batch, orphans)
         except asyncio.CancelledError:

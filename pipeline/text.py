@@ -7,13 +7,19 @@ A stream's text is cut into segments, one talker call each:
 - the stream's first segment is short so that the first chunk comes fast: the first
   clause when it ends within `first_fragment_words` words, else the first
   `first_fragment_words` words (0 disables the cut);
-- a sentence longer than `max_segment_chars` is split at clause boundaries (, ; : and
-  spaced dashes), or at a word boundary when no clause boundary fits; never mid-word
-  (a single word longer than the limit stays whole);
+- a sentence longer than `max_segment_chars` characters or `max_segment_phonemes`
+  estimated phonemes (`estimated_phonemes`) is split at clause boundaries (, ; : and
+  spaced dashes), else at a word boundary; a single token longer than that (a URL, a run
+  of one letter) is cut at its own punctuation (/ . - ? ...), else by length;
+- with a first fragment (`first_fragment_words` > 0) the bounds ramp up: the stream's
+  first segment gets `first_segment_chars` (characters and estimated phonemes), each next
+  one twice the one before, up to the maxima. A talker call then costs about what the
+  segments before it play for, even for text that plays far longer per character than
+  prose (a spelled-out link);
 - whitespace is normalised (runs become one space, ends trimmed).
 
-Cuts happen only at whitespace, so the words of the segments, in order, are exactly the
-words of the input (`" ".join(segments).split() == text.split()`).
+Cuts happen at whitespace, or inside a token longer than the bounds, so the characters of
+the segments, in order, are exactly those of the input, whitespace aside.
 
 `Segmenter` works incrementally (live text arrives in pieces): `push` returns the
 segments that are complete so far, `flush` the rest. A boundary is confirmed only once
@@ -23,6 +29,11 @@ the whitespace after it has arrived.
 from __future__ import annotations
 
 import re
+import unicodedata
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pipeline.config import TalkerConfig
 
 MIN_REST_WORDS = 3  # the first fragment is not cut off when fewer words would remain
 _CLOSERS = "\"'”’»)\\]}"
@@ -114,26 +125,78 @@ def _first_fragment(text: str, max_words: int) -> int | None:
     return cut
 
 
-def split_long(text: str, max_chars: int) -> list[str]:
-    """Split normalised `text` into pieces of at most `max_chars` where possible."""
+# Estimated phonemes per character, the proxy for a segment's phoneme count (the
+# phonemiser runs in the talker's thread, so the segmenter cannot count them): ASCII
+# letters, spaces and punctuation about one each; a digit several (it is read as a
+# word); other letters (accented, other scripts) a few; a symbol or an emoji a dozen
+# (read by its name when the normaliser is off).
+_PHONEMES_DIGIT = 4
+_PHONEMES_OTHER_LETTER = 3
+_PHONEMES_SYMBOL = 12
+# Where a long token (a URL, a path, a run of one letter) is cut when no space fits.
+_TOKEN_CUT_AFTER = frozenset("/.-_?&=#:,;@+~|")
+
+
+def _char_phonemes(char: str) -> int:
+    if char.isascii():
+        return _PHONEMES_DIGIT if char.isdigit() else 1
+    if char.isalnum():
+        return _PHONEMES_OTHER_LETTER
+    return 1 if char.isspace() or unicodedata.category(char)[0] in "PZM" else _PHONEMES_SYMBOL
+
+
+def estimated_phonemes(text: str) -> int:
+    """The phoneme-count proxy of `text` (see _char_phonemes)."""
+    return sum(_char_phonemes(char) for char in text)
+
+
+def _fitting_prefix(text: str, max_chars: int, max_phonemes: int) -> int:
+    """Length of the longest prefix of `text` within both bounds (at least 1 character)."""
+    total = 0
+    for index, char in enumerate(text[:max_chars]):
+        total += _char_phonemes(char)
+        if total > max_phonemes:
+            return max(index, 1)
+    return min(len(text), max_chars)
+
+
+def _cut(text: str, max_chars: int, max_phonemes: int) -> int | None:
+    """Where to cut the first piece off normalised `text`, or None when it fits whole.
+
+    The last clause boundary that fits; else, when none fits in the last two thirds of
+    the room, the last word boundary; else (one token longer than the room) the token's
+    last punctuation in the last two thirds of the room, or failing that the room's end.
+    """
+    room = _fitting_prefix(text, max_chars, max_phonemes)
+    if room >= len(text):
+        return None
+    least = max(room // 3, 1)  # a cut nearer the start wastes the room
+    cut = 0
+    for match in _CLAUSE_END.finditer(text, 0, room + 1):
+        if match.end() <= room:
+            cut = match.end()
+    if cut < least:
+        cut = max(cut, text.rfind(" ", 0, room + 1))
+    if cut < least:
+        # one token longer than the room: cut it at its own punctuation, else by length
+        cut = room
+        for index in range(room - 1, room // 3, -1):
+            if text[index] in _TOKEN_CUT_AFTER:
+                cut = index + 1
+                break
+    return cut
+
+
+def split_long(text: str, max_chars: int, max_phonemes: int | None = None) -> list[str]:
+    """Split normalised `text` into pieces of at most `max_chars` characters and
+    `max_phonemes` estimated phonemes (None: no phoneme bound)."""
+    max_phonemes = max_phonemes if max_phonemes is not None else _PHONEMES_SYMBOL * max_chars
     pieces: list[str] = []
     rest = text
-    while len(rest) > max_chars:
-        cut = 0
-        for match in _CLAUSE_END.finditer(rest, 0, max_chars + 1):
-            if match.end() <= max_chars:
-                cut = match.end()
-        if cut < max_chars // 3:
-            # no clause boundary worth cutting at: the last word boundary that fits
-            word_cut = rest.rfind(" ", 0, max_chars + 1)
-            if word_cut > cut:
-                cut = word_cut
-        if cut <= 0:
-            # one word longer than the limit: keep it whole
-            cut = rest.find(" ", max_chars)
-            if cut < 0:
-                break
-        pieces.append(rest[:cut].strip())
+    while (cut := _cut(rest, max_chars, max_phonemes)) is not None:
+        piece = rest[:cut].strip()
+        if piece:
+            pieces.append(piece)
         rest = rest[cut:].strip()
     if rest:
         pieces.append(rest)
@@ -143,11 +206,21 @@ def split_long(text: str, max_chars: int) -> list[str]:
 class Segmenter:
     """Turns text, given whole or in pieces, into talker segments (see the module doc)."""
 
-    def __init__(self, *, first_fragment_words: int = 6, max_segment_chars: int = 300) -> None:
+    def __init__(
+        self,
+        *,
+        first_fragment_words: int = 6,
+        max_segment_chars: int = 300,
+        max_segment_phonemes: int = 400,
+        first_segment_chars: int = 80,
+    ) -> None:
         self._first_fragment_words = first_fragment_words
         self._max_segment_chars = max_segment_chars
+        self._max_segment_phonemes = max_segment_phonemes
+        # the stream's first segment, whatever it is, is at most this long (0: no cap)
+        self._first_segment_chars = first_segment_chars or max_segment_chars
         self._buffer = ""  # raw text not yet emitted
-        self._emitted_any = False
+        self._emitted = 0  # segments emitted so far (the ramp's position)
 
     def push(self, text: str) -> list[str]:
         """Add text; return the segments now complete."""
@@ -159,6 +232,31 @@ class Segmenter:
         segments = self._drain(final=True)
         self._buffer = ""
         return segments
+
+    def _bounds(self, index: int) -> tuple[int, int]:
+        """(chars, estimated phonemes) allowed to the stream's segment number `index`: a
+        ramp from `first_segment_chars`, doubling, up to the configured maxima. Each
+        segment's talker call then costs about what the segments before it play for, even
+        in text that is one long token (a spelled-out URL plays far longer per character
+        than prose)."""
+        if self._first_fragment_words <= 0 or index >= 16:
+            return self._max_segment_chars, self._max_segment_phonemes
+        ramp = self._first_segment_chars << index
+        return min(ramp, self._max_segment_chars), min(ramp, self._max_segment_phonemes)
+
+    def _split(self, text: str) -> list[str]:
+        """`text` in bounded pieces, each within the bounds of its place in the stream."""
+        pieces: list[str] = []
+        while text:
+            cut = _cut(text, *self._bounds(self._emitted))
+            piece, text = (text, "") if cut is None else (text[:cut].strip(), text[cut:].strip())
+            if piece:
+                pieces.append(piece)
+                self._emitted += 1
+        return pieces
+
+    def _too_long(self, text: str) -> bool:
+        return _cut(text, *self._bounds(self._emitted)) is not None
 
     def _drain(self, *, final: bool) -> list[str]:
         out: list[str] = []
@@ -180,13 +278,12 @@ class Segmenter:
         if not sentence:
             return []
         out: list[str] = []
-        if not self._emitted_any:
+        if self._emitted == 0:
             cut = _first_fragment(sentence, self._first_fragment_words)
             if cut is not None:
-                out.extend(split_long(sentence[:cut].strip(), self._max_segment_chars))
+                out.extend(self._split(sentence[:cut].strip()))
                 sentence = sentence[cut:].strip()
-        out.extend(split_long(sentence, self._max_segment_chars))
-        self._emitted_any = self._emitted_any or bool(out)
+        out.extend(self._split(sentence))
         return out
 
     def _emit_pending(self) -> list[str]:
@@ -200,36 +297,53 @@ class Segmenter:
         settled, tail = stripped[:settled_end], stripped[settled_end:]
         text = normalise(settled)
         out: list[str] = []
-        if not self._emitted_any:
+        if self._emitted == 0:
             # cut once the sentence so far (its last word maybe still growing) has more
             # than first_fragment_words words: the cut is then the one the whole
             # sentence would get
             probe = normalise(stripped)
             cut = _first_fragment(probe, self._first_fragment_words)
             if cut is not None and cut <= len(text):
-                out.extend(split_long(text[:cut].strip(), self._max_segment_chars))
-                self._emitted_any = True
+                out.extend(self._split(text[:cut].strip()))
                 text = text[cut:].strip()
             elif self._first_fragment_words > 0:
                 # whether the first fragment is cut off is not known until more words
                 # (or the sentence end) arrive: splitting a long sentence now would cut
                 # it differently from the whole text
                 return []
-        if len(text) > self._max_segment_chars:
-            pieces = split_long(text, self._max_segment_chars)
+        if self._too_long(text):
+            pieces = self._split(text)
             out.extend(pieces[:-1])
             text = pieces[-1]
-            self._emitted_any = True
+            self._emitted -= 1  # the last piece stays: it may grow
         if out:
             self._buffer = text + tail
         return out
 
 
+def segment_options(talker: TalkerConfig) -> dict[str, int]:
+    """The Segmenter's keyword arguments from the talker's config."""
+    return {
+        "first_fragment_words": talker.first_fragment_words,
+        "max_segment_chars": talker.max_segment_chars,
+        "max_segment_phonemes": talker.max_segment_phonemes,
+        "first_segment_chars": talker.first_segment_chars,
+    }
+
+
 def split_text(
-    text: str, *, first_fragment_words: int = 6, max_segment_chars: int = 300
+    text: str,
+    *,
+    first_fragment_words: int = 6,
+    max_segment_chars: int = 300,
+    max_segment_phonemes: int = 400,
+    first_segment_chars: int = 80,
 ) -> list[str]:
     """The segments of a whole text."""
     segmenter = Segmenter(
-        first_fragment_words=first_fragment_words, max_segment_chars=max_segment_chars
+        first_fragment_words=first_fragment_words,
+        max_segment_chars=max_segment_chars,
+        max_segment_phonemes=max_segment_phonemes,
+        first_segment_chars=first_segment_chars,
     )
     return segmenter.push(text) + segmenter.flush()

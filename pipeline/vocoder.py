@@ -75,6 +75,7 @@ class Vocoder:
 
     async def _turn(self, selected: list[str], started_s: float, started_perf_s: float) -> None:
         book = self._book
+        self._event("vocoder_selection", selected)
         batch: list[tuple[StreamRecord, Chunk]] = []
         items: list[VocodeItem] = []
         for stream_id in selected:

@@ -1,7 +1,7 @@
 """Playhead's scheduling core: pure policy code, no I/O, no asyncio, the clock passed in.
 
 - PlaybackScheduler: per-stream playback horizons; which K streams get the next vocoder
-  turn (fifo or edf), see SPEC-scheduling.md sections 1-2;
+  turn (fifo or edf), see docs/scheduling.md sections 1-2;
 - ChunkPlanner: how each stream's codec frames are cut into vocoder chunks (section 3);
 - Admission: accept a new stream or reject it with a Retry-After (section 4), and the
   PlayingLedger of players still playing after their audio was all sent;

@@ -11,13 +11,15 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from scheduling._checks import check_bool, check_fraction, check_int, require_finite_time
+from scheduling.validation import check_bool, check_fraction, check_int, require_finite_time
 
 
 @dataclass(frozen=True)
 class AdmissionConfig:
     max_streams: int = 0  # streams at once at most; 0 = no cap
-    capacity_headroom: float = 0.9  # share of the measured capacity that may be committed
+    # share of the measured capacity that may be committed (the measured default: the
+    # estimate already includes the talker's share of the CPU, so no further margin)
+    capacity_headroom: float = 1.0
     enabled: bool = True  # False: accept everything
     # Retry-After when no active stream has a finish estimate: a 429 costs the client one
     # round trip, and the next answer carries a real estimate, so retrying soon is cheap.

@@ -11,10 +11,9 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from scheduling._checks import check_int
-from scheduling.errors import ConfigError
 from scheduling.policies import PolicyName
 from scheduling.scheduler import SchedulingConfig
+from scheduling.validation import check_int, check_int_list
 
 _log = logging.getLogger(__name__)
 
@@ -34,10 +33,7 @@ class ChunkingConfig:
     def __post_init__(self) -> None:
         check_int("chunk_frames", self.chunk_frames, 1)
         check_int("initial_chunk_frames", self.initial_chunk_frames, 0)
-        if not isinstance(self.ramp, list | tuple):
-            raise ConfigError(f"ramp must be a list of integers >= 1, got {self.ramp!r}")
-        ramp = tuple(check_int(f"ramp[{i}]", size, 1) for i, size in enumerate(self.ramp))
-        object.__setattr__(self, "ramp", ramp)
+        object.__setattr__(self, "ramp", check_int_list("ramp", self.ramp, 1))
         check_int("left_context_frames", self.left_context_frames, 0)
         check_int("right_context_frames", self.right_context_frames, 0)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterator
 
-from scheduling._checks import require_finite_time
+from scheduling.validation import require_finite_time
 
 
 class PlayingLedger:

@@ -139,7 +139,7 @@ class EdfPolicy:
     def _rank_ready(
         self, now_s: float, ready_ids: Collection[str], table: StreamTable, limit: int
     ) -> list[str]:
-        """The same ranking, by keying every ready stream (the spec's formula, verbatim)."""
+        """The same ranking, keying every ready stream (docs/scheduling.md's formula, verbatim)."""
 
         def rank(item: tuple[int, str]) -> tuple[int, float, float, int]:
             position, stream_id = item

@@ -28,7 +28,7 @@ import heapq
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from scheduling._checks import check_int, check_non_negative, check_positive
+from scheduling.validation import check_int, check_non_negative, check_positive
 
 # A timer set for the high-water mark may fire a hair early; within this it counts as under.
 HIGH_WATER_SLACK_S = 0.001

@@ -22,18 +22,26 @@ from app.server import create_app
 from app.settings import Settings, load_settings
 from pipeline.backends.sim import SimBackend
 
-# Fast sim costs: the talker runs at 50x real time and a vocoder turn costs a few ms.
+# Fast sim costs: the talker runs at 50x real time (2 frames of 80 ms per 3.2 ms step for
+# one stream) and a vocoder turn costs a few ms.
 SIM_OVERRIDES = (
     "backend.kind=sim",
-    "sim.talker_frames_per_step=2",  # 2 frames per 3.2 ms step: 625 frames a second
-    "sim.talker_step_base_ms=3.2",
-    "sim.talker_step_per_stream_ms=0",
+    "sim.talker_frames_per_step=2",
+    "sim.talker_step_base_ms=2.4",
+    "sim.talker_step_per_stream_ms=0.8",
     "sim.vocoder_base_ms=2",
     "sim.vocoder_per_frame_ms=0.2",
     "chunking.chunk_frames=8",
     "chunking.ramp=[2,4]",
     "chunking.left_context_frames=1",
     "chunking.right_context_frames=1",
+)
+# A talker at 4x real time for one stream (4 frames of 80 ms per 80 ms step): ~10 s of
+# audio takes ~2.5 s, so a test can act while the stream is mid-way.
+SLOW_TALKER = (
+    "sim.talker_frames_per_step=4",
+    "sim.talker_step_base_ms=60",
+    "sim.talker_step_per_stream_ms=20",
 )
 DEMUXER = {"mp3": "mp3", "opus": "ogg", "aac": "aac", "flac": "flac", "wav": "wav"}
 

@@ -15,8 +15,8 @@ from scheduling import AdmissionConfig, ChunkingConfig, SchedulingConfig
 # Costs small enough that a test's engine runs far faster than real time.
 FAST_SIM = SimConfig(
     talker_frames_per_step=4,
-    talker_step_base_ms=0.5,
-    talker_step_per_stream_ms=0.1,
+    talker_step_base_ms=0.6,
+    talker_step_per_stream_ms=0.2,
     vocoder_base_ms=1.0,
     vocoder_per_frame_ms=0.2,
 )

@@ -1,4 +1,4 @@
-"""Admission (SPEC-scheduling.md section 4): accept, or 429 with a Retry-After."""
+"""Admission (docs/scheduling.md section 4): accept, or 429 with a Retry-After."""
 
 from __future__ import annotations
 

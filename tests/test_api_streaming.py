@@ -20,6 +20,7 @@ import httpx
 import numpy as np
 import pytest
 from api_support import (
+    SLOW_TALKER,
     LiveServer,
     decode,
     expected_audio_s,
@@ -334,11 +335,7 @@ def _read_headers(sock: socket.socket) -> tuple[bytes, bytes]:
 
 def test_a_disconnect_mid_stream_frees_the_stream() -> None:
     # a talker at 4x real time: ~10 s of audio takes ~2.5 s, so the stream is mid-way
-    settings_overrides = (
-        "sim.talker_frames_per_step=1",
-        "sim.talker_step_base_ms=20",
-        "admission.enabled=false",
-    )
+    settings_overrides = (*SLOW_TALKER, "admission.enabled=false")
     with live_server(sim_settings(*settings_overrides)) as live:
         text = "A long sentence that keeps the talker busy for a while. " * 3
         sock = _open_raw(live, speech_body(text, response_format="pcm"))
@@ -384,11 +381,7 @@ def test_a_disconnect_before_the_first_audio_frees_the_stream() -> None:
 
 
 def test_first_bytes_leave_before_the_stream_is_done() -> None:
-    with live_server(
-        sim_settings(
-            "sim.talker_frames_per_step=1", "sim.talker_step_base_ms=20", "admission.enabled=false"
-        )
-    ) as live:
+    with live_server(sim_settings(*SLOW_TALKER, "admission.enabled=false")) as live:
         text = "A long sentence that keeps the talker busy for a while. " * 2
         body = speech_body(text, response_format="mp3")
         first_s = None
@@ -471,9 +464,7 @@ async def _call_asgi(app: object, body: bytes, on_first_body: object) -> list[di
 
 @pytest.mark.parametrize("stream_format", ["sse", "audio"])
 async def test_an_engine_stop_mid_stream_is_not_a_whole_file(stream_format: str) -> None:
-    settings = sim_settings(
-        "sim.talker_frames_per_step=1", "sim.talker_step_base_ms=20", "admission.enabled=false"
-    )
+    settings = sim_settings(*SLOW_TALKER, "admission.enabled=false")
     app = create_app(settings)
     text = "A long sentence that keeps the talker busy for a while. " * 3
     body = json.dumps(speech_body(text, response_format="wav", stream_format=stream_format))

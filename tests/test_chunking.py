@@ -1,4 +1,4 @@
-"""ChunkPlanner (SPEC-scheduling.md section 3): sizes, context, segments, exactly-once."""
+"""ChunkPlanner (docs/scheduling.md section 3): sizes, context, segments, exactly-once."""
 
 from __future__ import annotations
 

@@ -38,15 +38,21 @@ def printed_config(capsys, *argv: str) -> dict:
     return yaml.safe_load(out)
 
 
-def test_config_without_a_file_prints_the_defaults(capsys):
-    assert printed_config(capsys) == Settings().model_dump(mode="json")
-
-
-def test_config_uses_configs_default_yaml_in_the_working_directory(capsys, monkeypatch):
-    monkeypatch.chdir(ROOT)
+def test_config_without_a_file_prints_the_packaged_default_yaml(capsys):
+    # the working directory is an empty temp dir (the autouse fixture)
     data = printed_config(capsys)
     assert data == load_settings(CONFIGS / "default.yaml", environ={}).model_dump(mode="json")
-    assert data["scheduling"]["policy"] == "edf"
+    assert data == Settings().model_dump(mode="json")
+    assert data["scheduling"]["active_stream_window"] == 1
+
+
+def test_the_command_runs_the_packaged_defaults_from_any_directory(tmp_path):
+    (tmp_path / "configs").mkdir()  # a stray configs/default.yaml here is not read
+    (tmp_path / "configs" / "default.yaml").write_text("server: {port: 1234}\n")
+    result = run_cli("config", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    expected = load_settings(CONFIGS / "default.yaml", environ={})
+    assert yaml.safe_load(result.stdout) == expected.model_dump(mode="json")
 
 
 def test_config_file_from_playhead_config_variable(capsys, monkeypatch):

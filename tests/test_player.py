@@ -1,4 +1,4 @@
-"""The simulated 1x player and the metrics built on it (BENCH.md), with hand-computed numbers."""
+"""The simulated 1x player and its metrics (docs/benchmarking.md), with hand-computed numbers."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""PlaybackScheduler: the horizon (SPEC-scheduling.md section 1) and selection (section 2)."""
+"""PlaybackScheduler: the horizon (docs/scheduling.md section 1) and selection (section 2)."""
 
 from __future__ import annotations
 
@@ -306,7 +306,7 @@ def test_fifo_slot_holder_that_is_not_ready_keeps_its_slot():
     assert s.select(102, ["B", "C"]) == ["B", "C"]
 
 
-# --- properties: selection against the spec's formula -----------------------------------
+# --- properties: selection against the formula of docs/scheduling.md --------------------
 
 # Halves and quarters are exact in binary, so equal deadlines, horizons exactly at the
 # margin and shared keys come up often.
@@ -336,7 +336,7 @@ def operations(draw):
 
 
 def spec_edf(model, now_s, ready_ids, window, first_chunk_ms, margin_ms):
-    """Section 2's ranking, written straight from the spec."""
+    """Section 2's ranking, written straight from docs/scheduling.md."""
 
     def key(item):
         position, sid = item

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from app.encoding_config import EncodingConfig
 from app.settings import (
@@ -18,7 +18,9 @@ from app.settings import (
     Settings,
     SettingsError,
     load_settings,
+    section_defaults,
 )
+from configs import packaged_config
 from pipeline.config import BackendConfig, TalkerConfig
 from scheduling import (
     AdmissionConfig,
@@ -52,7 +54,7 @@ def test_no_file_gives_the_built_in_defaults():
     assert settings == Settings()
     assert settings.server == ServerConfig()
     assert settings.server.port == 8000
-    assert settings.server.model_ids == ["playhead", "playhead-piper"]
+    assert settings.server.model_ids == ("playhead", "playhead-piper")
     assert settings.server.max_request_bytes == 65536
     assert settings.encoding == EncodingConfig()
     assert settings.backend == BackendConfig()
@@ -96,11 +98,23 @@ def test_default_yaml_writes_out_every_knob():
     assert list(data) == list(SECTIONS)
     for section in SECTIONS:
         kind = Settings.model_fields[section].annotation
-        if isinstance(kind, type) and issubclass(kind, BaseModel):
-            names = set(kind.model_fields)
-        else:
-            names = {f.name for f in dataclasses.fields(kind)}
-        assert set(data[section]) == names, section
+        assert set(data[section]) == {f.name for f in dataclasses.fields(kind)}, section
+
+
+@pytest.mark.parametrize("section", SECTIONS)
+def test_default_yaml_states_the_codes_defaults_field_by_field(section):
+    # configs/default.yaml holds the measured defaults; the code's must be the same, so
+    # that Python callers (tests, benchmarks, an engine built by hand) run what was measured
+    loaded = getattr(load_settings(CONFIGS / "default.yaml", environ={}), section)
+    for name, default in section_defaults(section).items():
+        assert getattr(loaded, name) == default, f"{section}.{name}"
+    assert loaded == getattr(Settings(), section)
+
+
+def test_the_packaged_default_config_is_configs_default_yaml():
+    packaged = packaged_config()
+    assert packaged.read_text(encoding="utf-8") == (CONFIGS / "default.yaml").read_text()
+    assert load_settings(packaged, environ={}) == Settings()
 
 
 def test_sim_yaml_loads_with_80_ms_frames():
@@ -109,6 +123,7 @@ def test_sim_yaml_loads_with_80_ms_frames():
     sim = settings.sim
     assert sim.samples_per_frame / sim.sample_rate_hz == pytest.approx(0.080)
     assert (sim.talker_frames_per_step, sim.talker_step_base_ms) == (8, 1.0)
+    assert sim.talker_step_per_stream_ms == 0.2 and settings.talker.batch == 16
     assert (sim.vocoder_base_ms, sim.vocoder_per_frame_ms, sim.batched) == (4.0, 9.0, True)
     assert settings.scheduling.policy == "edf"
     assert settings.scheduling.active_stream_window == 4
@@ -126,8 +141,8 @@ def test_settings_are_frozen_and_reject_unknown_keys_without_the_loader():
     settings = Settings()
     with pytest.raises(ValidationError):
         settings.server = ServerConfig(port=1)
-    with pytest.raises(ValidationError):
-        settings.server.port = 1
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.server.port = 1  # type: ignore[misc]
     with pytest.raises(ValidationError, match="bogus"):
         Settings.model_validate({"talker": {"bogus": 1}})
     with pytest.raises(ValidationError, match="bogus"):
@@ -219,6 +234,11 @@ SECTION_RULES = [
     ("backend", "kind: gpu", "backend.kind"),
     ("sim", "samples_per_frame: 0", "sim.samples_per_frame"),
     ("sim", "talker_frames_per_step: 0", "sim.talker_frames_per_step"),
+    ("sim", "talker_step_base_ms: -1", "sim.talker_step_base_ms"),
+    ("sim", "talker_step_per_stream_ms: .nan", "sim.talker_step_per_stream_ms"),
+    ("talker", "batch: 0", "talker.batch"),
+    ("piper", "noise_w: -1", "piper.noise_w"),
+    ("server", "model_ids: ['']", "server.model_ids"),
     ("sim", "vocoder_base_ms: -1", "sim.vocoder_base_ms"),
     ("piper", "output_gain: 0", "piper.output_gain"),
     ("talker", "intra_op_threads: 0", "talker.intra_op_threads"),
@@ -254,9 +274,10 @@ def test_log_level_is_case_insensitive(tmp_path):
 
 
 def test_several_errors_stay_on_one_line(tmp_path):
-    path = write(tmp_path, "server: {port: 0, max_input_chars: 0}\n")
+    # one error per section (a section stops at its first bad field), every section told
+    path = write(tmp_path, "server: {port: 0}\nscheduling: {first_chunk_ms: 0}\n")
     message = error_of(path)
-    assert "server.port" in message and "server.max_input_chars" in message
+    assert "server.port" in message and "scheduling.first_chunk_ms" in message
 
 
 # --- file problems -----------------------------------------------------------------------
@@ -379,7 +400,7 @@ def test_override_values_are_read_as_yaml():
     assert settings.admission.enabled is False
     assert settings.scheduling.first_chunk_ms == 80.0
     assert settings.server.api_key is None
-    assert settings.server.model_ids == ["a", "b"]
+    assert settings.server.model_ids == ("a", "b")
     assert settings.piper.model_path == "/voices/x.onnx"
 
 

@@ -1,26 +1,32 @@
-"""The discrete-event simulator: small runs of the real scheduling code, checked against
-physics (the bound) and against what each policy is for."""
+"""The discrete-event simulator: small runs of the engine's own stream book, scheduling code
+and sim backend in virtual time, checked against physics (the bound), against what each
+policy is for, and against the sim backend's costs (tests/test_engine_vs_simulator.py
+checks it decides as the engine does)."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
 from benchmarks.loadgen import load_corpus
 from benchmarks.simulate import (
+    DEFAULT_SIM,
+    DEFAULT_TALKER,
     DEFAULT_WINDOW,
     Scenario,
     SimResult,
+    mean_audio_s,
     policy_scenario,
     prepare_texts,
     replica_capacity,
+    run_plan,
     simulate,
 )
-from pipeline.config import TalkerConfig
 from scheduling import AdmissionConfig, SchedulingConfig
 
-C = replica_capacity()  # 64 streams per replica with the default cost model
+C = replica_capacity()  # 64 streams per replica with the default sim costs
 
 
 def run(name: str, factor: float, streams: int = 400, **kw: object) -> SimResult:
@@ -83,14 +89,13 @@ def test_admission_at_twice_capacity_keeps_accepted_streams_clean() -> None:
 
 
 def test_routers_over_four_replicas_at_capacity() -> None:
-    texts = prepare_texts(load_corpus(), TalkerConfig(), 0.08)
-    mean_audio_s = sum(t.audio_s for t in texts) / len(texts)
+    mean_s = mean_audio_s(prepare_texts(load_corpus(), DEFAULT_TALKER, DEFAULT_SIM))
     results = {}
     for router in ("random", "least-loaded", "slack"):
         sc = Scenario(
             label=router,
             streams=3000,
-            rate_per_s=4 * C / mean_audio_s,  # offered audio = C over 4 replicas
+            rate_per_s=4 * C / mean_s,  # offered audio = C over 4 replicas
             replicas=4,
             router=router,
             scheduling=SchedulingConfig(policy="edf", active_stream_window=DEFAULT_WINDOW),
@@ -112,3 +117,50 @@ def test_same_seed_same_numbers() -> None:
     b = run("edf K", 1.0, streams=150, seed=3).summary
     assert a == b
     assert not math.isnan(a.stall_ratio)
+
+
+def test_the_talker_costs_are_the_sim_backends() -> None:
+    """A talker step made slow in SimConfig (the one cost model) slows the talker."""
+    fast = run("edf K", 0.5, streams=150)
+    slow_sim = replace(DEFAULT_SIM, talker_step_base_ms=400.0)
+    slow = run("edf K", 0.5, streams=150, sim=slow_sim)
+    assert fast.summary.ttfa_p50_ms is not None and slow.summary.ttfa_p50_ms is not None
+    # a first chunk needs one talker step: its cost shows in every stream's first audio
+    assert slow.summary.ttfa_p50_ms > 400 > fast.summary.ttfa_p50_ms
+    assert slow.talker_steps < fast.talker_steps
+
+
+def test_a_client_that_hangs_up_frees_its_place_at_once() -> None:
+    """Poisson arrivals over capacity, admission on: streams cut short leave the book (and
+    the count admission uses) at once, so fewer later arrivals are turned away."""
+    rate = 1.4 * C / mean_audio_s(prepare_texts(load_corpus(), DEFAULT_TALKER, DEFAULT_SIM))
+
+    def scenario(hangup_share: float) -> Scenario:
+        return Scenario(
+            label=f"hang up {hangup_share}",
+            streams=1500,
+            rate_per_s=rate,
+            admission=AdmissionConfig(enabled=True),
+            hangup_share=hangup_share,
+            seed=11,
+        )
+
+    staying = simulate(scenario(0.0))
+    leaving = simulate(scenario(1.0))
+    assert staying.hangups == 0
+    assert leaving.hangups > 300
+    assert leaving.summary.rejected < 0.6 * staying.summary.rejected
+    assert leaving.summary.stall_free_share >= 0.99
+
+
+def test_parallel_plan_gives_the_same_figures() -> None:
+    plan = [
+        policy_scenario("edf K", DEFAULT_WINDOW, streams=100, clients=round(f * C), seed=2)
+        for f in (0.5, 1.5)
+    ]
+    alone = [r.row() for r in run_plan(plan, jobs=1)]
+    together = [r.row() for r in run_plan(plan, jobs=2)]
+    for a, b in zip(alone, together, strict=True):
+        a.pop("sim_wall_s")
+        b.pop("sim_wall_s")
+        assert a == b

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.text import Segmenter, split_text
+from pipeline.text import Segmenter, estimated_phonemes, split_text
 
 
 def test_first_fragment_is_the_first_clause() -> None:
@@ -71,11 +71,39 @@ def test_long_sentence_without_clauses_splits_between_words() -> None:
     assert " ".join(segments) == text
 
 
-def test_a_word_longer_than_the_limit_stays_whole() -> None:
+def test_a_word_longer_than_the_limit_is_cut_by_length() -> None:
     word = "x" * 80
     segments = split_text(f"a {word} b", first_fragment_words=0, max_segment_chars=30)
-    assert word in segments
-    assert " ".join(segments) == f"a {word} b"
+    assert segments == ["a " + "x" * 28, "x" * 30, "x" * 22 + " b"]
+
+
+def test_a_long_token_is_cut_at_its_own_punctuation() -> None:
+    url = "https://example.com/" + "/".join(["abcdefghij"] * 12)  # 151 characters
+    segments = split_text(f"Visit {url} today.", first_fragment_words=0, max_segment_chars=50)
+    assert all(len(s) <= 50 for s in segments)
+    assert all(s.endswith("/") for s in segments[:-1]), segments
+    assert "".join(" ".join(segments).split()) == "".join(f"Visit {url} today.".split())
+
+
+def test_the_phoneme_proxy_bounds_symbols_and_other_letters() -> None:
+    assert estimated_phonemes("ab, c") == 5
+    assert estimated_phonemes("é1") == 3 + 4
+    assert estimated_phonemes("🎉") == 12
+    segments = split_text("🎉" * 100, first_fragment_words=0, max_segment_phonemes=60)
+    assert [len(s) for s in segments] == [5] * 20
+    segments = split_text("é" * 4096, first_fragment_words=0, max_segment_chars=300)
+    assert all(len(s) <= 300 and estimated_phonemes(s) <= 400 for s in segments)
+    assert "".join(segments) == "é" * 4096
+
+
+def test_the_first_segment_of_a_stream_is_short_even_for_one_long_token() -> None:
+    token = "é" * 1000
+    segments = split_text(f"{token} then.", first_fragment_words=6, first_segment_chars=40)
+    # 40, 80, 160, 320, then 400 estimated phonemes (3 per letter)
+    assert [len(s) for s in segments[:5]] == [13, 26, 53, 106, 133]
+    assert all(len(s) <= 300 for s in segments)
+    # no first-fragment cut (0): no first-segment cap either
+    assert len(split_text(token, first_fragment_words=0)[0]) == 133  # 400 phonemes / 3
 
 
 def test_the_first_fragment_leaves_no_one_or_two_word_remainder() -> None:
@@ -144,6 +172,9 @@ _TOKENS = st.sampled_from(
         '"quoted."',
         "(aside)",
         "supercalifragilistic" * 3,
+        "https://example.com/some/long-path_to?a=page&b=2#x",
+        "é" * 45,
+        "🎉🎉🎉",
     ]
 )
 _SPACES = st.sampled_from([" ", " ", " ", "  ", "\n", "\n\n", "\t"])
@@ -156,18 +187,38 @@ def _texts(draw: st.DrawFn) -> str:
 
 
 @settings(max_examples=200, deadline=None)
-@given(text=_texts(), words=st.integers(0, 8), max_chars=st.integers(20, 120), data=st.data())
+@given(
+    text=_texts(),
+    words=st.integers(0, 8),
+    max_chars=st.integers(20, 120),
+    max_phonemes=st.integers(20, 200),
+    first_chars=st.integers(0, 60),
+    data=st.data(),
+)
 def test_nothing_is_lost_and_pieces_match_the_whole(
-    text: str, words: int, max_chars: int, data: st.DataObject
+    text: str, words: int, max_chars: int, max_phonemes: int, first_chars: int, data: st.DataObject
 ) -> None:
-    whole = split_text(text, first_fragment_words=words, max_segment_chars=max_chars)
-    assert " ".join(whole).split() == text.split()
+    bounds = {
+        "first_fragment_words": words,
+        "max_segment_chars": max_chars,
+        "max_segment_phonemes": max_phonemes,
+        "first_segment_chars": first_chars,
+    }
+    whole = split_text(text, **bounds)
+    # cuts fall between words or inside a too-long token: every character stays, in order
+    assert "".join(" ".join(whole).split()) == "".join(text.split())
     assert all(segment and segment == " ".join(segment.split()) for segment in whole)
     for segment in whole:
-        assert len(segment) <= max_chars or " " not in segment
+        assert len(segment) <= max_chars
+        assert estimated_phonemes(segment) <= max_phonemes or len(segment) == 1
+    if words > 0 and first_chars > 0:
+        for index, segment in enumerate(whole[:8]):  # the ramp: first_chars, doubling
+            ramp = first_chars << index
+            assert len(segment) <= ramp
+            assert estimated_phonemes(segment) <= ramp or len(segment) == 1
 
     cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=12)))
-    segmenter = Segmenter(first_fragment_words=words, max_segment_chars=max_chars)
+    segmenter = Segmenter(**bounds)
     pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
     incremental = [s for piece in pieces for s in segmenter.push(piece)] + segmenter.flush()
     assert incremental == whole

@@ -1,9 +1,16 @@
-"""Backends: `build_backend` picks one from the config (the piper module loads lazily)."""
+"""Backends: `build_backend` picks one from the config (piper and codec_lm load lazily)."""
 
 from __future__ import annotations
 
 from pipeline.backend import Backend
-from pipeline.config import BackendConfig, PiperConfig, SimConfig, TalkerConfig, VocoderConfig
+from pipeline.config import (
+    BackendConfig,
+    CodecLMConfig,
+    PiperConfig,
+    SimConfig,
+    TalkerConfig,
+    VocoderConfig,
+)
 from scheduling.errors import ConfigError
 
 
@@ -14,6 +21,7 @@ def build_backend(
     piper: PiperConfig,
     talker: TalkerConfig,
     vocoder: VocoderConfig,
+    codec_lm: CodecLMConfig | None = None,
 ) -> Backend:
     """The backend named by `backend.kind`, loaded and ready to serve."""
     if backend.kind == "sim":
@@ -24,7 +32,11 @@ def build_backend(
         from pipeline.backends.piper import PiperBackend  # heavy: ONNX Runtime, the voice
 
         return PiperBackend(piper, talker, vocoder)
-    raise ConfigError(f"kind must be one of piper, sim, got {backend.kind!r}")
+    if backend.kind == "codec_lm":
+        from pipeline.backends.codec_lm import CodecLMBackend  # heavy: torch, transformers
+
+        return CodecLMBackend(codec_lm or CodecLMConfig())
+    raise ConfigError(f"kind must be one of piper, sim, codec_lm, got {backend.kind!r}")
 
 
 __all__ = ["build_backend"]

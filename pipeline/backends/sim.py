@@ -35,7 +35,7 @@ import numpy as np
 
 from pipeline.backend import TalkRequest, TalkStep, VocodeItem, Voice
 from pipeline.config import SimConfig, TalkerConfig
-from pipeline.text import split_text
+from pipeline.text import segment_options, split_text
 from scheduling.errors import ConfigError
 
 CHARS_PER_FRAME = 1.2
@@ -59,11 +59,7 @@ def frames_for_text(text: str, speed: float = 1.0) -> int:
 def expected_frames(text: str, speed: float = 1.0, talker: TalkerConfig | None = None) -> int:
     """Frames a whole submitted text becomes: the sum over the engine's segments."""
     talker = talker or TalkerConfig()
-    segments = split_text(
-        text,
-        first_fragment_words=talker.first_fragment_words,
-        max_segment_chars=talker.max_segment_chars,
-    )
+    segments = split_text(text, **segment_options(talker))
     return sum(frames_for_text(segment, speed) for segment in segments)
 
 
@@ -103,6 +99,22 @@ def decode_sim_signal(pcm: np.ndarray, samples_per_frame: int) -> list[tuple[int
     tags = (digits[:, 0] << _DIGIT_BITS) | digits[:, 1]
     indices = (digits[:, 2] << _DIGIT_BITS) | digits[:, 3]
     return [(int(t), int(i)) for t, i in zip(tags, indices, strict=True)]
+
+
+def talker_step_cost_s(config: SimConfig, segments: int) -> float:
+    """Seconds one talker step over `segments` open segments costs (0 for none)."""
+    if segments <= 0:
+        return 0.0
+    return (config.talker_step_base_ms + config.talker_step_per_stream_ms * segments) / 1000.0
+
+
+def vocoder_cost_s(config: SimConfig, decoded_frames: int, items: int) -> float:
+    """Seconds one vocode call costs: `items` chunks, `decoded_frames` frames in all
+    (context included); base once per call when batched, once per item otherwise."""
+    if items <= 0:
+        return 0.0
+    calls = 1 if config.batched else items
+    return (config.vocoder_base_ms * calls + config.vocoder_per_frame_ms * decoded_frames) / 1000.0
 
 
 @dataclass(slots=True)
@@ -167,9 +179,9 @@ class SimBackend:
         cfg = self.config
         if not segments:
             return []
-        cost_ms = cfg.talker_step_base_ms + cfg.talker_step_per_stream_ms * len(segments)
-        if cost_ms > 0:
-            self._sleep(cost_ms / 1000.0)
+        cost_s = talker_step_cost_s(cfg, len(segments))
+        if cost_s > 0:
+            self._sleep(cost_s)
         results = []
         for segment in segments:
             if segment.closed:
@@ -199,12 +211,10 @@ class SimBackend:
                     f"emit range {item.emit_offset_frames}+{item.emit_frames} "
                     f"outside {len(item.frames)} frames"
                 )
-        cfg = self.config
         decoded = sum(len(item.frames) for item in items)
-        calls = 1 if cfg.batched else len(items)
-        cost_ms = cfg.vocoder_base_ms * calls + cfg.vocoder_per_frame_ms * decoded
-        if items and cost_ms > 0:
-            self._sleep(cost_ms / 1000.0)
+        cost_s = vocoder_cost_s(self.config, decoded, len(items))
+        if cost_s > 0:
+            self._sleep(cost_s)
         return [
             encode_sim_signal(
                 item.frames[item.emit_offset_frames : item.emit_offset_frames + item.emit_frames],

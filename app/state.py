@@ -1,0 +1,176 @@
+"""What the routes share, and how the model gets loaded.
+
+`AppState` holds the settings, the metrics and, once the backend is built, the engine. Its
+`lifespan` starts loading the model in a worker thread and returns at once, so the server
+answers /health (and 503 on everything that needs the model) while a voice loads; when the
+backend is built, the Engine is created and started. At shutdown the engine is stopped and
+the backend closed.
+
+Routes reach the state through `get_state` (a FastAPI dependency, or called with the
+request), never through the module that builds the app (app/server.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager, suppress
+from typing import Annotated
+
+from fastapi import Depends, FastAPI, Request
+
+from app.errors import ServiceUnavailable
+from app.metrics import Metrics
+from app.settings import Settings
+from pipeline import Backend, Engine
+
+logger = logging.getLogger("playhead.app")
+
+BackendFactory = Callable[[], Backend]
+
+# The attribute of `app.state` that holds the AppState.
+STATE_ATTRIBUTE = "playhead"
+
+
+class AppState:
+    """Settings, metrics and, once loaded, the engine (and through it the backend)."""
+
+    def __init__(self, settings: Settings, backend_factory: BackendFactory) -> None:
+        self.settings = settings
+        self.metrics = Metrics()
+        self.created_s = int(time.time())
+        self.engine: Engine | None = None
+        self.load_error: str | None = None
+        self._backend_factory = backend_factory
+        self._loaded: asyncio.Event | None = None
+
+    @property
+    def backend(self) -> Backend | None:
+        """The loaded backend (None while loading, after a failure, or after shutdown)."""
+        return self.engine.backend if self.engine is not None else None
+
+    @property
+    def ready_engine(self) -> Engine | None:
+        """The engine when it is loaded and its loops run, else None: the one readiness test."""
+        engine = self.engine
+        return engine if engine is not None and engine.ready else None
+
+    @property
+    def ready(self) -> bool:
+        return self.ready_engine is not None
+
+    def not_ready_error(self) -> ServiceUnavailable:
+        """Why there is no engine to serve with: loading, failed to load, or stopped."""
+        if self.load_error is not None:
+            return ServiceUnavailable(
+                f"The model failed to load: {self.load_error}", code="model_load_failed"
+            )
+        if self.engine is None:
+            return ServiceUnavailable(
+                "The model is loading; retry shortly.",
+                code="model_loading",
+                headers={"Retry-After": "1"},
+            )
+        return ServiceUnavailable("The engine is not running.", code="engine_not_ready")
+
+    def require_engine(self) -> Engine:
+        """The engine, or ServiceUnavailable (503) while loading or when it stopped."""
+        engine = self.ready_engine
+        if engine is None:
+            raise self.not_ready_error()
+        return engine
+
+    async def wait_loaded(self) -> None:
+        """Returns once loading ended (ready, or failed: see load_error)."""
+        if self._loaded is None:
+            raise RuntimeError("the app's lifespan has not started")
+        await self._loaded.wait()
+
+    async def _build_backend(self) -> Backend:
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(None, self._backend_factory)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            # A thread cannot be interrupted: close what it builds once it is done.
+            future.add_done_callback(_close_built_backend)
+            raise
+
+    async def load(self) -> None:
+        assert self._loaded is not None
+        started_s = time.monotonic()
+        backend: Backend | None = None
+        try:
+            backend = await self._build_backend()
+            s = self.settings
+            engine = Engine(
+                backend,
+                scheduling=s.scheduling,
+                chunking=s.chunking,
+                admission=s.admission,
+                engine=s.engine,
+                talker=s.talker,
+                events=self.metrics,
+            )
+            await engine.start()
+            self.engine = engine
+            logger.info(
+                "ready: backend %s, %d voice(s), loaded in %.1f s",
+                backend.name,
+                len(backend.voices()),
+                time.monotonic() - started_s,
+            )
+        except asyncio.CancelledError:
+            if backend is not None and self.engine is None:
+                backend.close()
+            raise
+        except Exception as exc:
+            self.load_error = f"{type(exc).__name__}: {exc}"
+            logger.exception("loading the model failed")
+            if backend is not None:
+                backend.close()
+        finally:
+            self._loaded.set()
+
+    async def shutdown(self) -> None:
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            try:
+                await engine.stop()
+            finally:
+                engine.backend.close()
+
+    @asynccontextmanager
+    async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
+        self._loaded = asyncio.Event()
+        load_task = asyncio.create_task(self.load(), name="playhead-load")
+        try:
+            yield
+        finally:
+            load_task.cancel()
+            with suppress(asyncio.CancelledError):
+                await load_task
+            await self.shutdown()
+
+
+def _close_built_backend(future: asyncio.Future[Backend]) -> None:
+    if not future.cancelled() and future.exception() is None:
+        future.result().close()
+
+
+def attach_state(app: FastAPI, state: AppState) -> None:
+    setattr(app.state, STATE_ATTRIBUTE, state)
+
+
+def get_state(request: Request) -> AppState:
+    """The app's AppState (a FastAPI dependency; also callable with any request)."""
+    state = getattr(request.app.state, STATE_ATTRIBUTE, None)
+    if not isinstance(state, AppState):
+        raise RuntimeError("the app has no AppState: build it with app.server.create_app")
+    return state
+
+
+# `state: StateDep` in a route's signature injects the AppState.
+StateDep = Annotated[AppState, Depends(get_state)]

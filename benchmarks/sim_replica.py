@@ -1,0 +1,388 @@
+"""One engine replica in virtual time, for the discrete-event simulator.
+
+The replica holds the engine's own StreamBook (pipeline/book.py) and the sim backend
+(pipeline/backends/sim.py), so every state transition and every decision is the
+engine's code:
+
+- talker order: scheduling.plan_talker_step over the book's candidates, with the
+  TalkerOrderConfig the engine builds (pipeline.talker.talker_order);
+- the talker's segments: the book's open_segment/talked/orphans, and the sim backend's
+  open_segment/step/close_segment (frames per step, segment ends);
+- vocoder selection: the book's refresh and ready set, PlaybackScheduler.select;
+- chunk planning: the book's ChunkPlanner, emit and commit;
+- admission: scheduling.Admission with the book's playing streams (its PlayingLedger,
+  which a cancelled stream leaves at once), its finish times, and the capacity estimate
+  of pipeline/capacity.py fed per model call as the engine's stages feed it.
+
+What the replica adds is what asyncio and the stage threads do in the engine: the
+Talker's and the Vocoder's loops (pipeline/talker.py, pipeline/vocoder.py) as event
+handlers, each stage busy for the cost the sim backend spends (its `sleep`, captured
+here), the two stages overlapping in virtual time. A stage woken while idle runs at the
+same virtual instant, after the events already due then (as a task woken by an
+asyncio.Event runs after the callbacks already queued); a stage ends its call and plans
+its next one in the same handler (as the engine's loop continues without yielding).
+
+A listener reads its audio at once here (the load generator does), so no stream parks:
+the channel's cap is set out of reach and the PCM handed to the book is a shared block of
+zeros of the right length (the signal is not needed; its length is).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Protocol
+
+import numpy as np
+
+from pipeline.backend import TalkStep
+from pipeline.backends.sim import SimBackend, vocoder_cost_s
+from pipeline.book import OpenSegment, StreamBook, StreamRecord, Wakes
+from pipeline.capacity import CapacityEstimate, pipeline_capacity
+from pipeline.config import EngineConfig, SimConfig, TalkerConfig
+from pipeline.events import NullEvents
+from pipeline.stream import Stream
+from pipeline.talker import talker_order
+from pipeline.text import Segmenter, segment_options
+from scheduling import (
+    Admission,
+    AdmissionConfig,
+    Chunk,
+    ChunkingConfig,
+    ChunkPlanner,
+    Decision,
+    PlaybackScheduler,
+    SchedulingConfig,
+    plan_talker_step,
+)
+
+# Unread audio never reaches this: the simulated listener reads everything at once.
+_NEVER_PARK_S = 1e9
+
+
+@dataclass(frozen=True)
+class EngineSetup:
+    """What one replica runs: the engine's config sections and the sim backend's costs."""
+
+    scheduling: SchedulingConfig
+    chunking: ChunkingConfig
+    admission: AdmissionConfig
+    talker: TalkerConfig
+    sim: SimConfig
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+
+class EventQueue(Protocol):
+    """The simulation's clock and event heap, as a replica sees them."""
+
+    now: float
+
+    def push(self, at_s: float, handler: Callable[[float, object], None], arg: object) -> None:
+        """Call `handler(at_s, arg)` at `at_s` (after the events already due then)."""
+        ...
+
+
+@dataclass
+class Trace:
+    """A replica's decisions in the order it made them (stream ids as the book names them)."""
+
+    admissions: list[tuple[float, bool, str]] = field(default_factory=list)  # (t, accept, why)
+    talker_steps: list[tuple[float, tuple[str, ...]]] = field(default_factory=list)
+    vocoder_turns: list[tuple[float, tuple[str, ...]]] = field(default_factory=list)
+    chunks: dict[str, list[int]] = field(default_factory=dict)  # new frames per chunk
+
+
+class Listener(Protocol):
+    """The simulation's side of a replica's streams."""
+
+    def audio(self, stream_id: str, at_s: float, audio_s: float) -> None:
+        """A chunk of `audio_s` seconds left the replica at `at_s`."""
+        ...
+
+    def done(self, stream_id: str, at_s: float) -> None:
+        """All of the stream's audio has left the replica."""
+        ...
+
+
+class Replica:
+    """One engine in virtual time; see the module doc."""
+
+    def __init__(
+        self,
+        index: int,
+        setup: EngineSetup,
+        queue: EventQueue,
+        listener: Listener,
+        trace: Trace | None = None,
+    ) -> None:
+        self.index = index
+        self.setup = setup
+        self._queue = queue
+        self._listener = listener
+        self.trace = trace
+        talker = setup.talker
+        engine = setup.engine
+        self.book = StreamBook(
+            scheduler=PlaybackScheduler(setup.scheduling),
+            planner=ChunkPlanner(setup.chunking),
+            segmenter=partial(Segmenter, **segment_options(talker)),
+            max_pending_audio_s=_NEVER_PARK_S,
+            left_context_frames=setup.chunking.left_context_frames,
+            clock=self._now,
+            events=NullEvents(),
+            wakes=Wakes(talker=self._wake_talker, vocoder=self._wake_vocoder),
+        )
+        self._spent_s = 0.0
+        self.backend = SimBackend(setup.sim, sleep=self._spend)
+        self.voice = self.backend.voices()[0]
+        self._frame_s = self.voice.samples_per_frame / self.voice.sample_rate_hz
+        self.admission = Admission(setup.admission)
+        self.order = talker_order(talker, setup.scheduling)
+        self.talker_rate = CapacityEstimate(
+            engine.capacity_window_s, engine.initial_capacity_audio_s_per_s
+        )
+        self.vocoder_rate = CapacityEstimate(
+            engine.capacity_window_s, engine.initial_capacity_audio_s_per_s
+        )
+        self.live: dict[str, None] = {}  # streams with work left, as this replica knows them
+        self._pcm: dict[int, np.ndarray] = {}  # zeros per chunk length
+        # The talker loop: a step in flight (or its outcome being applied), an iteration
+        # queued, the token of the valid high-water timer.
+        self._talker_busy = False
+        self._talker_due = False
+        self._talker_timer = 0
+        # The vocoder loop: a turn in flight (or the loop running), an iteration queued,
+        # woken since the loop's last pass began.
+        self._vocoder_busy = False
+        self._vocoder_due = False
+        self._vocoder_woken = False
+        self.talker_steps = 0
+        self.vocoder_turns = 0
+
+    # What the simulation asks.
+
+    def capacity(self, now_s: float) -> float:
+        """Engine.capacity: the slower stage's measured rate."""
+        return pipeline_capacity(self.vocoder_rate.value(now_s), self.talker_rate.value(now_s))
+
+    def submit(self, now_s: float, text: str) -> Stream | Decision:
+        """Engine.submit: admit (or reject) one stream for `text`, all text at once."""
+        book = self.book
+        decision = self.admission.decide(
+            now_s,
+            book.playing_streams(now_s),
+            self.capacity(now_s),
+            finish_times_s=book.finish_times_s(now_s),
+        )
+        if self.trace is not None:
+            self.trace.admissions.append((now_s, decision.accept, decision.reason))
+        if not decision.accept:
+            return decision
+        stream = book.add_stream(self.voice, speed=1.0, now_s=now_s)
+        self.live[stream.id] = None
+        book.add_text(stream.id, text, final=True)
+        self._reap(now_s)
+        return stream
+
+    def cancel(self, stream_id: str) -> None:
+        """Engine.cancel: the client is gone."""
+        self.live.pop(stream_id, None)
+        self.book.cancel(stream_id)
+
+    # Plumbing.
+
+    def _now(self) -> float:
+        return self._queue.now
+
+    def _spend(self, seconds: float) -> None:
+        """The sim backend's `sleep`: the stage is busy this much longer."""
+        self._spent_s += seconds
+
+    def _take_spent(self) -> float:
+        spent, self._spent_s = self._spent_s, 0.0
+        return spent
+
+    def _reap(self, now_s: float, touched: Sequence[StreamRecord] = ()) -> None:
+        """Tell the listener of streams whose audio is all sent (the book dropped them)."""
+        book, live = self.book, self.live
+        if len(book) >= len(live):
+            return
+        for record in touched:
+            stream_id = record.stream.id
+            if stream_id in live and book.record(stream_id) is None:
+                self._finished(stream_id, now_s)
+        if len(book) < len(live):
+            for stream_id in [s for s in live if book.record(s) is None]:
+                self._finished(stream_id, now_s)
+
+    def _finished(self, stream_id: str, now_s: float) -> None:
+        del self.live[stream_id]
+        self._listener.done(stream_id, now_s)
+        self.book.audio_read_all(stream_id)  # the listener read it all at once
+
+    # The talker: pipeline/talker.py Talker.run and _step, in virtual time.
+
+    def _wake_talker(self) -> None:
+        if not self._talker_busy and not self._talker_due:
+            self._talker_due = True
+            self._queue.push(self._queue.now, self._talker_woken, None)
+
+    def _talker_woken(self, now_s: float, _: object) -> None:
+        self._talker_due = False
+        self._talker_timer += 1  # the wait ended: its timeout no longer fires
+        self._talker_loop(now_s)
+
+    def _talker_timeout(self, now_s: float, token: object) -> None:
+        if token == self._talker_timer and not self._talker_busy and not self._talker_due:
+            self._talker_timer += 1
+            self._talker_loop(now_s)
+
+    def _talker_loop(self, now_s: float) -> None:
+        book = self.book
+        self._talker_busy = True
+        while True:
+            orphans = book.take_orphans()
+            plan = plan_talker_step(book.talker_candidates(), now_s, self.order)
+            if not plan.step_ids and not orphans:
+                break
+            batch: list[OpenSegment] = []
+            for stream_id in plan.step_ids:
+                record = book.record(stream_id)
+                assert record is not None, "a talker candidate is a live stream"
+                batch.append(record.talking or book.open_segment(record))
+            if plan.step_ids and self.trace is not None:
+                self.trace.talker_steps.append((now_s, plan.step_ids))
+            stepped, results = self._talker_call(batch, orphans)
+            self.talker_steps += 1
+            cost_s = self._take_spent()
+            if cost_s > 0:
+                self._queue.push(now_s + cost_s, self._talked, (now_s, batch, stepped, results))
+                return
+            self._apply_step(now_s, now_s, batch, stepped, results)  # nothing was stepped
+        self._talker_busy = False
+        if plan.retry_in_s is not None:  # a stream above the high-water mark falls under it
+            self._queue.push(
+                now_s + max(plan.retry_in_s, 0.0), self._talker_timeout, self._talker_timer
+            )
+        self._reap(now_s)
+
+    def _talker_call(
+        self, batch: list[OpenSegment], orphans: list[OpenSegment]
+    ) -> tuple[list[OpenSegment], list[TalkStep]]:
+        """Talker._in_thread: close orphans, open new segments, step, close ended ones."""
+        backend = self.backend
+        for opened in orphans:
+            self._close(opened)
+        for opened in batch:
+            if opened.state is None and not opened.cancelled:
+                opened.state = backend.open_segment(opened.request)
+        stepped = [o for o in batch if o.state is not None and not o.cancelled]
+        results = list(backend.step([o.state for o in stepped])) if stepped else []
+        for opened, result in zip(stepped, results, strict=True):
+            if result.done or opened.cancelled:
+                self._close(opened)
+        for opened in batch:
+            if opened.cancelled:
+                self._close(opened)
+        return stepped, results
+
+    def _close(self, opened: OpenSegment) -> None:
+        if opened.state is not None and not opened.closed:
+            opened.closed = True
+            self.backend.close_segment(opened.state)
+
+    def _talked(self, now_s: float, arg: object) -> None:
+        started_s, batch, stepped, results = arg  # type: ignore[misc]
+        self._apply_step(started_s, now_s, batch, stepped, results)
+        self._reap(now_s, [o.record for o in stepped])
+        self._talker_loop(now_s)
+
+    def _apply_step(
+        self,
+        started_s: float,
+        now_s: float,
+        batch: list[OpenSegment],
+        stepped: list[OpenSegment],
+        results: list[TalkStep],
+    ) -> None:
+        """Talker._step after the call: frames to the book, the rate estimate."""
+        book = self.book
+        audio_s = 0.0
+        for opened, result in zip(stepped, results, strict=True):
+            voice = opened.record.stream.voice
+            audio_s += len(result.frames) * voice.samples_per_frame / voice.sample_rate_hz
+            book.talked(opened, result.frames, result.done)
+        for opened in batch:
+            if opened.cancelled:
+                book.orphan(opened)
+        if stepped:
+            self.talker_rate.record(started_s, now_s, audio_s)
+
+    # The vocoder: pipeline/vocoder.py Vocoder.run and _turn, in virtual time.
+
+    def _wake_vocoder(self) -> None:
+        self._vocoder_woken = True
+        if not self._vocoder_busy and not self._vocoder_due:
+            self._vocoder_due = True
+            self._queue.push(self._queue.now, self._vocoder_woken_up, None)
+
+    def _vocoder_woken_up(self, now_s: float, _: object) -> None:
+        self._vocoder_due = False
+        self._vocoder_loop(now_s)
+        self._reap(now_s)
+
+    def _vocoder_loop(self, now_s: float) -> None:
+        book = self.book
+        self._vocoder_busy = True
+        while True:
+            self._vocoder_woken = False  # the engine clears its wake event here
+            book.refresh()
+            ready = book.ready_ids
+            selected = book.scheduler.select(now_s, ready) if ready else []
+            if selected:
+                break
+            if not self._vocoder_woken:  # else the engine's wait returns at once
+                self._vocoder_busy = False
+                return
+        if self.trace is not None:
+            self.trace.vocoder_turns.append((now_s, tuple(selected)))
+        batch: list[tuple[StreamRecord, Chunk]] = []
+        decoded = 0
+        for stream_id in selected:
+            record = book.record(stream_id)
+            assert record is not None, "a ready stream is a live stream"
+            chunk = record.chunk
+            assert chunk is not None and not chunk.empty
+            batch.append((record, chunk))
+            decoded += chunk.context_stop - chunk.context_start
+        cost_s = vocoder_cost_s(self.setup.sim, decoded, len(batch))
+        self._queue.push(now_s + cost_s, self._vocoded, (now_s, batch))
+
+    def _vocoded(self, now_s: float, arg: object) -> None:
+        started_s, batch = arg  # type: ignore[misc]
+        book = self.book
+        samples_per_frame = self.voice.samples_per_frame
+        audio_s = 0.0
+        for record, chunk in batch:
+            if not book.is_live(record):
+                continue  # cancelled while the vocoder ran
+            pcm = self._zeros(chunk.frames * samples_per_frame)
+            book.emit(record, chunk, pcm, now_s)
+            chunk_s = pcm.size / record.stream.sample_rate_hz
+            audio_s += chunk_s
+            stream_id = record.stream.id
+            self._listener.audio(stream_id, now_s, chunk_s)
+            if self.trace is not None:
+                self.trace.chunks.setdefault(stream_id, []).append(chunk.frames)
+        self.vocoder_turns += 1
+        self.vocoder_rate.record(started_s, now_s, audio_s)
+        self._reap(now_s, [record for record, _ in batch])
+        self._vocoder_loop(now_s)
+        self._reap(now_s)
+
+    def _zeros(self, samples: int) -> np.ndarray:
+        pcm = self._pcm.get(samples)
+        if pcm is None:
+            pcm = self._pcm[samples] = np.zeros(samples, dtype=np.float32)
+        return pcm

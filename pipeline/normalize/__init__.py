@@ -1,0 +1,158 @@
+"""Text normalisation: what people write -> what the phonemiser can read aloud.
+
+`normalizer_for(language, config)` gives the function for a voice's language ("en_US"
+and "en" both pick the English rules): for a language with rules (English, in
+english.py) numbers, money, dates, times, units, abbreviations, URLs and symbols become
+words; every language gets the language-neutral clean-up (emoji, pictographs and other
+symbols that carry no words are dropped, markup characters become spaces, whitespace runs
+become one space). `speakable(text)` tells whether anything is left to say.
+
+`StreamNormalizer` applies a normaliser to text that arrives in pieces (a live stream):
+it holds back the end of the text until a sentence ends, or until enough words follow,
+so that a date or a sum split across two pieces is still read as one.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Callable
+
+from pipeline.config import NormalizeConfig
+from pipeline.normalize import tables
+from pipeline.normalize.english import normalize_english
+
+Normalizer = Callable[[str], str]
+
+# Languages with rules, by their two-letter code.
+LANGUAGE_RULES: dict[str, Normalizer] = {"en": normalize_english}
+
+_DROPPED_CATEGORIES = frozenset({"So", "Sk", "Sm", "Sc", "Co", "Cn", "Cs", "Cf"})
+_DROPPED = frozenset(tables.DROPPED_PUNCTUATION)
+_SELECTORS = re.compile("[\ufe00-\ufe0f\u20e3\U000e0000-\U000e01ef]")
+_SPACES = re.compile(r"\s+")
+_QUOTES = str.maketrans({"’": "'", "‘": "'", "“": '"', "”": '"', "\u00a0": " "})
+
+
+def language_code(language: str) -> str:
+    """'en_US', 'en-gb', 'EN' -> 'en'."""
+    return re.split(r"[_-]", language.strip().lower(), maxsplit=1)[0]
+
+
+def drop_symbols(text: str, words: dict[str, str] | None = None) -> str:
+    """Symbols become their words (`words`) or go; markup becomes a space."""
+    text = _SELECTORS.sub("", text)
+    out = []
+    for char in text:
+        if words and char in words:
+            out.append(f" {words[char]} ")
+        elif char in _DROPPED or unicodedata.category(char) in _DROPPED_CATEGORIES:
+            out.append(" ")
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+def clean(text: str) -> str:
+    """The language-neutral part: quotes unified, symbols dropped, whitespace collapsed."""
+    text = unicodedata.normalize("NFC", text).translate(_QUOTES)
+    return _SPACES.sub(" ", drop_symbols(text)).strip()
+
+
+def _with_rules(rules: Normalizer) -> Normalizer:
+    def normalize(text: str) -> str:
+        text = unicodedata.normalize("NFC", text).translate(_QUOTES)
+        text = rules(text)
+        text = drop_symbols(text, tables.SYMBOL_WORDS)
+        return _SPACES.sub(" ", text).strip()
+
+    return normalize
+
+
+def normalizer_for(language: str, config: NormalizeConfig | None = None) -> Normalizer | None:
+    """The normaliser for a voice language, or None when normalisation is off."""
+    config = config or NormalizeConfig()
+    if not config.enabled:
+        return None
+    code = language_code(language)
+    if code in config.languages and code in LANGUAGE_RULES:
+        return _with_rules(LANGUAGE_RULES[code])
+    return clean
+
+
+def normalize_text(text: str, language: str, config: NormalizeConfig | None = None) -> str:
+    """`text` normalised for a voice of `language` (as it is when normalisation is off)."""
+    normalize = normalizer_for(language, config)
+    return normalize(text) if normalize is not None else text
+
+
+def speakable(text: str) -> bool:
+    """Whether `text` has anything to say: a letter, a digit, or (normalisation off) a
+    symbol that the phonemiser reads by its name."""
+    return any(char.isalnum() or unicodedata.category(char) == "So" for char in text)
+
+
+# A release point: a sentence end followed by a capital, or a blank line.
+_SENTENCE_END = re.compile(r"(?P<word>\S*?)[.!?…]+[\"')\]]*\s+(?=[\"'(]?[A-Z])|\n\s*\n")
+_NOT_SENTENCE_ENDS = frozenset(
+    [
+        *tables.TITLES,
+        *tables.ABBREVIATIONS,
+        *tables.MONTH_ABBREVIATIONS,
+        *tables.WEEKDAY_ABBREVIATIONS,
+        "no",
+    ]
+)
+
+
+def _release_point(text: str) -> int:
+    """Index just after the last sentence end of `text` that is not an abbreviation's
+    period ("Dr. Smith", "Jan. 5") nor an initial ("J. Doe"); 0 when none."""
+    cut = 0
+    for match in _SENTENCE_END.finditer(text):
+        word = (match["word"] or "").lower()
+        if word in _NOT_SENTENCE_ENDS or (len(word) == 1 and word.isalpha()):
+            continue
+        cut = match.end()
+    return cut
+
+
+HOLD_WORDS = 4  # words kept back at the end of unfinished text: the longest rule's reach
+
+
+class StreamNormalizer:
+    """A normaliser for text given in pieces: `push` returns the normalised text that is
+    settled (up to the last sentence end, or all but the last HOLD_WORDS words), `flush`
+    the rest. Each returned piece ends with a space unless it is empty or the last."""
+
+    def __init__(self, normalize: Normalizer) -> None:
+        self._normalize = normalize
+        self._buffer = ""
+
+    def push(self, text: str) -> str:
+        self._buffer += text
+        cut = _release_point(self._buffer)
+        spaces = [m.start() for m in re.finditer(r"\s+", self._buffer[cut:].rstrip())]
+        if len(spaces) >= 2 * HOLD_WORDS:
+            cut += spaces[-HOLD_WORDS]
+        if cut == 0:
+            return ""
+        settled, self._buffer = self._buffer[:cut], self._buffer[cut:]
+        said = self._normalize(settled)
+        return said + " " if said else ""
+
+    def flush(self) -> str:
+        rest, self._buffer = self._buffer, ""
+        return self._normalize(rest)
+
+
+__all__ = [
+    "LANGUAGE_RULES",
+    "Normalizer",
+    "StreamNormalizer",
+    "clean",
+    "language_code",
+    "normalize_text",
+    "normalizer_for",
+    "speakable",
+]

@@ -1,0 +1,226 @@
+"""The codec-LM backend (CSM + Mimi) on the tiny random-weight model, float32 on the CPU:
+a stream's frames do not depend on who else is in the batch (joins, leaves, a cancel, steps
+sat out), caches are freed, segment ends, and the batched Mimi vocoder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from codec_lm_support import tiny_settings
+
+from pipeline.backend import TalkRequest, VocodeItem
+from pipeline.backends.codec_lm import CodecLMBackend
+from pipeline.config import CodecLMConfig
+from scheduling.errors import ConfigError
+
+TEXTS = (
+    "Hello there, how are you today?",
+    "A longer sentence that keeps going for quite a while longer.",
+    "Short one.",
+    "The fourth voice joins late and leaves early.",
+    "Number five.",
+)
+
+
+@pytest.fixture(scope="session")
+def codec_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.getbasetemp() / "codec-lm-cache"
+
+
+@pytest.fixture(scope="module")
+def backend(codec_cache: Path) -> CodecLMBackend:
+    return CodecLMBackend(tiny_settings(codec_cache).codec_lm)
+
+
+def _request(text: str, voice: str = "speaker-0", speed: float = 1.0) -> TalkRequest:
+    return TalkRequest(
+        text=text, voice=voice, speed=speed, stream_tag=0, segment_index=0, first_frame_index=0
+    )
+
+
+def _alone(backend: CodecLMBackend, text: str, voice: str = "speaker-0") -> np.ndarray:
+    segment = backend.open_segment(_request(text, voice))
+    frames = []
+    try:
+        while True:
+            (step,) = backend.step([segment])
+            frames.append(step.frames)
+            if step.done:
+                return np.concatenate(frames)
+    finally:
+        backend.close_segment(segment)
+
+
+def test_the_model_is_saved_and_loaded_back_like_a_checkpoint(
+    backend: CodecLMBackend, codec_cache: Path
+) -> None:
+    saved = [p for p in codec_cache.iterdir() if p.name.startswith("random-")]
+    assert len(saved) == 1
+    names = {p.name for p in saved[0].iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= names
+    assert backend.loaded.source == f"random:{saved[0].name}"
+    assert backend.loaded.device.type == "cpu" and backend.loaded.dtype == torch.float32
+    assert (backend.sample_rate_hz, backend.samples_per_frame) == (24000, 1920)
+    assert [v.id for v in backend.voices()] == ["speaker-0", "speaker-1"]
+
+
+def test_a_segment_makes_its_bounded_frames_of_every_codebook(backend: CodecLMBackend) -> None:
+    frames = _alone(backend, TEXTS[0])
+    assert frames.dtype == np.int64 and frames.shape == (backend.max_frames(TEXTS[0]), 8)
+    assert frames.min() >= 0 and frames.max() < 64  # codes the codec can decode
+    assert len(np.unique(frames)) > 8  # not a constant frame
+    assert backend.max_frames("x" * 1000) == 40  # the configured cap
+    assert backend.max_frames("ab") == 2  # the floor
+    # the speaker is part of the prompt
+    assert not np.array_equal(frames, _alone(backend, TEXTS[0], voice="speaker-1"))
+
+
+def test_frames_do_not_depend_on_the_batch(backend: CodecLMBackend) -> None:
+    """Greedy decoding: each stream alone, then all five with joins, leaves, steps sat out and
+    a cancel, must give exactly the same frames (float32 CPU)."""
+    alone = [_alone(backend, text) for text in TEXTS]
+    assert backend.live_segments == 0
+    joins = {0: [0, 1], 2: [2], 3: [3], 6: [4]}  # step -> streams opening before it
+    cancel_at = {3: 9}  # stream 3 is cancelled before step 9
+    open_: dict[int, object] = {}
+    got: dict[int, list[np.ndarray]] = {i: [] for i in range(len(TEXTS))}
+    step_no = 0
+    while step_no < 200 and (open_ or step_no <= max(joins)):
+        for i in joins.get(step_no, []):
+            open_[i] = backend.open_segment(_request(TEXTS[i]))
+        for i, at in cancel_at.items():
+            if at == step_no and i in open_:
+                live = backend.live_segments
+                backend.close_segment(open_.pop(i))
+                assert backend.live_segments == live - 1
+        # stream 1 sits out every third step, stream 0 every fifth: they keep their state
+        chosen = [i for i in sorted(open_) if not (i == 1 and step_no % 3 == 2)]
+        chosen = [i for i in chosen if not (i == 0 and step_no % 5 == 4)]
+        for i, step in zip(chosen, backend.step([open_[i] for i in chosen]), strict=True):
+            got[i].append(step.frames)
+            if step.done:
+                backend.close_segment(open_.pop(i))
+        step_no += 1
+    assert not open_
+    for i in (0, 1, 2, 4):
+        np.testing.assert_array_equal(np.concatenate(got[i]), alone[i])
+    cancelled = np.concatenate(got[3])
+    assert 0 < len(cancelled) < len(alone[3])
+    np.testing.assert_array_equal(cancelled, alone[3][: len(cancelled)])
+    assert backend.live_segments == 0
+
+
+def test_close_is_idempotent_and_frees_the_slot_for_reuse(backend: CodecLMBackend) -> None:
+    segments = [backend.open_segment(_request(text)) for text in TEXTS]
+    assert backend.live_segments == len(TEXTS)
+    backend.step(segments[:2])
+    backend.close_segment(segments[0])
+    backend.close_segment(segments[0])
+    assert backend.live_segments == len(TEXTS) - 1
+    again = backend.open_segment(_request(TEXTS[0]))
+    assert again.slot == segments[0].slot  # the freed slot is reused
+    with pytest.raises(ValueError, match="closed"):
+        backend.step([segments[0]])
+    for segment in [*segments[1:], again]:
+        backend.close_segment(segment)
+    assert backend.live_segments == 0
+
+
+def test_the_cache_grows_past_its_initial_slots(codec_cache: Path) -> None:
+    backend = CodecLMBackend(tiny_settings(codec_cache, "codec_lm.initial_slots=2").codec_lm)
+    alone = _alone(backend, TEXTS[2])
+    segments = [backend.open_segment(_request(TEXTS[i % 5])) for i in range(7)]
+    assert backend.live_segments == 7 and backend.stepper.cache.capacity >= 7
+    first = [backend.step(segments)[2].frames for _ in range(len(alone))]
+    np.testing.assert_array_equal(np.concatenate(first), alone)
+    for segment in segments:
+        backend.close_segment(segment)
+    assert backend.live_segments == 0
+
+
+def test_an_all_zero_frame_ends_the_segment(codec_cache: Path) -> None:
+    backend = CodecLMBackend(tiny_settings(codec_cache).codec_lm)
+    with torch.no_grad():  # every logit 0: argmax picks code 0 in every codebook
+        backend.loaded.model.lm_head.weight.zero_()
+        backend.loaded.model.depth_decoder.codebooks_head.weight.zero_()
+    segment = backend.open_segment(_request(TEXTS[0]))
+    (step,) = backend.step([segment])
+    assert step.done and step.frames.shape == (0, 8)
+    backend.close_segment(segment)
+
+
+def test_unknown_voices_and_bad_frames_are_refused(backend: CodecLMBackend) -> None:
+    with pytest.raises(ValueError, match="voice"):
+        backend.open_segment(_request("hello", voice="alloy"))
+    with pytest.raises(ValueError, match="frames"):
+        backend.vocode([VocodeItem("speaker-0", np.zeros((3, 2), np.int64), 0, 3)])
+    assert backend.live_segments == 0
+
+
+def _codes(seed: int, frames: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 64, size=(frames, 8), dtype=np.int64)
+
+
+def test_pcm_length_matches_the_emitted_frames(backend: CodecLMBackend) -> None:
+    items = [
+        VocodeItem("speaker-0", _codes(1, 10), emit_offset_frames=4, emit_frames=6),
+        VocodeItem("speaker-1", _codes(2, 3), emit_offset_frames=0, emit_frames=2),
+        VocodeItem("speaker-0", _codes(3, 5), emit_offset_frames=5, emit_frames=0),
+    ]
+    pcm = backend.vocode(items)
+    assert [p.shape for p in pcm] == [(6 * 1920,), (2 * 1920,), (0,)]
+    assert all(p.dtype == np.float32 and np.all(np.abs(p) <= 1.0) for p in pcm)
+    assert np.std(pcm[0]) > 0
+    # the audio depends on the codes (the random codebooks are not all alike)
+    (other,) = backend.vocode([VocodeItem("speaker-0", _codes(11, 10), 4, 6)])
+    assert np.abs(other - pcm[0]).max() > 0.1
+
+
+def test_batched_vocoder_equals_decoding_each_chunk_alone(backend: CodecLMBackend) -> None:
+    items = [
+        VocodeItem("speaker-0", _codes(seed, frames), emit_offset_frames=left, emit_frames=emit)
+        for seed, frames, left, emit in [(4, 12, 8, 4), (5, 2, 0, 2), (6, 9, 1, 8), (7, 16, 8, 8)]
+    ]
+    batched = backend.vocode(items)
+    for item, pcm in zip(items, batched, strict=True):
+        (alone,) = backend.vocode([item])
+        # equal to float32 noise: the convolution kernels sum in a batch-dependent order
+        np.testing.assert_allclose(pcm, alone, rtol=0, atol=1e-4)
+
+
+def test_a_chunk_equals_the_same_frames_of_a_whole_decode(backend: CodecLMBackend) -> None:
+    """Mimi is causal: a chunk decoded from the segment's start is exactly the whole decode's
+    samples (so left context is all a chunk needs, and its error comes from context cut)."""
+    codes = _codes(8, 20)
+    (whole,) = backend.vocode([VocodeItem("speaker-0", codes, 0, 20)])
+    (chunk,) = backend.vocode([VocodeItem("speaker-0", codes[:12], 6, 6)])
+    np.testing.assert_allclose(chunk, whole[6 * 1920 : 12 * 1920], rtol=0, atol=1e-4)
+
+
+def test_transformers_streaming_decoder_state_is_not_exact(backend: CodecLMBackend) -> None:
+    """Why the vocoder uses left context: decoding chunk by chunk with the decoder cache that
+    transformers returns differs from a whole-segment decode (its convolutions restart)."""
+    codec = backend.loaded.model.codec_model
+    codes = torch.from_numpy(_codes(9, 12).T[None].copy())
+    with torch.inference_mode():
+        whole = codec.decode(codes)[0][0, 0]
+        first = codec.decode(codes[..., :6], use_cache=True, return_dict=True)
+        cache = first.decoder_cache if hasattr(first, "decoder_cache") else first[1]
+        second = codec.decode(codes[..., 6:], decoder_cache=cache)[0][0, 0]
+    streamed = torch.cat([first.audio_values[0, 0], second])
+    assert streamed.shape == whole.shape
+    assert (streamed - whole).abs().max() > 1e-3
+
+
+def test_config_errors_name_the_field() -> None:
+    with pytest.raises(ConfigError, match="device"):
+        CodecLMConfig(device="tpu")
+    with pytest.raises(ConfigError, match="codebook_size"):
+        CodecLMConfig(codebook_size=2048)
+    with pytest.raises(ConfigError, match="max_frames_per_segment"):
+        CodecLMConfig(min_frames_per_segment=10, max_frames_per_segment=5)
+    with pytest.raises(ConfigError, match="backbone_heads"):
+        CodecLMConfig(backbone_heads=30)

@@ -1,0 +1,374 @@
+"""The engine and the simulator make the same choices in the same order.
+
+The real Engine (sim backend) runs on an asyncio event loop whose clock is virtual: when
+nothing is ready the loop jumps to its next timer. Its two stage executors run the
+backend's call inline and then sleep, in virtual time, the cost the sim backend asked
+for (its injectable `sleep`), so a talker step and a vocoder turn overlap as they do in
+their threads. The simulator's replica (benchmarks/sim_replica.py) gets the same configs
+and the same scripted arrivals. Compared, in order: admission decisions, talker step
+batches, vocoder selections (with their virtual times) and every stream's chunk sizes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import selectors
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import pytest
+
+import benchmarks.sim_replica as sim_replica
+import pipeline.engine
+from benchmarks.loadgen import load_corpus
+from benchmarks.simulate import Arrival, run_script
+from pipeline.backends.sim import SimBackend, decode_sim_signal
+from pipeline.config import EngineConfig, SimConfig, TalkerConfig
+from pipeline.engine import Engine
+from pipeline.errors import Rejected, StreamCancelled
+from pipeline.events import NullEvents
+from pipeline.executor import StageClosed, Timed
+from scheduling import (
+    AdmissionConfig,
+    ChunkingConfig,
+    SchedulingConfig,
+    TalkerCandidate,
+    TalkerOrderConfig,
+    TalkerPlan,
+)
+
+# A small replica: C ~ 4 streams, a talker batch of 3 and a high-water mark of 1.5 s, so
+# that the talker batches, idles on its high-water timer, and admission rejects.
+SETUP = sim_replica.EngineSetup(
+    scheduling=SchedulingConfig(policy="edf", active_stream_window=2),
+    chunking=ChunkingConfig(
+        chunk_frames=6, ramp=(3, 4), left_context_frames=1, right_context_frames=1
+    ),
+    admission=AdmissionConfig(enabled=True, capacity_headroom=1.0),
+    talker=TalkerConfig(batch=3, high_water_s=1.5),
+    sim=SimConfig(
+        talker_frames_per_step=5,
+        talker_step_base_ms=3.1,
+        talker_step_per_stream_ms=1.7,
+        vocoder_base_ms=7.3,
+        vocoder_per_frame_ms=6.1,
+    ),
+    engine=EngineConfig(capacity_window_s=2.0),
+)
+
+
+def script(seed: int, count: int = 40) -> list[Arrival]:
+    """`count` corpus texts over ~12 s, in bursts of up to four a few ms apart (so that a
+    talker step batches them), a few clients leaving mid-stream."""
+    rng = random.Random(seed)
+    texts = load_corpus()
+    arrivals = []
+    at_s = 0.0
+    for index in range(count):
+        at_s += rng.uniform(0.001, 0.004) if index % 4 else rng.expovariate(count / 4 / 12.0)
+        cancel_at_s = at_s + rng.uniform(0.3, 3.0) if index % 7 == 3 else None
+        arrivals.append(Arrival(at_s, rng.choice(texts), cancel_at_s))
+    return arrivals
+
+
+# The engine on a virtual clock.
+
+
+class _VirtualSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
+    """Polls the loop's own descriptors; instead of blocking, moves the clock on."""
+
+    def __init__(self, loop: VirtualTimeLoop) -> None:
+        super().__init__()
+        self._loop = loop
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        ready = super().select(0)
+        if ready or timeout == 0:
+            return ready
+        if timeout is None:
+            raise RuntimeError("virtual time: every task waits and no timer is set")
+        self._loop.advance()
+        return ready
+
+
+class VirtualTimeLoop(asyncio.SelectorEventLoop):
+    """An event loop whose time() is virtual and jumps to the next timer when idle."""
+
+    def __init__(self) -> None:
+        self.virtual_s = 0.0
+        super().__init__(selector=_VirtualSelector(self))
+
+    def time(self) -> float:
+        return self.virtual_s
+
+    def advance(self) -> None:
+        # Exactly to the next timer's time (the loop dropped cancelled ones from the head),
+        # so that virtual times add up as the simulator's do.
+        timers = self._scheduled  # type: ignore[attr-defined]
+        if timers:
+            self.virtual_s = max(self.virtual_s, timers[0].when())
+
+
+class _Spent:
+    """The sim backend's `sleep`: what the call in progress costs."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def __call__(self, seconds: float) -> None:
+        self.seconds += seconds
+
+    def take(self) -> float:
+        seconds, self.seconds = self.seconds, 0.0
+        return seconds
+
+
+class VirtualStage:
+    """A StageExecutor stand-in: the call runs inline, then the stage stays busy for the
+    call's cost in virtual time (the other stage runs meanwhile)."""
+
+    def __init__(self, name: str, *, clock: Callable[[], float], spent: _Spent) -> None:
+        self.name = name
+        self._clock = clock
+        self._spent = spent
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def in_stage_thread(self) -> bool:
+        return True
+
+    async def run(self, fn: Callable[..., object], /, *args: object) -> object:
+        return (await self.run_timed(fn, *args)).result
+
+    async def run_timed(self, fn: Callable[..., object], /, *args: object) -> Timed[object]:
+        if self._closed:
+            raise StageClosed(f"the {self.name} stage is closed")
+        started_s = self._clock()
+        self._spent.take()
+        result = fn(*args)
+        cost_s = self._spent.take()
+        if cost_s > 0:
+            await asyncio.sleep(cost_s)
+        return Timed(result, started_s, self._clock())
+
+    async def aclose(self) -> None:
+        self._closed = True
+
+
+class _Recorder(NullEvents):
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self.talker_steps: list[tuple[float, tuple[str, ...]]] = []
+        self.vocoder_turns: list[tuple[float, tuple[str, ...]]] = []
+
+    def talker_step(self, stream_ids: Sequence[str]) -> None:
+        self.talker_steps.append((self._clock(), tuple(stream_ids)))
+
+    def vocoder_selection(self, stream_ids: Sequence[str]) -> None:
+        self.vocoder_turns.append((self._clock(), tuple(stream_ids)))
+
+
+@dataclass
+class Decisions:
+    """One run's decisions, streams named by their arrival's index."""
+
+    admissions: list[tuple[float, bool, str]]
+    talker_steps: list[tuple[float, tuple[int, ...]]]
+    vocoder_turns: list[tuple[float, tuple[int, ...]]]
+    chunks: dict[int, list[int]] = field(default_factory=dict)
+
+
+def _named(
+    entries: list[tuple[float, tuple[str, ...]]], index: dict[str, int]
+) -> list[tuple[float, tuple[int, ...]]]:
+    return [(t, tuple(index[s] for s in ids)) for t, ids in entries]
+
+
+def run_engine(
+    setup: sim_replica.EngineSetup, arrivals: Sequence[Arrival], monkeypatch: pytest.MonkeyPatch
+) -> Decisions:
+    loop = VirtualTimeLoop()
+    spent = _Spent()
+    monkeypatch.setattr(
+        pipeline.engine,
+        "StageExecutor",
+        lambda name, clock: VirtualStage(name, clock=clock, spent=spent),
+    )
+    try:
+        return loop.run_until_complete(_drive(loop, spent, setup, arrivals))
+    finally:
+        loop.close()
+
+
+async def _drive(
+    loop: VirtualTimeLoop,
+    spent: _Spent,
+    setup: sim_replica.EngineSetup,
+    arrivals: Sequence[Arrival],
+) -> Decisions:
+    backend = SimBackend(setup.sim, sleep=spent)
+    events = _Recorder(loop.time)
+    engine = Engine(
+        backend,
+        scheduling=setup.scheduling,
+        chunking=setup.chunking,
+        admission=setup.admission,
+        engine=setup.engine,
+        talker=setup.talker,
+        clock=loop.time,
+        events=events,
+    )
+    await engine.start()
+    admissions: list[tuple[float, bool, str]] = []
+    stream_ids: list[str | None] = [None] * len(arrivals)
+    frames: dict[int, list[list[tuple[int, int]]]] = {}
+    readers: list[asyncio.Task[None]] = []
+
+    async def read(index: int, chunks: object) -> None:
+        got = frames.setdefault(index, [])
+        try:
+            async for pcm in chunks:  # type: ignore[attr-defined]
+                got.append(decode_sim_signal(pcm, backend.samples_per_frame))
+        except StreamCancelled:
+            pass
+
+    def arrive(index: int) -> None:
+        try:
+            stream = engine.submit(arrivals[index].text, voice="sim")
+        except Rejected as rejected:
+            admissions.append((loop.time(), False, rejected.decision.reason))
+            return
+        admissions.append((loop.time(), True, "ok"))
+        stream_ids[index] = stream.id
+        readers.append(loop.create_task(read(index, stream.chunks())))
+
+    def cancel(index: int) -> None:
+        stream_id = stream_ids[index]
+        if stream_id is not None:
+            engine.cancel(stream_id)
+
+    last_s = 0.0
+    for index, arrival in enumerate(arrivals):
+        loop.call_at(arrival.at_s, arrive, index)
+        last_s = max(last_s, arrival.at_s)
+        if arrival.cancel_at_s is not None:
+            loop.call_at(arrival.cancel_at_s, cancel, index)
+            last_s = max(last_s, arrival.cancel_at_s)
+    await asyncio.sleep(last_s + 1.0 - loop.time())
+    await asyncio.gather(*readers)
+    await engine.stop()
+    assert backend.open_segments == 0  # every opened segment was closed
+
+    index = {stream_id: i for i, stream_id in enumerate(stream_ids) if stream_id is not None}
+    chunks: dict[int, list[int]] = {}
+    for i, got in frames.items():
+        flat = [pair for chunk in got for pair in chunk]
+        # every frame of the stream once, in order (a cancelled stream: a prefix)
+        assert [frame for _, frame in flat] == list(range(len(flat)))
+        chunks[i] = [len(chunk) for chunk in got]
+    return Decisions(
+        admissions,
+        _named(events.talker_steps, index),
+        _named(events.vocoder_turns, index),
+        chunks,
+    )
+
+
+def run_simulator(setup: sim_replica.EngineSetup, arrivals: Sequence[Arrival]) -> Decisions:
+    run = run_script(setup, arrivals)
+    index = {stream_id: i for i, stream_id in enumerate(run.stream_ids) if stream_id is not None}
+    trace = run.trace
+    return Decisions(
+        [(t, ok, why if not ok else "ok") for t, ok, why in trace.admissions],
+        _named(trace.talker_steps, index),
+        _named(trace.vocoder_turns, index),
+        {index[s]: sizes for s, sizes in trace.chunks.items()},
+    )
+
+
+def assert_same(engine: Decisions, simulator: Decisions) -> None:
+    def first_difference(a: list[object], b: list[object]) -> str:
+        for i, (x, y) in enumerate(zip(a, b, strict=False)):
+            if x != y:
+                return f"at {i}: engine {x} != simulator {y}"
+        return f"lengths {len(a)} != {len(b)}"
+
+    def timed(entries: list[tuple[float, tuple[int, ...]]]) -> list[object]:
+        return [(round(t, 9), ids) for t, ids in entries]
+
+    for name in ("admissions", "talker_steps", "vocoder_turns"):
+        a, b = getattr(engine, name), getattr(simulator, name)
+        if name == "admissions":
+            a = [(round(t, 9), ok, why) for t, ok, why in a]
+            b = [(round(t, 9), ok, why) for t, ok, why in b]
+        else:
+            a, b = timed(a), timed(b)
+        assert a == b, f"{name} differ, {first_difference(a, b)}"
+    # a stream without chunks has no entry on the simulator's side
+    assert {i: c for i, c in engine.chunks.items() if c} == simulator.chunks
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_engine_and_simulator_decide_alike(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    arrivals = script(seed)
+    engine = run_engine(SETUP, arrivals, monkeypatch)
+    simulator = run_simulator(SETUP, arrivals)
+    assert_same(engine, simulator)
+    # The script exercises what it is for: batched steps, full vocoder windows,
+    # rejections after the capacity is measured, cut-short streams.
+    assert max(len(ids) for _, ids in engine.talker_steps) == SETUP.talker.batch
+    assert max(len(ids) for _, ids in engine.vocoder_turns) == 2
+    assert any(not ok for _, ok, _ in engine.admissions)
+    assert sum(ok for _, ok, _ in engine.admissions) >= 10
+    cancelled = [i for i, a in enumerate(arrivals) if a.cancel_at_s is not None]
+    assert any(i in engine.chunks for i in cancelled)
+
+
+def test_engine_and_simulator_decide_alike_under_fifo(monkeypatch: pytest.MonkeyPatch) -> None:
+    setup = replace(
+        SETUP,
+        scheduling=SchedulingConfig(policy="fifo", active_stream_window=3),
+        admission=AdmissionConfig(enabled=False),
+        talker=TalkerConfig(batch=2, high_water_s=3.0),
+    )
+    arrivals = script(5, count=25)
+    assert_same(run_engine(setup, arrivals, monkeypatch), run_simulator(setup, arrivals))
+
+
+def _newest_first(candidates: object, now_s: float, config: TalkerOrderConfig) -> TalkerPlan:
+    listed: list[TalkerCandidate] = sorted(candidates, key=lambda c: -c.order)  # type: ignore[call-overload]
+    return TalkerPlan(tuple(c.stream_id for c in listed[: config.batch]), None)
+
+
+def test_a_simulator_with_another_talker_order_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    arrivals = script(1)
+    engine = run_engine(SETUP, arrivals, monkeypatch)
+    monkeypatch.setattr(sim_replica, "plan_talker_step", _newest_first)
+    with pytest.raises(AssertionError, match="talker_steps differ"):
+        assert_same(engine, run_simulator(SETUP, arrivals))
+
+
+def test_virtual_stages_overlap() -> None:
+    """The virtual executor lets the other stage run while one is busy."""
+    loop = VirtualTimeLoop()
+    spent = _Spent()
+    talker = VirtualStage("talker", clock=loop.time, spent=spent)
+    vocoder = VirtualStage("vocoder", clock=loop.time, spent=spent)
+
+    async def both() -> tuple[Timed[object], Timed[object]]:
+        return await asyncio.gather(talker.run_timed(spent, 0.5), vocoder.run_timed(spent, 0.25))  # type: ignore[return-value]
+
+    try:
+        slow, fast = loop.run_until_complete(both())
+    finally:
+        loop.close()
+    assert (slow.started_s, slow.finished_s) == (0.0, 0.5)
+    assert (fast.started_s, fast.finished_s) == (0.0, 0.25)
+    assert np.isclose(loop.virtual_s, 0.5)
