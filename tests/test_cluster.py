@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import socket
 import time
 from collections.abc import Iterator
@@ -148,6 +149,28 @@ def test_listings_metrics_and_ready(cluster) -> None:
     ready = httpx.get(f"{url}/ready", timeout=10).json()
     assert ready["status"] == "ready"
     assert ready["replicas"]["running"] == 2 and ready["replicas"]["target"] == 2
+
+
+async def test_websocket_through_the_cluster(cluster) -> None:
+    """WS /v1/audio/speech/stream through Ray's proxy: one utterance, its audio whole."""
+    websockets = pytest.importorskip("websockets")
+    url, settings = cluster
+    text = "Hello over the socket."
+    pcm = b""
+    events = []
+    ws_url = url.replace("http://", "ws://") + "/v1/audio/speech/stream"
+    async with asyncio.timeout(30), websockets.connect(ws_url) as ws:
+        await ws.send(json.dumps({"type": "session.config", "voice": "sim"}))
+        await ws.send(json.dumps({"type": "input.text", "text": text}))
+        await ws.send(json.dumps({"type": "input.done"}))
+        while not events or events[-1]["type"] not in ("audio.done", "error"):
+            message = await ws.recv()
+            if isinstance(message, bytes):
+                pcm += message
+            else:
+                events.append(json.loads(message))
+    assert [e["type"] for e in events] == ["audio.start", "audio.done"]
+    assert len(pcm) / 2 / 24000 == pytest.approx(expected_audio_s(settings, text), abs=0.08)
 
 
 async def _open_when_admitted(
