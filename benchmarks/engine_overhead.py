@@ -3,17 +3,18 @@
 Closed loop: N clients each submit a corpus text, read it to the end as fast as they can,
 and submit the next. The vocoder costs nothing (base 0, per frame 0) and the talker is
 very fast, so what is left of a turn is the engine's own cost. Per decoding turn
-(Engine.turn_log):
+(the engine's `turn_timing` events):
 
 - outside_model: the turn's wall time (scan, select, build, the hop to the vocoder
   thread and back, bookkeeping) minus the time inside backend.vocode; it also holds
   whatever else the event loop ran meanwhile (consumers, talker pieces);
-- engine_sync: the engine's own synchronous work alone (scan + select + build before
-  the call, bookkeeping after it).
+- engine_sync: the engine's own synchronous work alone (re-plan the streams that changed +
+  select + build before the call, bookkeeping after it);
+- talker_plan: the talker's choice of the next step's streams (the book's TalkerQueue).
 
     python -m benchmarks.engine_overhead [--streams 10 100] [--window 16] [--seconds 3]
 
-Target: outside_model p50 under 1 ms per turn at 100 streams with K = 16.
+Target: engine work (engine_sync, talker_plan) at most 1 ms per turn at 10,000 streams.
 """
 
 from __future__ import annotations
@@ -23,12 +24,20 @@ import asyncio
 import json
 import random
 import statistics
+import time
 
 from benchmarks.loadgen import load_corpus
 from pipeline.backends.sim import SimBackend
 from pipeline.config import EngineConfig, SimConfig, TalkerConfig
 from pipeline.engine import Engine
-from scheduling import AdmissionConfig, ChunkingConfig, SchedulingConfig
+from pipeline.events import NullEvents, TurnTiming
+from scheduling import (
+    AdmissionConfig,
+    ChunkingConfig,
+    SchedulingConfig,
+    TalkerOrderConfig,
+    TalkerPlan,
+)
 
 ZERO_COST_SIM = SimConfig(
     talker_frames_per_step=64,  # a segment (tens of frames) arrives in one step
@@ -45,16 +54,39 @@ def _quantile_ms(values: list[float], q: float) -> float:
     return 1000.0 * ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+class _TurnRecorder(NullEvents):
+    def __init__(self) -> None:
+        self.turns: list[TurnTiming] | None = None
+
+    def turn_timing(self, timing: TurnTiming) -> None:
+        if self.turns is not None:
+            self.turns.append(timing)
+
+
 async def measure(streams: int, window: int, seconds: float, warmup_s: float = 1.0) -> dict:
     corpus = load_corpus()
+    recorder = _TurnRecorder()
     engine = Engine(
         SimBackend(ZERO_COST_SIM),
         scheduling=SchedulingConfig(policy="edf", active_stream_window=window),
         chunking=CHUNKING,
         admission=AdmissionConfig(enabled=False),
         engine=EngineConfig(max_pending_audio_s=1e6),
-        talker=TalkerConfig(high_water_s=1e6),  # no real-time pacing: zero cost throughout
+        # no real-time pacing: zero cost throughout; a batched talker
+        talker=TalkerConfig(high_water_s=1e6, batch=16),
+        events=recorder,
     )
+    plans: list[float] = []
+    plan_talker = engine.book.plan_talker
+
+    def timed_plan(now_s: float, order: TalkerOrderConfig) -> TalkerPlan:
+        started = time.perf_counter()
+        plan = plan_talker(now_s, order)
+        if recorder.turns is not None:
+            plans.append(time.perf_counter() - started)
+        return plan
+
+    engine.book.plan_talker = timed_plan  # type: ignore[method-assign]
     await engine.start()
     finished = 0
 
@@ -70,10 +102,10 @@ async def measure(streams: int, window: int, seconds: float, warmup_s: float = 1
     clients = [asyncio.create_task(client(i)) for i in range(streams)]
     try:
         await asyncio.sleep(warmup_s)
-        engine.turn_log = []
+        recorder.turns = []
         finished = 0
         await asyncio.sleep(seconds)
-        turns, engine.turn_log = engine.turn_log, None
+        turns, recorder.turns = recorder.turns, None
     finally:
         for task in clients:
             task.cancel()
@@ -93,12 +125,15 @@ async def measure(streams: int, window: int, seconds: float, warmup_s: float = 1
         "engine_sync_ms_p50": _quantile_ms(sync, 0.5),
         "engine_sync_ms_p95": _quantile_ms(sync, 0.95),
         "model_ms_p50": _quantile_ms([t.model_s for t in turns], 0.5),
+        "talker_plans": len(plans),
+        "talker_plan_ms_p50": _quantile_ms(plans, 0.5) if plans else None,
+        "talker_plan_ms_p95": _quantile_ms(plans, 0.95) if plans else None,
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--streams", type=int, nargs="+", default=[10, 100])
+    parser.add_argument("--streams", type=int, nargs="+", default=[10, 100, 1000, 10000])
     parser.add_argument("--window", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -107,12 +142,16 @@ def main() -> None:
     if args.json:
         print(json.dumps(results, indent=2))
         return
-    print("streams  K  turns/s  batch  outside-model ms p50/p95  engine-sync ms p50/p95")
+    print(
+        "streams  K  turns/s  batch  outside-model ms p50/p95  engine-sync ms p50/p95"
+        "  talker-plan ms p50/p95"
+    )
     for r in results:
         print(
             f"{r['streams']:7d} {r['window']:2d} {r['turns_per_s']:8.0f} {r['mean_batch']:6.1f}"
             f"  {r['outside_model_ms_p50']:10.3f} / {r['outside_model_ms_p95']:.3f}"
             f"  {r['engine_sync_ms_p50']:12.3f} / {r['engine_sync_ms_p95']:.3f}"
+            f"  {r['talker_plan_ms_p50'] or 0:12.3f} / {r['talker_plan_ms_p95'] or 0:.3f}"
         )
 
 

@@ -4,7 +4,7 @@ The replica holds the engine's own StreamBook (pipeline/book.py) and the sim bac
 (pipeline/backends/sim.py), so every state transition and every decision is the
 engine's code:
 
-- talker order: scheduling.plan_talker_step over the book's candidates, with the
+- talker order: the book's plan_talker (scheduling.TalkerQueue), with the
   TalkerOrderConfig the engine builds (pipeline.talker.talker_order);
 - the talker's segments: the book's open_segment/talked/orphans, and the sim backend's
   open_segment/step/close_segment (frames per step, segment ends);
@@ -54,8 +54,15 @@ from scheduling import (
     Decision,
     PlaybackScheduler,
     SchedulingConfig,
-    plan_talker_step,
+    TalkerOrderConfig,
+    TalkerPlan,
 )
+
+
+def plan_talker(book: StreamBook, now_s: float, order: TalkerOrderConfig) -> TalkerPlan:
+    """The talker's next step, decided by the engine's own code (a seam for tests)."""
+    return book.plan_talker(now_s, order)
+
 
 # Unread audio never reaches this: the simulated listener reads everything at once.
 _NEVER_PARK_S = 1e9
@@ -129,6 +136,7 @@ class Replica:
             segmenter=partial(Segmenter, **segment_options(talker)),
             max_pending_audio_s=_NEVER_PARK_S,
             left_context_frames=setup.chunking.left_context_frames,
+            first_chunk_s=setup.scheduling.first_chunk_ms / 1000.0,
             clock=self._now,
             events=NullEvents(),
             wakes=Wakes(talker=self._wake_talker, vocoder=self._wake_vocoder),
@@ -243,7 +251,7 @@ class Replica:
         self._talker_busy = True
         while True:
             orphans = book.take_orphans()
-            plan = plan_talker_step(book.talker_candidates(), now_s, self.order)
+            plan = plan_talker(book, now_s, self.order)
             if not plan.step_ids and not orphans:
                 break
             batch: list[OpenSegment] = []
@@ -339,7 +347,7 @@ class Replica:
             self._vocoder_woken = False  # the engine clears its wake event here
             book.refresh()
             ready = book.ready_ids
-            selected = book.scheduler.select(now_s, ready) if ready else []
+            selected = book.scheduler.select(now_s, ready, all_admitted=True) if ready else []
             if selected:
                 break
             if not self._vocoder_woken:  # else the engine's wait returns at once

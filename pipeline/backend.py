@@ -18,6 +18,12 @@ Frames are numpy arrays with frames on axis 0 (Piper: float32 [frames, 192]; sim
 int64 [frames, 2]; codec LM: int64 [frames, codebooks]). PCM is float32 mono in [-1, 1]
 at the voice's sample rate.
 
+A backend whose talker steps may run side by side in two threads (each step works on
+its own segments, no state shared between them) says so with a class attribute
+`concurrent_talker_steps = True`; the engine then gives the talker a second lane for
+streams' first segments (see pipeline/talker.py). Without it, every talker call runs in
+one thread.
+
 Errors: an exception from `open_segment` fails that one stream; one from `step` fails
 the streams of that step; one from `vocode` fails the streams of that turn. The engine's
 loops survive all three.

@@ -42,6 +42,9 @@ from scheduling import (
     PlaybackScheduler,
     PlayingLedger,
     TalkerCandidate,
+    TalkerOrderConfig,
+    TalkerPlan,
+    TalkerQueue,
 )
 
 log = logging.getLogger("playhead.engine")
@@ -64,7 +67,7 @@ class OpenSegment:
     the event loop when the stream ends first and read in the talker thread.
     """
 
-    __slots__ = ("cancelled", "closed", "record", "request", "segment", "state")
+    __slots__ = ("cancelled", "closed", "in_flight", "record", "request", "segment", "state")
 
     def __init__(self, record: StreamRecord, segment: Segment, request: TalkRequest) -> None:
         self.record = record
@@ -73,6 +76,7 @@ class OpenSegment:
         self.state: SegmentState | None = None
         self.cancelled = False
         self.closed = False
+        self.in_flight = False  # a talker lane is stepping it
 
 
 @dataclass(slots=True, eq=False)
@@ -109,6 +113,7 @@ class StreamBook:
         segmenter: Callable[[], Segmenter],
         max_pending_audio_s: float,
         left_context_frames: int,
+        first_chunk_s: float,
         clock: Callable[[], float],
         events: EngineEvents,
         wakes: Wakes,
@@ -124,7 +129,8 @@ class StreamBook:
         self._wakes = wakes
         self._streams: dict[str, tuple[Stream, AudioSender]] = {}  # every non-terminal stream
         self._records: dict[str, StreamRecord] = {}  # streams with work left, by arrival
-        self._talk_wanted: dict[str, StreamRecord] = {}  # text waiting or a segment open
+        # streams with text waiting or a segment open, indexed for the talker's order
+        self.talker_queue = TalkerQueue(first_chunk_s)
         self._dirty: dict[str, StreamRecord] = {}  # chunk plan out of date
         self._ready: dict[str, None] = {}  # a non-empty chunk planned, not parked
         self._orphans: list[OpenSegment] = []  # segments of ended streams, to close
@@ -155,23 +161,23 @@ class StreamBook:
         return self._ready.keys()
 
     def talker_candidates(self) -> Iterator[TalkerCandidate]:
-        """Streams that want talker work, for scheduling.plan_talker_step."""
-        scheduler = self.scheduler
-        for stream_id, record in self._talk_wanted.items():
-            if record.sender.parked:
-                continue
-            voice = record.stream.voice
-            state = scheduler.state(stream_id)
-            queued = record.frames.queued_frames
-            yield TalkerCandidate(
-                stream_id=stream_id,
-                order=record.order,
-                first_seen_s=record.stream.stats.submitted_at_s
-                if state is None
-                else state.first_seen_s,
-                horizon_s=None if state is None else state.horizon_s,
-                queued_audio_s=queued * voice.samples_per_frame / voice.sample_rate_hz,
-            )
+        """Streams that want talker work (parked ones left out)."""
+        for candidate in self.talker_queue.candidates():
+            if not self._records[candidate.stream_id].sender.parked:
+                yield candidate
+
+    def plan_talker(self, now_s: float, order: TalkerOrderConfig) -> TalkerPlan:
+        """The streams for the next talker step (scheduling.TalkerQueue's plan; parked
+        streams and those a talker lane is stepping pass)."""
+        return self.talker_queue.plan(now_s, order, skip=self._busy)
+
+    def plan_first_audio_talker(self, now_s: float, order: TalkerOrderConfig) -> tuple[str, ...]:
+        """Streams with no audio yet, for a second talker lane."""
+        return self.talker_queue.plan_first_audio(now_s, order, skip=self._busy)
+
+    def _busy(self, stream_id: str) -> bool:
+        record = self._records[stream_id]
+        return record.sender.parked or (record.talking is not None and record.talking.in_flight)
 
     def playing_streams(self, now_s: float) -> int:
         """Streams a player listens to: those with work left, and those whose audio is
@@ -227,7 +233,7 @@ class StreamBook:
             if record.talking is not None:
                 places.append("talker")
         for name, index in (
-            ("talker-candidates", self._talk_wanted),
+            ("talker-candidates", self.talker_queue),
             ("dirty", self._dirty),
             ("ready", self._ready),
         ):
@@ -274,7 +280,7 @@ class StreamBook:
         record.text.extend(segments)
         record.text_chars += len(text)
         if record.text:
-            self._talk_wanted[stream_id] = record
+            self._update_candidate(record)
             self._wakes.talker()
         if final:
             if record.talked_all and record.stream.state is StreamState.TALKING:
@@ -284,8 +290,10 @@ class StreamBook:
 
     def ack_playback(self, stream_id: str, played_s: float, now_s: float) -> None:
         """Client truth about its playback; ignored before the stream's first audio."""
-        if stream_id in self._records and self.scheduler.horizon_s(stream_id) is not None:
+        record = self._records.get(stream_id)
+        if record is not None and self.scheduler.horizon_s(stream_id) is not None:
             self.scheduler.ack_playback(stream_id, played_s, now_s)
+            self._update_candidate(record)
             self._wakes.talker()  # the talker order may change
 
     # Transitions: the talker.
@@ -322,6 +330,7 @@ class StreamBook:
             stream.stats.frames += len(frames)
             self._mark_dirty(record)
         if not done:
+            self._update_candidate(record)
             return
         opened.segment.done = True
         record.talking = None
@@ -330,8 +339,7 @@ class StreamBook:
         audio_s = opened.segment.available_frames * voice.samples_per_frame / voice.sample_rate_hz
         self._talked_chars += len(opened.request.text)
         self._talked_audio_s += audio_s * stream.speed
-        if not record.text:
-            del self._talk_wanted[stream.id]
+        self._update_candidate(record)
         if record.talked_all:
             stream.state = StreamState.VOCODING
         self._mark_dirty(record)
@@ -376,6 +384,8 @@ class StreamBook:
         stats.chunks += 1
         record.sender.send(pcm)
         self._commit(record, chunk)
+        if self.is_live(record):
+            self._update_candidate(record)
 
     def is_live(self, record: StreamRecord) -> bool:
         return self._records.get(record.stream.id) is record
@@ -434,6 +444,26 @@ class StreamBook:
 
     # Internals.
 
+    def _update_candidate(self, record: StreamRecord) -> None:
+        """Keep the talker's queue in step: a stream wants talker work while it has text
+        waiting or a segment open; its horizon or queued audio may have moved."""
+        stream = record.stream
+        if not record.text and record.talking is None:
+            self.talker_queue.remove(stream.id)
+            return
+        state = self.scheduler.state(stream.id)
+        voice = stream.voice
+        queued = record.frames.queued_frames
+        self.talker_queue.update(
+            TalkerCandidate(
+                stream_id=stream.id,
+                order=record.order,
+                first_seen_s=stream.stats.submitted_at_s if state is None else state.first_seen_s,
+                horizon_s=None if state is None else state.horizon_s,
+                queued_audio_s=queued * voice.samples_per_frame / voice.sample_rate_hz,
+            )
+        )
+
     def _mark_dirty(self, record: StreamRecord) -> None:
         self._dirty[record.stream.id] = record
         self._wakes.vocoder()
@@ -484,7 +514,7 @@ class StreamBook:
         """Free every trace of a stream's work."""
         stream_id = record.stream.id
         del self._records[stream_id]
-        self._talk_wanted.pop(stream_id, None)
+        self.talker_queue.remove(stream_id)
         self._dirty.pop(stream_id, None)
         self._ready.pop(stream_id, None)
         opened = record.talking

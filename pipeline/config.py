@@ -37,6 +37,9 @@ class BackendConfig:
 class TalkerConfig:
     intra_op_threads: int = 1  # ONNX Runtime threads inside the talker's one worker thread
     batch: int = 1  # most open segments stepped together in one talker step
+    # a second lane (thread) for streams' first talker work while the first lane is busy,
+    # where the backend's steps may run side by side (Piper)
+    urgent_lane: bool = True
     high_water_s: float = 8.0  # a stream this many seconds of audio ahead gets no talker work
     first_fragment_words: int = 6  # a first sentence longer than this is cut early
     max_segment_chars: int = 300  # sentences longer than this split at clause boundaries
@@ -48,6 +51,7 @@ class TalkerConfig:
     def __post_init__(self) -> None:
         check_int("intra_op_threads", self.intra_op_threads, 1)
         check_int("batch", self.batch, 1)
+        check_bool("urgent_lane", self.urgent_lane)
         check_positive("high_water_s", self.high_water_s)
         check_int("first_fragment_words", self.first_fragment_words, 0)
         check_int("max_segment_chars", self.max_segment_chars, 20)

@@ -4,7 +4,7 @@
            -> [Vocoder: PlaybackScheduler picks K ready streams] -> PCM -> Stream.chunks()
 
 - pipeline/book.py: the StreamBook owns every stream's state and transitions;
-- pipeline/talker.py: the Talker loop (scheduling.plan_talker_step picks the batch);
+- pipeline/talker.py: the Talker loop (the book's scheduling.TalkerQueue picks the batch);
 - pipeline/vocoder.py: the Vocoder loop (PlaybackScheduler.select picks the K chunks);
 - pipeline/channel.py: a stream's audio, a send half (the book's) and a receive half
   (the caller's Stream).
@@ -86,6 +86,13 @@ class Engine:
         """Fresh stages and book (at construction, and to start again after a stop)."""
         engine, talker, scheduling = self._config, self._talker_config, self._scheduling
         self.talker_stage = StageExecutor("talker", clock=self._clock)
+        # a second talker lane where the backend's steps may run side by side
+        concurrent = getattr(self._backend, "concurrent_talker_steps", False)
+        self.urgent_stage = (
+            StageExecutor("talker-urgent", clock=self._clock)
+            if talker.urgent_lane and concurrent
+            else None
+        )
         self.vocoder_stage = StageExecutor("vocoder", clock=self._clock)
         self.book = StreamBook(
             scheduler=PlaybackScheduler(scheduling),
@@ -93,6 +100,7 @@ class Engine:
             segmenter=partial(Segmenter, **segment_options(talker)),
             max_pending_audio_s=engine.max_pending_audio_s,
             left_context_frames=self._chunking.left_context_frames,
+            first_chunk_s=scheduling.first_chunk_ms / 1000.0,
             clock=self._clock,
             events=self._events,
             wakes=Wakes(talker=self._wake_talker, vocoder=self._wake_vocoder),
@@ -106,6 +114,7 @@ class Engine:
             events=self._events,
             capacity_window_s=engine.capacity_window_s,
             initial_capacity_audio_s_per_s=engine.initial_capacity_audio_s_per_s,
+            urgent_stage=self.urgent_stage,
         )
         self.vocoder = Vocoder(
             self.book,
@@ -162,6 +171,8 @@ class Engine:
             supervisor.cancel()
             await asyncio.gather(supervisor, return_exceptions=True)
         await self.talker_stage.aclose()
+        if self.urgent_stage is not None:
+            await self.urgent_stage.aclose()
         await self.vocoder_stage.aclose()
 
     @property

@@ -2,7 +2,8 @@
 
 Each turn of the loop:
 
-1. scheduling.plan_talker_step ranks the streams that want talker work (text waiting or
+1. the book's talker queue (scheduling.TalkerQueue, the indexed form of
+   scheduling.plan_talker_step) ranks the streams that want talker work (text waiting or
    a segment open) by when their audio runs out, and takes up to `talker.batch` of them;
    a stream more than `talker.high_water_s` ahead of its playback sits the step out
    without losing its open segment, and parked streams are not candidates;
@@ -12,7 +13,11 @@ Each turn of the loop:
    whole batch, and closes the segments that ended;
 4. back on the event loop, each segment's new frames go to the stream book.
 
-Streams join and leave the batch between steps: that is continuous batching. With
+Streams join and leave the batch between steps: that is continuous batching. A backend
+whose steps may run side by side (Piper: each step is whole segments; not a codec LM with
+one shared cache) gets a second lane with its own thread: while the first lane is busy,
+the second takes streams with no audio yet, so a newcomer never
+waits behind a long step for others (a barge-in's next request, say). With
 nothing to step the loop waits on its wake event (set by the book on new text, a first
 audio, an ack, an unpark, a cancel), or until the first stream held back by the
 high-water mark falls under it.
@@ -36,7 +41,7 @@ from pipeline.config import TalkerConfig
 from pipeline.errors import BackendError
 from pipeline.events import EngineEvents
 from pipeline.executor import StageExecutor
-from scheduling import SchedulingConfig, TalkerOrderConfig, plan_talker_step
+from scheduling import SchedulingConfig, TalkerOrderConfig
 
 log = logging.getLogger("playhead.engine")
 
@@ -76,46 +81,87 @@ class Talker:
         events: EngineEvents,
         capacity_window_s: float,
         initial_capacity_audio_s_per_s: float = 0.0,
+        urgent_stage: StageExecutor | None = None,
     ) -> None:
+        """`urgent_stage`: a second talker lane (its own thread) that takes streams with no
+        audio yet while the first lane is busy; only for a
+        backend whose talker steps may run side by side (`concurrent_talker_steps`)."""
         self._book = book
         self._backend = backend
         self._stage = stage
+        self._urgent_stage = urgent_stage
         self._order = order
         self._clock = clock
         self._events = events
         self.wake = asyncio.Event()
         self.rate = CapacityEstimate(capacity_window_s, initial_capacity_audio_s_per_s)
         self.steps = 0  # talker steps run
+        self.urgent_steps = 0  # of those, run by the second lane
         self.idle_waits = 0  # times the loop found nothing to do and waited
 
     async def run(self) -> None:
-        while True:
-            self.wake.clear()
-            now_s = self._clock()
-            orphans = self._book.take_orphans()
-            plan = plan_talker_step(self._book.talker_candidates(), now_s, self._order)
-            if plan.step_ids or orphans:
-                await self._step(plan.step_ids, orphans)
-                continue
-            self.idle_waits += 1
-            if plan.retry_in_s is None:
-                await self.wake.wait()
-            else:  # a stream above the high-water mark falls back under it by then
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(max(plan.retry_in_s, 0.0)):
-                        await self.wake.wait()
+        book = self._book
+        async with asyncio.TaskGroup() as lanes:
+            main: asyncio.Task[None] | None = None
+            urgent: asyncio.Task[None] | None = None
+            while True:
+                self.wake.clear()
+                now_s = self._clock()
+                retry_in_s: float | None = None
+                if main is None or main.done():
+                    orphans = book.take_orphans()
+                    plan = book.plan_talker(now_s, self._order)
+                    if plan.step_ids or orphans:
+                        batch = self._dispatch(plan.step_ids)
+                        main = lanes.create_task(self._lane(self._stage, batch, orphans))
+                        continue
+                    retry_in_s = plan.retry_in_s
+                elif self._urgent_stage is not None and (urgent is None or urgent.done()):
+                    fresh = book.plan_first_audio_talker(now_s, self._order)
+                    if fresh:
+                        batch = self._dispatch(fresh)
+                        self.urgent_steps += 1
+                        urgent = lanes.create_task(self._lane(self._urgent_stage, batch, []))
+                        continue
+                if main is None or main.done():
+                    self.idle_waits += 1  # nothing to do at all (not just a lane busy)
+                if retry_in_s is None:
+                    await self.wake.wait()
+                else:  # a stream above the high-water mark falls back under it by then
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(max(retry_in_s, 0.0)):
+                            await self.wake.wait()
 
-    async def _step(self, step_ids: Sequence[str], orphans: list[OpenSegment]) -> None:
+    def _dispatch(self, step_ids: Sequence[str]) -> list[OpenSegment]:
+        """The segments of the next step, opened where new and marked in flight."""
         book = self._book
         batch: list[OpenSegment] = []
         for stream_id in step_ids:
             record = book.record(stream_id)
             assert record is not None, "a talker candidate is a live stream"
-            batch.append(record.talking or book.open_segment(record))
+            opened = record.talking or book.open_segment(record)
+            opened.in_flight = True
+            batch.append(opened)
         if step_ids:
             self._event("talker_step", step_ids)
+        return batch
+
+    async def _lane(
+        self, stage: StageExecutor, batch: list[OpenSegment], orphans: list[OpenSegment]
+    ) -> None:
         try:
-            timed = await self._stage.run_timed(self._in_thread, batch, orphans)
+            await self._step(stage, batch, orphans)
+        finally:
+            for opened in batch:
+                opened.in_flight = False
+            self.wake.set()  # the lane is free: plan again
+
+    async def _step(
+        self, stage: StageExecutor, batch: list[OpenSegment], orphans: list[OpenSegment]
+    ) -> None:
+        book = self._book
+        try:
+            timed = await stage.run_timed(self._in_thread, batch, orphans)
         except asyncio.CancelledError:
             for opened in batch:
                 opened.cancelled = True

@@ -66,7 +66,8 @@ class Vocoder:
             book.refresh()
             ready = book.ready_ids
             started_s = self._clock()
-            selected = book.scheduler.select(started_s, ready) if ready else []
+            # every stream was admitted at submit (StreamBook.add_stream)
+            selected = book.scheduler.select(started_s, ready, all_admitted=True) if ready else []
             if not selected:
                 self.idle_waits += 1
                 await self.wake.wait()

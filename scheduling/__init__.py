@@ -32,6 +32,7 @@ from scheduling.talker import (
     TalkerCandidate,
     TalkerOrderConfig,
     TalkerPlan,
+    TalkerQueue,
     plan_talker_step,
     talker_key,
 )
@@ -53,6 +54,7 @@ __all__ = [
     "TalkerCandidate",
     "TalkerOrderConfig",
     "TalkerPlan",
+    "TalkerQueue",
     "plan_talker_step",
     "talker_key",
     "warn_if_first_chunk_too_short",

@@ -108,13 +108,17 @@ class PlaybackScheduler:
         self._table.forget(stream_id)
         self._policy.forget(stream_id)
 
-    def select(self, now_s: float, ready_ids: Sequence[str] | KeysView[str]) -> list[str]:
+    def select(
+        self, now_s: float, ready_ids: Sequence[str] | KeysView[str], *, all_admitted: bool = False
+    ) -> list[str]:
         """The streams that get the next vocoder turn, in order, at most K.
 
         `ready_ids` are the distinct streams with a chunk ready, in arrival order: a list,
         or the keys of an insertion-ordered dict (which saves copying them into a set,
         worth it at 10^5 streams). A stream seen here for the first time is admitted at
         `now_s`; apart from that (and fifo's sticky slots) selecting changes nothing.
+        `all_admitted`: the caller admitted every ready stream itself (the engine does at
+        submit), which saves the pass that looks for unseen ones.
         """
         require_finite_time("now_s", now_s)
         if isinstance(ready_ids, KeysView):
@@ -123,7 +127,8 @@ class PlaybackScheduler:
             ready = set(ready_ids)
             if len(ready) != len(ready_ids):
                 raise ValueError("ready_ids must not repeat a stream")
-        self._table.admit_unseen(ready_ids, now_s)
+        if not all_admitted:
+            self._table.admit_unseen(ready_ids, now_s)
         return self._policy.select(now_s, ready_ids, ready, self._table)
 
     def state(self, stream_id: str) -> StreamState | None:

@@ -24,8 +24,11 @@ Pure: plain numbers in, a `TalkerPlan` out; the clock is passed in.
 
 from __future__ import annotations
 
+import bisect
 import heapq
-from collections.abc import Iterable
+import itertools
+import math
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from scheduling.validation import check_int, check_non_negative, check_positive
@@ -96,3 +99,186 @@ def plan_talker_step(
             retry_in_s = wait_s if retry_in_s is None else min(retry_in_s, wait_s)
     best = heapq.nsmallest(config.batch, keyed) if len(keyed) > config.batch else sorted(keyed)
     return TalkerPlan(tuple(stream_id for _, stream_id in best), retry_in_s)
+
+
+def _never(stream_id: str) -> bool:
+    return False
+
+
+class TalkerQueue:
+    """The talker's candidates, indexed so that a plan walks only the most urgent few.
+
+    `plan` gives the same streams, in the same order, as `plan_talker_step` over the same
+    candidates (a property test pins the two together), without keying every candidate
+    at every step. Candidates are kept in sorted lists that change only when a candidate
+    changes (`update`: its horizon or queued audio moved; `remove`):
+
+    - fresh streams (no horizon, nothing queued) by first-audio deadline;
+    - streams without a horizon but with frames queued by queued audio: they run out at
+      now + queued;
+    - streams with a horizon, twice: by `horizon + queued` and by `queued`. Their run-out
+      time is max(horizon, now) + queued = max(horizon + queued, now + queued), the larger
+      of their two list values, so walking both lists in step yields them in exact order
+      once the walk's threshold (the larger of the two values last read) passes them.
+
+    A stream that `skip(stream_id)` names (a parked stream) is passed over.
+    """
+
+    def __init__(self, first_chunk_s: float) -> None:
+        self._first_chunk_s = first_chunk_s
+        self._entries: dict[str, TalkerCandidate] = {}
+        self._fresh: list[tuple[float, int, str]] = []  # (deadline, order, id)
+        self._queued: list[tuple[float, int, str]] = []  # no horizon: (queued, order, id)
+        self._by_run_out: list[tuple[float, int, str]] = []  # (horizon + queued, order, id)
+        self._by_queue: list[tuple[float, int, str]] = []  # horizon known: (queued, order, id)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, stream_id: object) -> bool:
+        return stream_id in self._entries
+
+    def update(self, candidate: TalkerCandidate) -> None:
+        """Add a candidate, or replace what is known of it."""
+        old = self._entries.get(candidate.stream_id)
+        if old == candidate:
+            return
+        if old is not None:
+            self._unindex(old)
+        self._entries[candidate.stream_id] = candidate
+        self._index(candidate)
+
+    def remove(self, stream_id: str) -> None:
+        old = self._entries.pop(stream_id, None)
+        if old is not None:
+            self._unindex(old)
+
+    def candidates(self) -> Iterator[TalkerCandidate]:
+        return iter(self._entries.values())
+
+    def plan(
+        self, now_s: float, config: TalkerOrderConfig, skip: Callable[[str], bool] = _never
+    ) -> TalkerPlan:
+        """The next step's streams. `retry_in_s` is exact whenever the batch is not full
+        (only then does the talker wait on it)."""
+        chosen: list[str] = []
+        limit_s = now_s + config.high_water_s + HIGH_WATER_SLACK_S
+        retry: list[float] = []
+
+        def under_mark() -> Iterator[tuple[float, int, str]]:
+            for item in self._walk_with_horizon(now_s):
+                if item[0] > limit_s:  # it and every later one sit out
+                    if skip(item[2]):
+                        continue
+                    retry.append(item[0] - now_s - config.high_water_s)
+                    return
+                yield item
+
+        with_horizon = under_mark()
+        # 1. protected players: the earliest run-out times, within the safety margin
+        pending: tuple[float, int, str] | None = None
+        for item in with_horizon:
+            if item[0] - now_s > config.safety_margin_s:
+                pending = item
+                break
+            if not skip(item[2]):
+                chosen.append(item[2])
+                if len(chosen) == config.batch:
+                    return TalkerPlan(tuple(chosen), None)
+        # 2. everyone else by deadline: the rest of those with a horizon, those with frames
+        # but no audio yet (they run out at now + queued), and fresh streams (first-audio
+        # deadline, never held back)
+        no_audio = itertools.takewhile(lambda item: item[0] <= limit_s, self._no_audio(now_s))
+        rest = itertools.chain((pending,) if pending is not None else (), with_horizon)
+        for _, _, stream_id in heapq.merge(rest, no_audio, self._fresh):
+            if not skip(stream_id):
+                chosen.append(stream_id)
+                if len(chosen) == config.batch:
+                    return TalkerPlan(tuple(chosen), None)
+        for _ in with_horizon:  # drain: the first stream above the mark sets the retry
+            pass
+        return TalkerPlan(tuple(chosen), retry[0] if retry else None)
+
+    def plan_first_audio(
+        self, now_s: float, config: TalkerOrderConfig, skip: Callable[[str], bool] = _never
+    ) -> tuple[str, ...]:
+        """Up to `batch` of the streams with no audio yet, in the order `plan` ranks them
+        (what a second talker lane takes while the first is busy)."""
+        limit_s = now_s + config.high_water_s + HIGH_WATER_SLACK_S
+        no_audio = itertools.takewhile(lambda item: item[0] <= limit_s, self._no_audio(now_s))
+        chosen: list[str] = []
+        for _, _, stream_id in heapq.merge(no_audio, self._fresh):
+            if not skip(stream_id):
+                chosen.append(stream_id)
+                if len(chosen) == config.batch:
+                    break
+        return tuple(chosen)
+
+    # internals
+
+    def _no_audio(self, now_s: float) -> Iterator[tuple[float, int, str]]:
+        """(now + queued, order, id) of the streams with frames but no audio, in order:
+        queued amounts that differ can round to the same run-out time, which then ties
+        and goes by arrival order, as in plan_talker_step."""
+        for _, group in itertools.groupby(
+            ((now_s + q, order, sid) for q, order, sid in self._queued), key=lambda i: i[0]
+        ):
+            yield from sorted(group)
+
+    def _walk_with_horizon(self, now_s: float) -> Iterator[tuple[float, int, str]]:
+        """(run-out time, order, id) of the streams with a horizon, in exact order."""
+        by_run_out, by_queue = self._by_run_out, self._by_queue
+        seen: set[str] = set()
+        found: list[tuple[float, int, str]] = []  # exact keys of streams read so far
+        a = b = 0
+        threshold_s = -math.inf
+        while True:
+            while found and (
+                found[0][0] < threshold_s or (a == len(by_run_out) and b == len(by_queue))
+            ):
+                yield heapq.heappop(found)
+            if a == len(by_run_out) and b == len(by_queue):
+                return
+            if a < len(by_run_out):
+                s_value, _, stream_id = by_run_out[a]
+                a += 1
+                self._read(stream_id, now_s, seen, found)
+                threshold_s = max(threshold_s, s_value)
+            if b < len(by_queue):
+                q_value, _, stream_id = by_queue[b]
+                b += 1
+                self._read(stream_id, now_s, seen, found)
+                threshold_s = max(threshold_s, now_s + q_value)
+
+    def _read(
+        self, stream_id: str, now_s: float, seen: set[str], found: list[tuple[float, int, str]]
+    ) -> None:
+        if stream_id in seen:
+            return
+        seen.add(stream_id)
+        c = self._entries[stream_id]
+        assert c.horizon_s is not None
+        heapq.heappush(found, (max(c.horizon_s, now_s) + c.queued_audio_s, c.order, stream_id))
+
+    def _index(self, c: TalkerCandidate) -> None:
+        for index, key in self._keys(c):
+            bisect.insort(index, key)
+
+    def _unindex(self, c: TalkerCandidate) -> None:
+        for index, key in self._keys(c):
+            position = bisect.bisect_left(index, key)
+            assert index[position] == key, "the talker queue's index lost an entry"
+            del index[position]
+
+    def _keys(
+        self, c: TalkerCandidate
+    ) -> list[tuple[list[tuple[float, int, str]], tuple[float, int, str]]]:
+        if c.horizon_s is None:
+            if c.queued_audio_s <= 0:
+                deadline_s = c.first_seen_s + self._first_chunk_s
+                return [(self._fresh, (deadline_s, c.order, c.stream_id))]
+            return [(self._queued, (c.queued_audio_s, c.order, c.stream_id))]
+        return [
+            (self._by_run_out, (c.horizon_s + c.queued_audio_s, c.order, c.stream_id)),
+            (self._by_queue, (c.queued_audio_s, c.order, c.stream_id)),
+        ]

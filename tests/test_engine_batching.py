@@ -9,6 +9,7 @@ without losing its open segment.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Sequence
 from contextlib import aclosing
@@ -197,3 +198,60 @@ async def _until(condition, timeout_s: float = 5.0) -> None:  # type: ignore[no-
     async with asyncio.timeout(timeout_s):
         while not condition():
             await asyncio.sleep(0.005)
+
+
+class _GatedConcurrentSim(SimBackend):
+    """A sim whose talker steps may run side by side (like Piper's), and whose steps for
+    stream tag 1 wait for `gate`: a long talker call in flight for another stream."""
+
+    concurrent_talker_steps = True
+
+    def __init__(self, config: SimConfig) -> None:
+        super().__init__(config)
+        self.gate = threading.Event()
+        self.gated = threading.Event()  # a step of tag 1 is waiting at the gate
+
+    def step(self, segments: Sequence[SimSegment]) -> list[TalkStep]:
+        if any(s.tag == 1 for s in segments) and not self.gate.is_set():
+            self.gated.set()
+            self.gate.wait(30)
+        return super().step(segments)
+
+
+@pytest.mark.parametrize("urgent_lane", [True, False])
+async def test_a_newcomer_does_not_wait_behind_a_talker_call_for_another_stream(
+    make_engine: EngineFactory, urgent_lane: bool
+) -> None:
+    backend = _GatedConcurrentSim(STEPPED)
+    engine = await make_engine(
+        backend, talker=TalkerConfig(high_water_s=3600.0, urgent_lane=urgent_lane)
+    )
+    busy = engine.submit(LONG, voice="sim")
+    await asyncio.to_thread(backend.gated.wait, 5)  # its step is in flight, held
+    newcomer = engine.submit("Sorry, go ahead.", voice="sim")
+    chunks = aiter(newcomer.chunks())
+    first = asyncio.ensure_future(anext(chunks))
+    done, _ = await asyncio.wait({first}, timeout=2.0)
+    if urgent_lane:  # the second lane talked it while the first was held
+        assert first in done and not backend.gate.is_set()
+        assert engine.talker.urgent_steps >= 1
+    else:  # one lane: it waits for the held call
+        assert not done
+    backend.gate.set()
+    await first
+    rest = [pcm async for pcm in chunks]
+    _, indices = _frame_indices(np.concatenate([first.result(), *rest]))
+    assert indices == list(range(expected_frames("Sorry, go ahead.")))
+    await _read_all(busy)
+
+
+def test_a_shared_cache_backend_gets_one_talker_lane() -> None:
+    """The sim (one batched model, like a codec LM) declares no concurrent steps."""
+    engine = Engine(
+        SimBackend(STEPPED),
+        scheduling=SchedulingConfig(policy="edf", active_stream_window=2),
+        chunking=TEST_CHUNKING,
+        admission=AdmissionConfig(enabled=False),
+        talker=TalkerConfig(urgent_lane=True),
+    )
+    assert engine.urgent_stage is None

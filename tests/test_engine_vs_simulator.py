@@ -25,6 +25,7 @@ import pipeline.engine
 from benchmarks.loadgen import load_corpus
 from benchmarks.simulate import Arrival, run_script
 from pipeline.backends.sim import SimBackend, decode_sim_signal
+from pipeline.book import StreamBook
 from pipeline.config import EngineConfig, SimConfig, TalkerConfig
 from pipeline.engine import Engine
 from pipeline.errors import Rejected, StreamCancelled
@@ -340,8 +341,8 @@ def test_engine_and_simulator_decide_alike_under_fifo(monkeypatch: pytest.Monkey
     assert_same(run_engine(setup, arrivals, monkeypatch), run_simulator(setup, arrivals))
 
 
-def _newest_first(candidates: object, now_s: float, config: TalkerOrderConfig) -> TalkerPlan:
-    listed: list[TalkerCandidate] = sorted(candidates, key=lambda c: -c.order)  # type: ignore[call-overload]
+def _newest_first(book: StreamBook, now_s: float, config: TalkerOrderConfig) -> TalkerPlan:
+    listed: list[TalkerCandidate] = sorted(book.talker_candidates(), key=lambda c: -c.order)
     return TalkerPlan(tuple(c.stream_id for c in listed[: config.batch]), None)
 
 
@@ -350,7 +351,7 @@ def test_a_simulator_with_another_talker_order_is_caught(
 ) -> None:
     arrivals = script(1)
     engine = run_engine(SETUP, arrivals, monkeypatch)
-    monkeypatch.setattr(sim_replica, "plan_talker_step", _newest_first)
+    monkeypatch.setattr(sim_replica, "plan_talker", _newest_first)
     with pytest.raises(AssertionError, match="talker_steps differ"):
         assert_same(engine, run_simulator(SETUP, arrivals))
 

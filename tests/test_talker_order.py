@@ -13,6 +13,7 @@ from scheduling import (
     ConfigError,
     TalkerCandidate,
     TalkerOrderConfig,
+    TalkerQueue,
     plan_talker_step,
     talker_key,
 )
@@ -123,3 +124,53 @@ def test_the_plan_is_the_batch_smallest_keys_of_the_streams_under_the_mark(
         if c.stream_id in plan.step_ids:
             run_out = max(c.horizon_s if c.horizon_s is not None else 100.0, 100.0)
             assert run_out + c.queued_audio_s - 100.0 <= config.high_water_s + 0.001
+
+
+@given(
+    _candidates,
+    st.integers(1, 8),
+    st.floats(90, 115),
+    st.floats(0.05, 10),
+    st.floats(0, 0.5),
+    st.sets(st.text(min_size=1, max_size=4), max_size=5),
+)
+def test_the_indexed_queue_plans_like_the_plain_ranking(
+    candidates: list[TalkerCandidate],
+    batch: int,
+    now_s: float,
+    high_water_s: float,
+    margin_s: float,
+    parked: set[str],
+) -> None:
+    config = TalkerOrderConfig(batch=batch, high_water_s=high_water_s, safety_margin_s=margin_s)
+    queue = TalkerQueue(config.first_chunk_s)
+    for candidate in candidates:  # add, move once, then settle on the final value
+        queue.update(TalkerCandidate(candidate.stream_id, candidate.order, 0.0, 50.0, 1.0))
+        queue.update(candidate)
+    queue.update(TalkerCandidate("gone", 99, 95.0, None, 0.0))
+    queue.remove("gone")
+    eligible = [c for c in candidates if c.stream_id not in parked]
+    expected = plan_talker_step(eligible, now_s, config)
+    got = queue.plan(now_s, config, skip=parked.__contains__)
+    assert got.step_ids == expected.step_ids
+    if len(got.step_ids) < batch:
+        assert got.retry_in_s == expected.retry_in_s
+    assert len(queue) == len(candidates)
+
+
+def test_the_first_audio_plan_takes_streams_without_audio_in_plan_order() -> None:
+    queue = TalkerQueue(first_chunk_s=0.1)
+    for candidate in [
+        _c("playing", 1, horizon=100.01),  # protected: the main plan's first, not this one's
+        _c("fresh-late", 4, seen=99.9),  # deadline 100.0
+        _c("queued", 3, queued=0.05),  # no audio yet, runs out at 100.05
+        _c("fresh-early", 2, seen=99.5),  # deadline 99.6
+    ]:
+        queue.update(candidate)
+    config = TalkerOrderConfig(batch=3)
+    assert queue.plan_first_audio(100.0, config) == ("fresh-early", "fresh-late", "queued")
+    assert queue.plan_first_audio(100.0, config, skip={"fresh-early"}.__contains__) == (
+        "fresh-late",
+        "queued",
+    )
+    assert queue.plan(100.0, TalkerOrderConfig(batch=1)).step_ids == ("playing",)

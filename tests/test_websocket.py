@@ -12,6 +12,7 @@ from api_support import LiveServer, expected_audio_s, live_server, sim_settings
 from ws_client import connect, speak
 
 from pipeline.backends.sim import decode_sim_signal
+from pipeline.normalize import normalize_text
 
 CONFIG = {"voice": "sim", "response_format": "pcm"}
 FIRST = "Hello there, this is live text arriving in pieces. "
@@ -316,3 +317,25 @@ async def test_a_refused_utterance_gets_retry_after_and_the_socket_stays() -> No
         expected_audio_s(live.settings, "Admitted now. "), abs=1e-3
     )
     assert set(client.audio) == {index}
+
+
+async def test_live_text_is_normalised_like_a_whole_request(server: LiveServer) -> None:
+    """Numbers, money and a date split across input.text pieces are read as words, as
+    /v1/audio/speech reads the whole text (the sim's audio length follows the characters
+    the talker gets)."""
+    written = "It costs $3.50 on 12/05/2024, Dr. Smith said. Call at 3:45 PM. "
+    spoken = normalize_text(written, "en_US", server.settings.normalize)
+    assert spoken != written.strip()
+    async with connect(server.base_url, config=CONFIG) as client:
+        for piece in [
+            "It costs $3",
+            ".50 on 12/0",
+            "5/2024, Dr. Smi",
+            "th said. Call at 3:4",
+            "5 PM. ",
+        ]:
+            await client.send("input.text", text=piece)
+        await client.send("input.done")
+        await client.until("audio.done")
+    pcm = client.pcm(0)
+    assert pcm.size / 24000 == pytest.approx(expected_audio_s(server.settings, spoken), abs=1e-3)

@@ -54,6 +54,7 @@ from app.ws.protocol import (
     parse_message,
 )
 from pipeline import Engine, NotReady, PipelineError, Rejected, Stream, StreamState
+from pipeline.normalize import StreamNormalizer, normalizer_for
 
 logger = logging.getLogger("playhead.ws")
 
@@ -74,6 +75,8 @@ class Utterance:
     stream: Stream
     encoder: StreamEncoder
     text_chars: int
+    # text as written -> spoken words, piece by piece (None: normalisation off)
+    normalizer: StreamNormalizer | None = None
     text_closed: bool = False
     cancelled: bool = False
     sent_samples: int = 0  # at the encoder's output rate
@@ -390,8 +393,14 @@ class Session:
             voice.sample_rate_hz,
             encoding=self.settings.encoding,
         )
+        language = self.engine.resolve_voice(voice.voice_id).language
+        rules = normalizer_for(language, self.settings.normalize)
+        normalizer = StreamNormalizer(rules) if rules is not None else None
+        spoken = normalizer.push(text) if normalizer is not None else text
         try:
-            stream = self.engine.submit(text, voice=voice.voice_id, speed=voice.speed, final=False)
+            stream = self.engine.submit(
+                spoken, voice=voice.voice_id, speed=voice.speed, final=False
+            )
         except Rejected as exc:
             encoder.close()
             self.rejected_open = True
@@ -412,7 +421,7 @@ class Session:
                 error_type="server_error",
                 close_code=CLOSE_SERVER_ERROR,
             ) from exc
-        utterance = Utterance(index, stream, encoder, text_chars=len(text))
+        utterance = Utterance(index, stream, encoder, text_chars=len(text), normalizer=normalizer)
         self.current = utterance
         self.in_flight.append(utterance)
         self._queue.append(utterance)
@@ -433,6 +442,11 @@ class Session:
         self._append(utterance, "", final=True)
 
     def _append(self, utterance: Utterance, text: str, *, final: bool) -> None:
+        normalizer = utterance.normalizer
+        if normalizer is not None:
+            text = normalizer.push(text)
+            if final:
+                text += normalizer.flush()
         try:
             self.engine.append_text(utterance.stream.id, text, final=final)
         except ValueError:

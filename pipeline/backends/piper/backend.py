@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +71,9 @@ class PiperBackend:
     """
 
     name = "piper"
+    # A step runs whole segments through an ONNX Runtime session (safe to run from two
+    # threads); phonemising is serialised by a lock (espeak-ng is one global instance).
+    concurrent_talker_steps = True
 
     def __init__(
         self,
@@ -91,6 +95,7 @@ class PiperBackend:
         self._noise_scale = noise_scale
         self._noise_w = noise_w
         self._output_gain = float(piper.output_gain)
+        self._phonemize_lock = threading.Lock()
 
         default_path = Path(piper.model_path) if piper.model_path else bundled_model_path()
         specs = [load_voice_spec(default_path)]
@@ -160,7 +165,9 @@ class PiperBackend:
         """Phonemise the segment (espeak-ng); the talker graph runs in `step`."""
         loaded = self._get(request.voice)
         scales = self.scales(request.voice, request.speed)
-        return PiperSegment(request.voice, text_to_ids(loaded.spec, request.text), scales)
+        with self._phonemize_lock:
+            ids = text_to_ids(loaded.spec, request.text)
+        return PiperSegment(request.voice, ids, scales)
 
     def step(self, segments: Sequence[PiperSegment]) -> list[TalkStep]:
         """A whole segment per step: float32 [frames, channels] (none for text with no
