@@ -10,7 +10,7 @@ TORCH := torch==2.13.0
 CHROMIUM := /usr/bin/chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install serve serve-sim test test-fast lint format bench bench-voice sim micro clean
+.PHONY: install serve serve-sim test test-fast lint format bench bench-voice bench-cluster sim micro clean
 
 install: $(STAMP)
 
@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install $(TORCH)
-	$(BIN)/pip install -e '.[dev]'
+	$(BIN)/pip install -e '.[dev,cluster]'
 	@[ -x $(CHROMIUM) ] || $(SUDO) apt-get install -y chromium \
 		|| ($(SUDO) apt-get update && $(SUDO) apt-get install -y chromium)
 	touch $(STAMP)
@@ -51,6 +51,9 @@ bench: $(STAMP)
 
 bench-voice: $(STAMP)
 	$(BIN)/python -m benchmarks.voice
+
+bench-cluster: $(STAMP)
+	$(BIN)/python -m benchmarks.cluster
 
 sim: $(STAMP)
 	$(BIN)/python -m benchmarks.simulate

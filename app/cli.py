@@ -54,6 +54,12 @@ def _parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", parents=[common], help="run the HTTP server")
     serve.add_argument("--host", help="listen address (server.host)")
     serve.add_argument("--port", type=int, help="listen port (server.port)")
+    serve.add_argument(
+        "--replicas",
+        type=int,
+        metavar="N",
+        help="run N replicas on Ray Serve (cluster.replicas; needs the `cluster` extra)",
+    )
     commands.add_parser("config", parents=[common], help="print the effective settings as YAML")
     return parser
 
@@ -73,6 +79,8 @@ def _load(args: argparse.Namespace) -> tuple[Settings, Path | Traversable]:
         options.append(("--host", "server.host", args.host))
     if getattr(args, "port", None) is not None:
         options.append(("--port", "server.port", args.port))
+    if getattr(args, "replicas", None) is not None:
+        options.append(("--replicas", "cluster.replicas", args.replicas))
     return load_settings(path, args.overrides, options=options), path
 
 
@@ -96,6 +104,8 @@ def settings_yaml(settings: Settings) -> str:
 def _serve(settings: Settings, path: Path | Traversable) -> int:
     server = settings.server
     logging.basicConfig(format=LOG_FORMAT, level=server.log_level.upper(), force=True)
+    if settings.cluster.replicas:
+        return _serve_cluster(settings)
     try:
         from app.server import create_app
     except ImportError as exc:
@@ -119,6 +129,18 @@ def _serve(settings: Settings, path: Path | Traversable) -> int:
         timeout_graceful_shutdown=5,
     )
     return 0
+
+
+def _serve_cluster(settings: Settings) -> int:
+    try:
+        from app.cluster.launch import serve_forever
+    except ImportError as exc:
+        print(
+            f"playhead: error: --replicas needs Ray Serve (pip install 'playhead[cluster]'): {exc}",
+            file=sys.stderr,
+        )
+        return 2
+    return serve_forever(settings)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

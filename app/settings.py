@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from app.cluster.config import ClusterConfig
 from app.encoding_config import EncodingConfig
 from app.ws.config import WebSocketConfig
 from pipeline.config import (
@@ -127,6 +128,7 @@ class Settings(BaseModel):
     chunking: ChunkingConfig = Field(default_factory=lambda: DEFAULT_CHUNKING)
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     websocket: WebSocketConfig = Field(default_factory=WebSocketConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
 
 
 SECTIONS: tuple[str, ...] = tuple(Settings.model_fields)
