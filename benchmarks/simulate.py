@@ -26,10 +26,11 @@ at its emission times, and reported through the same `summarize`.
 Routers: `random`; `least-loaded` (fewest streams with work left, known to the router at
 once); `slack` (each replica reports, every `report_interval_s`, its streams' minimum and
 mean slack = horizon - now, or the first-chunk deadline - now before first audio; infinite
-when idle. The router draws two replicas at random and takes the one with the higher
-minimum slack (a stream sent there since the report counts with its first-chunk
-deadline), then the higher mean, then fewer streams: with stale reports, always taking
-the best replica would herd a whole interval's arrivals onto it). A router offers a
+when idle; the ranking is scheduling.rank_replicas, the Ray Serve router's own: two
+replicas drawn at random, the one with the higher minimum slack first (a stream sent
+there since the report counts with its first-chunk deadline), then the higher mean, then
+fewer streams: with stale reports, always taking the best replica would herd a whole
+interval's arrivals onto it). A router offers a
 request to the replicas in its order until one admits it. A rejected closed-loop client
 retries after Retry-After; a rejected Poisson arrival is lost. A closed-loop listener sends
 its next request when its player has played the last sample (as the load generator's
@@ -71,6 +72,7 @@ from pipeline.backends.sim import expected_frames, vocoder_cost_s
 from pipeline.config import EngineConfig, SimConfig, TalkerConfig
 from pipeline.stream import Stream
 from scheduling import AdmissionConfig, ChunkingConfig, SchedulingConfig
+from scheduling.routing import ReplicaLoad, rank_replicas
 
 ROUTERS = ("random", "least-loaded", "slack")
 RESULTS_DIR = Path(__file__).with_name("results")
@@ -404,8 +406,6 @@ class _Simulation:
             self.push(t + (retry_after or 1), self.arrive, (client, again))
 
     def route(self, t: float) -> list[Replica]:
-        # TODO(routing): the slack router below is to call scheduling/routing.py's pure
-        # router once it lands; random and least-loaded stay here.
         replicas = self.replicas
         if len(replicas) == 1:
             return replicas
@@ -415,23 +415,20 @@ class _Simulation:
         if router == "least-loaded":
             rnd = self.rng.random
             return sorted(replicas, key=lambda r: (len(r.book), rnd()))
-
-        first_chunk_s = self.first_chunk_s
-        reports = self.reports
-
-        def key(r: Replica) -> tuple[float, float, int]:
-            rep = reports[r.index]
-            # A stream sent since the report has its first-chunk deadline as its slack.
-            low = min(rep.slack_min, first_chunk_s) if rep.routed_since else rep.slack_min
-            mean = rep.slack_sum / rep.reported_n if rep.reported_n else math.inf
-            return (-low, -mean, rep.reported_n + rep.routed_since)
-
-        # Two random choices, the better by reported slack: reports are stale between
-        # intervals, and sending every arrival to the one best replica would herd them.
-        order = self.rng.sample(replicas, len(replicas))
-        if key(order[1]) < key(order[0]):
-            order[0], order[1] = order[1], order[0]
-        reports[order[0].index].routed_since += 1
+        # The slack router: scheduling.rank_replicas, the function the Ray Serve router
+        # calls. The replicas' admission decides when offered (free streams unbounded here).
+        loads = [
+            ReplicaLoad(
+                free_streams=math.inf,
+                slack_min_s=rep.slack_min,
+                slack_mean_s=rep.slack_sum / rep.reported_n if rep.reported_n else math.inf,
+                streams=rep.reported_n,
+                routed_since=rep.routed_since,
+            )
+            for rep in self.reports
+        ]
+        order = [replicas[i] for i in rank_replicas(loads, self.rng, self.first_chunk_s)]
+        self.reports[order[0].index].routed_since += 1
         return order
 
     def report(self, t: float, _: object = None) -> None:
