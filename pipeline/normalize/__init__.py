@@ -93,7 +93,10 @@ def speakable(text: str) -> bool:
 
 
 # A release point: a sentence end followed by a capital, or a blank line.
-_SENTENCE_END = re.compile(r"(?P<word>\S*?)[.!?…]+[\"')\]]*\s+(?=[\"'(]?[A-Z])|\n\s*\n")
+# A sentence end: its punctuation, then space and a capital, or space at the end of the text
+# so far (a live text's finished sentence speaks at once; an abbreviation's or an initial's
+# period is not an end, see _release_point).
+_SENTENCE_END = re.compile(r"(?P<word>\S*?)[.!?…]+[\"')\]]*\s+(?=[\"'(]?[A-Z]|$)|\n\s*\n")
 _NOT_SENTENCE_ENDS = frozenset(
     [
         *tables.TITLES,
