@@ -266,7 +266,7 @@ class StreamBook:
             segmenter=self._new_segmenter(),
         )
         self.scheduler.admit(stream_id, now_s)  # its first-chunk deadline counts from now
-        self._event("stream_started", stream_id)
+        self._events.stream_started(stream_id)
         return stream
 
     def add_text(self, stream_id: str, text: str, *, final: bool) -> None:
@@ -374,11 +374,11 @@ class StreamBook:
             stall_s = emitted_at_s - horizon_s
             stats.stalls += 1
             stats.stall_s += stall_s
-            self._event("stall", stream.id, stall_s)
+            self._events.stall(stream.id, stall_s)
         self.scheduler.record_audio(stream.id, pcm.size, stream.sample_rate_hz, emitted_at_s)
         if stats.ttfa_s is None:
             stats.ttfa_s = emitted_at_s - stats.submitted_at_s
-            self._event("first_audio", stream.id, stats.ttfa_s)
+            self._events.first_audio(stream.id, stats.ttfa_s)
             self._wakes.talker()  # its playback starts: the high-water mark now moves
         stats.audio_s += pcm.size / stream.sample_rate_hz
         stats.chunks += 1
@@ -543,10 +543,4 @@ class StreamBook:
             stats.stall_s,
             self.scheduler.policy_name,
         )
-        self._event("stream_finished", stats, stream.state)
-
-    def _event(self, name: str, *args: object) -> None:
-        try:
-            getattr(self._events, name)(*args)
-        except Exception:
-            log.exception("events.%s failed", name)
+        self._events.stream_finished(stats, stream.state)

@@ -29,7 +29,7 @@ from pipeline.book import StreamBook, Wakes
 from pipeline.capacity import pipeline_capacity
 from pipeline.config import EngineConfig, TalkerConfig
 from pipeline.errors import NotReady, Rejected, UnknownVoice
-from pipeline.events import EngineEvents, EngineStats, NullEvents
+from pipeline.events import EngineEvents, EngineStats, GuardedEvents, NullEvents
 from pipeline.executor import StageExecutor
 from pipeline.stream import Stream
 from pipeline.talker import Talker, talker_order
@@ -73,7 +73,8 @@ class Engine:
         self._admission = Admission(admission)
         self._config = engine
         self._clock = clock
-        self._events: EngineEvents = events if events is not None else NullEvents()
+        # hooks that raise are logged, never passed into the loops
+        self._events = GuardedEvents(events if events is not None else NullEvents())
         self._voices = backend.voices()
         self._scheduling = scheduling
         self._talker_config = talker
@@ -216,7 +217,7 @@ class Engine:
             finish_times_s=book.finish_times_s(now_s),
         )
         if not decision.accept:
-            self._event("rejected", decision.reason)
+            self._events.rejected(decision.reason)
             raise Rejected(decision)
         stream = book.add_stream(resolved, speed=speed, now_s=now_s)
         book.add_text(stream.id, text, final=final)
@@ -245,9 +246,3 @@ class Engine:
     def traces(self, stream_id: str) -> list[str]:
         """Where the engine still holds this stream (empty once it is finished)."""
         return self.book.traces(stream_id)
-
-    def _event(self, name: str, *args: object) -> None:
-        try:
-            getattr(self._events, name)(*args)
-        except Exception:
-            log.exception("events.%s failed", name)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from pipeline.stream import StreamState, StreamStats
+
+log = logging.getLogger("playhead.engine")
 
 
 class EngineEvents(Protocol):
@@ -37,6 +40,26 @@ class EngineEvents(Protocol):
     def capacity(self, audio_s_per_s: float) -> None: ...
 
     def turn_timing(self, timing: TurnTiming) -> None: ...
+
+
+class GuardedEvents:
+    """An EngineEvents whose hooks never raise into the engine: a failing hook is logged.
+    The Engine wraps its events in one, so the stages call hooks directly."""
+
+    def __init__(self, events: EngineEvents) -> None:
+        self._events = events
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        hook = getattr(self._events, name)
+
+        def guarded(*args: object) -> None:
+            try:
+                hook(*args)
+            except Exception:
+                log.exception("events.%s failed", name)
+
+        setattr(self, name, guarded)  # built once per hook
+        return guarded
 
 
 class NullEvents:

@@ -143,7 +143,7 @@ class Talker:
             opened.in_flight = True
             batch.append(opened)
         if step_ids:
-            self._event("talker_step", step_ids)
+            self._events.talker_step(step_ids)
         return batch
 
     async def _lane(
@@ -184,7 +184,7 @@ class Talker:
         self.steps += 1
         if outcome.stepped:
             self.rate.record(timed.started_s, timed.finished_s, audio_s)
-            self._event("talker_call", timed.seconds)
+            self._events.talker_call(timed.seconds)
 
     def _in_thread(self, batch: list[OpenSegment], orphans: list[OpenSegment]) -> _StepOutcome:
         """Runs in the talker thread: close orphans, open new segments, step, close ended."""
@@ -231,9 +231,3 @@ class Talker:
             self._backend.close_segment(opened.state)
         except Exception:
             log.exception("close_segment failed for stream %s", opened.record.stream.id)
-
-    def _event(self, name: str, *args: object) -> None:
-        try:
-            getattr(self._events, name)(*args)
-        except Exception:
-            log.exception("events.%s failed", name)

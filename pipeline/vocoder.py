@@ -12,7 +12,6 @@ a stream's chunk plan may have changed.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Callable
 
@@ -25,8 +24,6 @@ from pipeline.errors import BackendError
 from pipeline.events import EngineEvents, TurnTiming
 from pipeline.executor import StageExecutor
 from scheduling import Chunk
-
-log = logging.getLogger("playhead.engine")
 
 
 class Vocoder:
@@ -76,7 +73,7 @@ class Vocoder:
 
     async def _turn(self, selected: list[str], started_s: float, started_perf_s: float) -> None:
         book = self._book
-        self._event("vocoder_selection", selected)
+        self._events.vocoder_selection(selected)
         batch: list[tuple[StreamRecord, Chunk]] = []
         items: list[VocodeItem] = []
         for stream_id in selected:
@@ -130,11 +127,10 @@ class Vocoder:
         self.turns += 1
         self.rate.record(timed.started_s, timed.finished_s, audio_s)
         ended_perf_s = time.perf_counter()
-        self._event("vocoder_turn", len(batch), self._clock() - started_s)
+        self._events.vocoder_turn(len(batch), self._clock() - started_s)
         if self._capacity is not None:
-            self._event("capacity", self._capacity(emitted_at_s))
-        self._event(
-            "turn_timing",
+            self._events.capacity(self._capacity(emitted_at_s))
+        self._events.turn_timing(
             TurnTiming(
                 batch_size=len(batch),
                 wall_s=ended_perf_s - started_perf_s,
@@ -142,9 +138,3 @@ class Vocoder:
                 engine_s=(sent_perf_s - started_perf_s) + (ended_perf_s - returned_perf_s),
             ),
         )
-
-    def _event(self, name: str, *args: object) -> None:
-        try:
-            getattr(self._events, name)(*args)
-        except Exception:
-            log.exception("events.%s failed", name)

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+import numpy as np
 import pytest
 
 from pipeline.backend import Backend
 from pipeline.backends.sim import SimBackend
 from pipeline.config import EngineConfig, SimConfig, TalkerConfig
 from pipeline.engine import Engine, EngineEvents
+from pipeline.stream import Stream
 from scheduling import AdmissionConfig, ChunkingConfig, SchedulingConfig
 
 # Costs small enough that a test's engine runs far faster than real time.
@@ -25,6 +28,19 @@ TEST_CHUNKING = ChunkingConfig(
 )
 
 EngineFactory = Callable[..., Awaitable[Engine]]
+
+
+async def read_all(stream: Stream) -> np.ndarray:
+    """Every PCM chunk of a stream, joined (an empty array for a stream with no audio)."""
+    parts = [pcm async for pcm in stream.chunks()]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
+
+
+async def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    """Wait for a condition the engine reaches on its own (a test-side bound)."""
+    async with asyncio.timeout(timeout_s):
+        while not condition():
+            await asyncio.sleep(0.005)
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from contextlib import aclosing
 
 import numpy as np
 import pytest
-from conftest import FAST_SIM, EngineFactory
+from conftest import FAST_SIM, EngineFactory, read_all, until
 
 from pipeline import (
     Engine,
@@ -40,11 +40,6 @@ TEXTS = [
 ]
 
 
-async def _read_all(stream: Stream) -> np.ndarray:
-    parts = [pcm async for pcm in stream.chunks()]
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
-
-
 def _check_signal(pcm: np.ndarray, text: str, speed: float = 1.0) -> int:
     """The stream's frames, each exactly once, in order; returns its tag."""
     pairs = decode_sim_signal(pcm, FAST_SIM.samples_per_frame)
@@ -60,19 +55,12 @@ async def _assert_empty(engine: Engine, streams: Sequence[Stream]) -> None:
     # call closes it
     for stream in streams:
         assert engine.traces(stream.id) in ([], ["orphans"])
-    await _until(lambda: all(engine.traces(s.id) == [] for s in streams))
+    await until(lambda: all(engine.traces(s.id) == [] for s in streams))
     stats = engine.stats()
     assert (stats.active_streams, stats.parked_streams, stats.queued_frames) == (0, 0, 0)
     assert len(engine.book.scheduler) == 0
     if isinstance(engine.backend, SimBackend):  # every talker segment was closed
         assert engine.backend.open_segments == 0
-
-
-async def _until(condition, timeout_s: float = 5.0) -> None:  # type: ignore[no-untyped-def]
-    """Wait for a condition the engine reaches on its own (a test-side bound)."""
-    async with asyncio.timeout(timeout_s):
-        while not condition():
-            await asyncio.sleep(0.005)
 
 
 @pytest.mark.parametrize(("policy", "window", "count"), [("edf", 2, 20), ("fifo", 0, 8)])
@@ -82,7 +70,7 @@ async def test_every_frame_arrives_once_in_order(
     engine = await make_engine(policy=policy, window=window)
     texts = [TEXTS[i % len(TEXTS)] for i in range(count)]
     streams = [engine.submit(text, voice="sim") for text in texts]
-    pcms = await asyncio.gather(*(_read_all(s) for s in streams))
+    pcms = await asyncio.gather(*(read_all(s) for s in streams))
     tags = [_check_signal(pcm, text) for pcm, text in zip(pcms, texts, strict=True)]
     assert len(set(tags)) == count
     for stream, text, pcm in zip(streams, texts, pcms, strict=True):
@@ -97,9 +85,9 @@ async def test_every_frame_arrives_once_in_order(
 async def test_speed_voice_name_and_empty_text(make_engine: EngineFactory) -> None:
     engine = await make_engine()
     fast = engine.submit(TEXTS[0], voice="SIM", speed=2.0)
-    _check_signal(await _read_all(fast), TEXTS[0], speed=2.0)
+    _check_signal(await read_all(fast), TEXTS[0], speed=2.0)
     blank = engine.submit(" \n ", voice="sim")
-    assert (await _read_all(blank)).size == 0
+    assert (await read_all(blank)).size == 0
     assert blank.state is StreamState.DONE
     with pytest.raises(UnknownVoice) as caught:
         engine.submit("hi", voice="alloy")
@@ -110,7 +98,7 @@ async def test_live_text_in_pieces(make_engine: EngineFactory) -> None:
     engine = await make_engine()
     text = TEXTS[0] + " " + TEXTS[2]
     stream = engine.submit(text[:17], voice="sim", final=False)
-    reader = asyncio.ensure_future(_read_all(stream))
+    reader = asyncio.ensure_future(read_all(stream))
     for start in range(17, len(text), 23):
         engine.append_text(stream.id, text[start : start + 23])
         await asyncio.sleep(0)
@@ -135,9 +123,9 @@ async def test_cancel_mid_stream_frees_everything(make_engine: EngineFactory) ->
     assert victim.stats.frames < expected_frames(long_text)  # the talker was stopped early
     # at most its open talker segment is left, for the talker thread to close next
     assert engine.traces(victim.id) in ([], ["orphans"])
-    await _until(lambda: engine.traces(victim.id) == [])
+    await until(lambda: engine.traces(victim.id) == [])
     engine.cancel(victim.id)  # idempotent
-    _check_signal(await _read_all(other), long_text)
+    _check_signal(await read_all(other), long_text)
     await _assert_empty(engine, [victim, other])
 
 
@@ -171,17 +159,17 @@ async def test_an_unread_stream_parks_at_the_cap_without_slowing_the_others(
     engine = await make_engine(engine=EngineConfig(max_pending_audio_s=cap_s))
     unread = engine.submit(" ".join(TEXTS * 3), voice="sim")
     others = [engine.submit(text, voice="sim") for text in TEXTS]
-    pcms = await asyncio.gather(*(_read_all(s) for s in others))
+    pcms = await asyncio.gather(*(read_all(s) for s in others))
     for pcm, text, stream in zip(pcms, TEXTS, others, strict=True):
         _check_signal(pcm, text)
         assert stream.stats.stalls == 0 and stream.stats.stall_s == 0.0
-    await _until(lambda: engine.stats().parked_streams == 1)
+    await until(lambda: engine.stats().parked_streams == 1)
     chunk_s = 8 * FAST_SIM.samples_per_frame / FAST_SIM.sample_rate_hz
     assert cap_s <= unread.pending_audio_s <= cap_s + chunk_s
     stats = engine.stats()
     assert (stats.active_streams, stats.parked_streams) == (1, 1)
     # reading unparks it, and what it gets is still complete and in order
-    _check_signal(await _read_all(unread), " ".join(TEXTS * 3))
+    _check_signal(await read_all(unread), " ".join(TEXTS * 3))
     await _assert_empty(engine, [unread, *others])
 
 
@@ -251,7 +239,7 @@ async def test_admission_counts_a_stream_until_its_player_runs_dry() -> None:
     await engine.start()
     try:
         first = engine.submit(TEXTS[0], voice="sim")
-        audio_s = len(await _read_all(first)) / FAST_SIM.sample_rate_hz
+        audio_s = len(await read_all(first)) / FAST_SIM.sample_rate_hz
         assert audio_s > 3.0  # vocoded far faster than it plays
         assert first.state is StreamState.DONE and engine.stats().active_streams == 0
         with pytest.raises(Rejected) as caught:
@@ -261,7 +249,7 @@ async def test_admission_counts_a_stream_until_its_player_runs_dry() -> None:
         assert 2 <= caught.value.decision.retry_after_s <= math.ceil(audio_s) + 1
         offset_s = audio_s + 1.0  # its playback is over
         second = engine.submit(TEXTS[1], voice="sim")
-        _check_signal(await _read_all(second), TEXTS[1])
+        _check_signal(await read_all(second), TEXTS[1])
     finally:
         await engine.stop()
 
@@ -308,7 +296,7 @@ async def test_a_backend_error_fails_only_its_stream(
         backend.bad_tag = 2  # the second stream submitted
         texts[1] = TEXTS[2]
     streams = [engine.submit(text, voice="sim") for text in texts]
-    results = await asyncio.gather(*(_read_all(s) for s in streams), return_exceptions=True)
+    results = await asyncio.gather(*(read_all(s) for s in streams), return_exceptions=True)
     assert isinstance(results[1], StreamFailed)
     assert str(results[1].cause) == f"{stage} exploded"
     assert streams[1].state is StreamState.FAILED
@@ -316,7 +304,7 @@ async def test_a_backend_error_fails_only_its_stream(
         _check_signal(results[index], texts[index])
     assert engine.ready
     await _assert_empty(engine, streams)
-    _check_signal(await _read_all(engine.submit(TEXTS[4], voice="sim")), TEXTS[4])
+    _check_signal(await read_all(engine.submit(TEXTS[4], voice="sim")), TEXTS[4])
 
 
 class _ThreadRecordingSim(SimBackend):
@@ -345,7 +333,7 @@ class _ThreadRecordingSim(SimBackend):
 async def test_model_calls_run_in_their_stage_threads(make_engine: EngineFactory) -> None:
     backend = _ThreadRecordingSim()
     engine = await make_engine(backend)
-    await asyncio.gather(*(_read_all(engine.submit(t, voice="sim")) for t in TEXTS))
+    await asyncio.gather(*(read_all(engine.submit(t, voice="sim")) for t in TEXTS))
     assert {name.rsplit("_", 1)[0] for name in backend.talk_threads} == {"playhead-talker"}
     assert {name.rsplit("_", 1)[0] for name in backend.vocode_threads} == {"playhead-vocoder"}
 
@@ -355,7 +343,7 @@ async def test_idle_loops_wait_on_events_not_polls(make_engine: EngineFactory) -
     await asyncio.sleep(0.05)
     # each loop checked once, then waits for an event
     assert (engine.talker.idle_waits, engine.vocoder.idle_waits) == (1, 1)
-    await _read_all(engine.submit(TEXTS[1], voice="sim"))
+    await read_all(engine.submit(TEXTS[1], voice="sim"))
     await asyncio.sleep(0.05)  # both loops settle
 
     def counters() -> tuple[int, ...]:
@@ -382,7 +370,7 @@ async def test_events_stats_and_the_log_line(
     engine = await make_engine(events=events)
     caplog.set_level(logging.INFO, logger="playhead.engine")
     stream = engine.submit(TEXTS[0], voice="sim")
-    await _read_all(stream)
+    await read_all(stream)
     names = [name for name, _ in events.calls]
     assert names[0] == "stream_started" and names[-1] == "stream_finished"
     assert names.count("first_audio") == 1
@@ -417,7 +405,7 @@ async def test_the_talker_serves_a_stream_without_audio_first(make_engine: Engin
     talked = len(backend.calls)
     assert talked < len(split_text(text)) - 1  # some of its segments still wait
     newcomer = engine.submit(TEXTS[1], voice="sim")
-    await _read_all(newcomer)
+    await read_all(newcomer)
     # right after the call in flight, the newcomer's first segment: it has no audio at all
     assert backend.calls[talked] == (2, 0)
     await chunks.aclose()
@@ -444,5 +432,28 @@ async def test_an_ack_before_the_first_audio_is_ignored(make_engine: EngineFacto
     stream = engine.submit(TEXTS[0], voice="sim")
     engine.ack_playback(stream.id, 0.0)  # no audio yet: nothing to correct
     assert engine.book.scheduler.horizon_s(stream.id) is None
-    _check_signal(await _read_all(stream), TEXTS[0])
+    _check_signal(await read_all(stream), TEXTS[0])
     assert stream.stats.stalls == 0
+
+
+class _RaisingEvents(_Recorder):
+    """Metrics hooks that break: the engine logs them and carries on."""
+
+    def first_audio(self, stream_id: str, ttfa_s: float) -> None:
+        raise RuntimeError("metrics broke")
+
+    def vocoder_turn(self, batch_size: int, turn_s: float) -> None:
+        raise RuntimeError("metrics broke")
+
+
+async def test_a_raising_events_hook_is_logged_and_the_streams_go_on(
+    make_engine: EngineFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    engine = await make_engine(events=_RaisingEvents())
+    streams = [engine.submit(text, voice="sim") for text in TEXTS[:3]]
+    pcms = await asyncio.gather(*(read_all(s) for s in streams))
+    for pcm, text in zip(pcms, TEXTS[:3], strict=True):
+        _check_signal(pcm, text)
+    assert engine.ready
+    assert "events.first_audio failed" in caplog.text
+    assert "events.vocoder_turn failed" in caplog.text

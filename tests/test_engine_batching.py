@@ -16,7 +16,7 @@ from contextlib import aclosing
 
 import numpy as np
 import pytest
-from conftest import TEST_CHUNKING, EngineFactory
+from conftest import TEST_CHUNKING, EngineFactory, read_all, until
 
 from pipeline import Engine, StreamCancelled, StreamState
 from pipeline.backend import TalkRequest, TalkStep
@@ -56,11 +56,6 @@ class _BatchRecordingSim(SimBackend):
         return super().step(segments)
 
 
-async def _read_all(stream) -> np.ndarray:  # type: ignore[no-untyped-def]
-    parts = [pcm async for pcm in stream.chunks()]
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
-
-
 def _frame_indices(pcm: np.ndarray) -> tuple[set[int], list[int]]:
     pairs = decode_sim_signal(pcm, STEPPED.samples_per_frame)
     return {tag for tag, _ in pairs}, [index for _, index in pairs]
@@ -75,7 +70,7 @@ async def test_joins_leaves_and_a_cancel_keep_every_other_frame_once_in_order(
     )
     early = [engine.submit(text, voice="sim") for text in TEXTS[:2]]
     victim = engine.submit(LONG + " to be cut short", voice="sim")
-    readers = [asyncio.ensure_future(_read_all(s)) for s in early]
+    readers = [asyncio.ensure_future(read_all(s)) for s in early]
     # the victim plays a little, then its client is gone
     with pytest.raises(StreamCancelled):
         async with aclosing(victim.chunks()) as chunks:
@@ -84,7 +79,7 @@ async def test_joins_leaves_and_a_cancel_keep_every_other_frame_once_in_order(
     # late joiners arrive while the early streams' segments are still being stepped
     assert any(not r.done() for r in readers)
     late = [engine.submit(text, voice="sim") for text in TEXTS[2:]]
-    readers += [asyncio.ensure_future(_read_all(s)) for s in late]
+    readers += [asyncio.ensure_future(read_all(s)) for s in late]
     pcms = await asyncio.gather(*readers)
 
     streams = [*early, *late]
@@ -123,7 +118,7 @@ async def test_the_batch_is_capped_and_urgent_streams_step_first(
         backend, window=4, talker=TalkerConfig(batch=2, high_water_s=3600.0, first_fragment_words=0)
     )
     streams = [engine.submit(LONG, voice="sim") for _ in range(5)]
-    await asyncio.gather(*(_read_all(s) for s in streams))
+    await asyncio.gather(*(read_all(s) for s in streams))
     assert max(len(b) for b in backend.batches) == 2
     # first-audio deadlines rank by arrival: the first two stream before the last three
     # get a step, so the first batch holds the first two tags
@@ -160,7 +155,7 @@ async def test_a_stream_above_the_high_water_mark_sits_out_and_keeps_its_segment
         chunks = aiter(stream.chunks())
         parts = [await anext(chunks)]
         # the talker holds back: what is vocoded and queued stays within mark + one step
-        await _until(lambda: engine.talker.idle_waits >= 3)  # it re-planned, stepped nothing
+        await until(lambda: engine.talker.idle_waits >= 3)  # it re-planned, stepped nothing
         produced_s = stream.stats.frames * 0.02
         assert 0.3 <= produced_s <= 0.3 + 0.1 + 1e-9
         assert backend.open_segments == 1 and backend.opened == [1]
@@ -191,13 +186,6 @@ class _Clock:
 
     def __call__(self) -> float:
         return self._offset_s + (time.monotonic() if self._running else 0.0)
-
-
-async def _until(condition, timeout_s: float = 5.0) -> None:  # type: ignore[no-untyped-def]
-    """Wait for a condition the engine reaches on its own (a test-side bound)."""
-    async with asyncio.timeout(timeout_s):
-        while not condition():
-            await asyncio.sleep(0.005)
 
 
 class _GatedConcurrentSim(SimBackend):
@@ -242,7 +230,7 @@ async def test_a_newcomer_does_not_wait_behind_a_talker_call_for_another_stream(
     rest = [pcm async for pcm in chunks]
     _, indices = _frame_indices(np.concatenate([first.result(), *rest]))
     assert indices == list(range(expected_frames("Sorry, go ahead.")))
-    await _read_all(busy)
+    await read_all(busy)
 
 
 def test_a_shared_cache_backend_gets_one_talker_lane() -> None:
