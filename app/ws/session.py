@@ -387,14 +387,14 @@ class Session:
         assert voice is not None
         index = self.next_index
         self.next_index += 1
+        resolved = self.engine.resolve_voice(voice.voice_id)
         encoder = open_encoder(
             voice.response_format,
-            self.engine.resolve_voice(voice.voice_id).sample_rate_hz,
+            resolved.sample_rate_hz,
             voice.sample_rate_hz,
             encoding=self.settings.encoding,
         )
-        language = self.engine.resolve_voice(voice.voice_id).language
-        rules = normalizer_for(language, self.settings.normalize)
+        rules = normalizer_for(resolved.language, self.settings.normalize)
         normalizer = StreamNormalizer(rules) if rules is not None else None
         spoken = normalizer.push(text) if normalizer is not None else text
         try:
