@@ -111,7 +111,7 @@ class EngineStats:
 
 @dataclass(frozen=True, slots=True)
 class TurnTiming:
-    """One decoding vocoder turn, in perf-counter seconds (see Engine.turn_log)."""
+    """One decoding vocoder turn, in perf-counter seconds (the `turn_timing` event)."""
 
     batch_size: int
     wall_s: float  # from the turn's scan to the end of its bookkeeping
