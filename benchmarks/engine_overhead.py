@@ -126,6 +126,8 @@ async def measure(streams: int, window: int, seconds: float, warmup_s: float = 1
         "engine_sync_ms_p95": _quantile_ms(sync, 0.95),
         "model_ms_p50": _quantile_ms([t.model_s for t in turns], 0.5),
         "talker_plans": len(plans),
+        # all of the engine's synchronous work (turns and talker plans) over the turns
+        "engine_ms_per_turn": 1000.0 * (sum(sync) + sum(plans)) / len(turns),
         "talker_plan_ms_p50": _quantile_ms(plans, 0.5) if plans else None,
         "talker_plan_ms_p95": _quantile_ms(plans, 0.95) if plans else None,
     }
@@ -144,7 +146,7 @@ def main() -> None:
         return
     print(
         "streams  K  turns/s  batch  outside-model ms p50/p95  engine-sync ms p50/p95"
-        "  talker-plan ms p50/p95"
+        "  talker-plan ms p50/p95  plans/turn  engine ms/turn"
     )
     for r in results:
         print(
@@ -152,6 +154,7 @@ def main() -> None:
             f"  {r['outside_model_ms_p50']:10.3f} / {r['outside_model_ms_p95']:.3f}"
             f"  {r['engine_sync_ms_p50']:12.3f} / {r['engine_sync_ms_p95']:.3f}"
             f"  {r['talker_plan_ms_p50'] or 0:12.3f} / {r['talker_plan_ms_p95'] or 0:.3f}"
+            f"  {r['talker_plans'] / r['turns']:10.2f}  {r['engine_ms_per_turn']:14.3f}"
         )
 
 
