@@ -264,3 +264,47 @@ def test_openai_voice_names_in_any_case(server: LiveServer, voice: str) -> None:
         server.base_url + SPEECH, json={**body("Hi."), "voice": voice}, timeout=60
     )
     assert response.status_code == 200, response.text
+
+
+SPEED_TEXT = (
+    "The quick brown fox jumps over the lazy dog. She sells sea shells by the sea shore, "
+    "and the shells she sells are surely sea shells."
+)
+
+
+def spoken_seconds(server: LiveServer, text: str, speed: float) -> float:
+    response = httpx.post(
+        server.base_url + SPEECH,
+        json=body(text, response_format="pcm", speed=speed),
+        timeout=120,
+    )
+    assert response.status_code == 200, response.text[:300]
+    return len(response.content) / 2 / 22050  # 16-bit mono at the voice's 22.05 kHz
+
+
+@pytest.fixture(scope="module")
+def fast_reader_server(backend: PiperBackend, server: LiveServer) -> Iterator[LiveServer]:
+    """Admission off: one client reads minutes of audio in seconds, one request after
+    another, which the admission would count as that many players still listening."""
+    with live_server(_settings("admission.enabled=false"), backend_factory=lambda: backend) as live:
+        yield live
+
+
+@pytest.mark.parametrize("speed", [0.25, 0.5, 0.8, 1.5, 2.0, 4.0])
+def test_speed_scales_the_duration_as_asked(fast_reader_server: LiveServer, speed: float) -> None:
+    normal_s = spoken_seconds(fast_reader_server, SPEED_TEXT, 1.0)
+    asked_s = normal_s / speed
+    got_s = spoken_seconds(fast_reader_server, SPEED_TEXT, speed)
+    assert abs(got_s / asked_s - 1.0) <= 0.05, f"{got_s:.2f} s for {asked_s:.2f} s asked"
+
+
+@pytest.mark.parametrize("speed", [0.5, 1.5])  # pocketsphinx loses most words at 2x and up
+def test_speech_at_other_speeds_is_heard(fast_reader_server: LiveServer, speed: float) -> None:
+    said = "the quick brown fox jumps over the lazy dog"
+    response = httpx.post(
+        fast_reader_server.base_url + SPEECH,
+        json=body(said + ".", response_format="wav", sample_rate=16000, speed=speed),
+        timeout=120,
+    )
+    samples, rate_hz = decode(response.content, "wav")
+    assert word_error_rate(said, transcribe(samples, rate_hz)) <= 0.34

@@ -24,11 +24,12 @@ from pathlib import Path
 import onnx
 from onnx import helper
 
+from pipeline.backends.piper.durations import make_length_scale_exact
 from pipeline.backends.piper.errors import GraphSplitError
 
 logger = logging.getLogger("playhead.piper")
 
-SPLIT_VERSION = 1  # bump when the cut changes: old cache entries are then ignored
+SPLIT_VERSION = 2  # bump when the cut changes: old cache entries are then ignored
 TALKER_INPUTS = ("input", "input_lengths", "scales")
 AUDIO_OUTPUT = "output"
 LATENT_NAME = "/Mul_7_output_0"
@@ -202,6 +203,7 @@ def load_split(
         model = onnx.load(str(model_path))
     except Exception as error:
         raise GraphSplitError(f"voice {voice_id!r}: cannot load {model_path}: {error}") from error
+    make_length_scale_exact(model, voice_id)  # speed scales durations as asked
     talker, vocoder, _ = split_model(model, voice_id)
     try:
         folder.mkdir(parents=True, exist_ok=True)
