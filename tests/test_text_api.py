@@ -80,6 +80,9 @@ LONG_TOKENS = {
 }
 EMOJI_4096 = "🎉" * 4096
 READ_AUDIO_S = 12.0  # audio read from each long stream before hanging up
+# The fault these tests guard against stalled for 12.6 s; a loaded machine (other
+# processes on both cores) has cost a few milliseconds of CPU starvation, not a stall.
+JITTER_S = 0.1
 
 
 def _settings(*overrides: str) -> Settings:
@@ -201,7 +204,7 @@ def test_a_long_token_gives_first_audio_and_no_stall(
     assert audio_s >= READ_AUDIO_S
     stats = live.finished.wait(stream_id)  # type: ignore[attr-defined]
     assert stats.ttfa_s is not None
-    assert stats.stall_s == 0.0, stats
+    assert stats.stall_s <= JITTER_S, stats
 
 
 def test_four_thousand_emoji_say_nothing_or_no_stall(
@@ -212,7 +215,7 @@ def test_four_thousand_emoji_say_nothing_or_no_stall(
     assert response.status_code == 400
     stream_id, _ = first_audio_then_hang_up(raw_server, EMOJI_4096)
     stats = raw_server.finished.wait(stream_id)  # type: ignore[attr-defined]
-    assert stats.stall_s == 0.0, stats
+    assert stats.stall_s <= JITTER_S, stats
 
 
 @pytest.mark.parametrize("text", ["...", "🎉🎉", " — ! ? "])
