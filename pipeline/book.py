@@ -131,9 +131,6 @@ class StreamBook:
         self._records: dict[str, StreamRecord] = {}  # streams with work left, by arrival
         # streams with text waiting or a segment open, indexed for the talker's order
         self.talker_queue = TalkerQueue(first_chunk_s)
-        # records whose talker candidate may have moved, re-indexed when the queue is read:
-        # a stream's several chunks between two talker plans cost one re-index
-        self._stale: dict[str, StreamRecord] = {}
         self._dirty: dict[str, StreamRecord] = {}  # chunk plan out of date
         self._ready: dict[str, None] = {}  # a non-empty chunk planned, not parked
         self._orphans: list[OpenSegment] = []  # segments of ended streams, to close
@@ -165,7 +162,6 @@ class StreamBook:
 
     def talker_candidates(self) -> Iterator[TalkerCandidate]:
         """Streams that want talker work (parked ones left out)."""
-        self._sync_candidates()
         for candidate in self.talker_queue.candidates():
             if not self._records[candidate.stream_id].sender.parked:
                 yield candidate
@@ -173,12 +169,10 @@ class StreamBook:
     def plan_talker(self, now_s: float, order: TalkerOrderConfig) -> TalkerPlan:
         """The streams for the next talker step (scheduling.TalkerQueue's plan; parked
         streams and those a talker lane is stepping pass)."""
-        self._sync_candidates()
         return self.talker_queue.plan(now_s, order, skip=self._busy)
 
     def plan_first_audio_talker(self, now_s: float, order: TalkerOrderConfig) -> tuple[str, ...]:
         """Streams with no audio yet, for a second talker lane."""
-        self._sync_candidates()
         return self.talker_queue.plan_first_audio(now_s, order, skip=self._busy)
 
     def _busy(self, stream_id: str) -> bool:
@@ -228,7 +222,6 @@ class StreamBook:
 
     def traces(self, stream_id: str) -> list[str]:
         """Where the book still holds this stream (empty once it is finished)."""
-        self._sync_candidates()
         places = []
         if stream_id in self._streams:
             places.append("streams")
@@ -452,34 +445,24 @@ class StreamBook:
     # Internals.
 
     def _update_candidate(self, record: StreamRecord) -> None:
-        """The stream's talker candidate may have moved: re-index it before the queue is
-        next read."""
-        self._stale[record.stream.id] = record
-
-    def _sync_candidates(self) -> None:
         """Keep the talker's queue in step: a stream wants talker work while it has text
         waiting or a segment open; its horizon or queued audio may have moved."""
-        stale = self._stale
-        while stale:
-            stream_id, record = stale.popitem()
-            stream = record.stream
-            if not record.text and record.talking is None:
-                self.talker_queue.remove(stream_id)
-                continue
-            state = self.scheduler.state(stream_id)
-            voice = stream.voice
-            queued = record.frames.queued_frames
-            self.talker_queue.update(
-                TalkerCandidate(
-                    stream_id=stream_id,
-                    order=record.order,
-                    first_seen_s=(
-                        stream.stats.submitted_at_s if state is None else state.first_seen_s
-                    ),
-                    horizon_s=None if state is None else state.horizon_s,
-                    queued_audio_s=queued * voice.samples_per_frame / voice.sample_rate_hz,
-                )
+        stream = record.stream
+        if not record.text and record.talking is None:
+            self.talker_queue.remove(stream.id)
+            return
+        state = self.scheduler.state(stream.id)
+        voice = stream.voice
+        queued = record.frames.queued_frames
+        self.talker_queue.update(
+            TalkerCandidate(
+                stream_id=stream.id,
+                order=record.order,
+                first_seen_s=stream.stats.submitted_at_s if state is None else state.first_seen_s,
+                horizon_s=None if state is None else state.horizon_s,
+                queued_audio_s=queued * voice.samples_per_frame / voice.sample_rate_hz,
             )
+        )
 
     def _mark_dirty(self, record: StreamRecord) -> None:
         self._dirty[record.stream.id] = record
@@ -531,7 +514,6 @@ class StreamBook:
         """Free every trace of a stream's work."""
         stream_id = record.stream.id
         del self._records[stream_id]
-        self._stale.pop(stream_id, None)
         self.talker_queue.remove(stream_id)
         self._dirty.pop(stream_id, None)
         self._ready.pop(stream_id, None)
