@@ -56,21 +56,24 @@ class KeyIndex:
         return self._size
 
     def add(self, key: Key, stream_id: str) -> None:
-        group = self._groups.get(key)
+        groups = self._groups
+        group = groups.get(key)
         if group is None:
-            self._groups[key] = {stream_id}
+            groups[key] = {stream_id}
             insort(self._keys, key)
         else:
             group.add(stream_id)
         self._size += 1
 
     def remove(self, key: Key, stream_id: str) -> None:
-        group = self._groups[key]
+        groups = self._groups
+        group = groups[key]
         group.remove(stream_id)
         self._size -= 1
         if not group:
-            del self._groups[key]
-            del self._keys[bisect_left(self._keys, key)]
+            del groups[key]
+            keys = self._keys
+            del keys[bisect_left(keys, key)]
 
     def items(self) -> Iterable[tuple[Key, Set[str]]]:
         return ((key, self._groups[key]) for key in self._keys)
@@ -121,19 +124,23 @@ class StreamTable:
                 self.admit(stream_id, at_s)
 
     def record_audio(self, stream_id: str, duration_s: float, emitted_at_s: float) -> None:
-        state = self.admit(stream_id, emitted_at_s)
+        state = self._states.get(stream_id)
+        if state is None:
+            state = self.admit(stream_id, emitted_at_s)
         # A late chunk restarts a starved player at its emission time; an early one extends
         # the buffer.
-        start_s = emitted_at_s if state.horizon_s is None else max(state.horizon_s, emitted_at_s)
-        self._replace(
-            stream_id,
-            state,
-            StreamState(
-                first_seen_s=state.first_seen_s,
-                horizon_s=start_s + duration_s,
-                emitted_audio_s=state.emitted_audio_s + duration_s,
-            ),
+        horizon_s = state.horizon_s
+        if horizon_s is None:
+            self.fresh.remove(self.key(state), stream_id)
+            start_s = emitted_at_s
+        else:
+            self.audio.remove((horizon_s, state.first_seen_s), stream_id)
+            start_s = horizon_s if horizon_s > emitted_at_s else emitted_at_s
+        new = StreamState(
+            state.first_seen_s, start_s + duration_s, state.emitted_audio_s + duration_s
         )
+        self.audio.add((new.horizon_s, new.first_seen_s), stream_id)
+        self._states[stream_id] = new
 
     def ack_playback(self, stream_id: str, played_s: float, at_s: float) -> None:
         state = self.admit(stream_id, at_s)
