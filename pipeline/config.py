@@ -41,7 +41,9 @@ class TalkerConfig:
     # where the backend's steps may run side by side (Piper)
     urgent_lane: bool = True
     high_water_s: float = 8.0  # a stream this many seconds of audio ahead gets no talker work
-    first_fragment_words: int = 6  # a first sentence longer than this is cut early
+    # a first sentence longer than this is cut at its first clause end, if within this many
+    # words (0: never; the Piper talker starts on a whole sentence as fast)
+    first_fragment_words: int = 0
     max_segment_chars: int = 300  # sentences longer than this split at clause boundaries
     # no segment has more estimated phonemes than this (pipeline/text.py's proxy)
     max_segment_phonemes: int = 400
@@ -140,6 +142,11 @@ class PiperConfig:
     output_gain: float = 0.8  # fixed gain (per-sentence peak normalisation cannot stream)
     noise_scale: float | None = None  # None: each voice's own; 0: deterministic output
     noise_w: float | None = None  # phoneme-duration noise; None: each voice's own
+    # The talker runs the encoder once per segment, then the flow chunk by chunk: frames
+    # of context each side of a chunk (trimmed), the first chunk's frames, the largest.
+    flow_context_frames: int = 24
+    flow_first_chunk_frames: int = 24
+    flow_max_chunk_frames: int = 256
 
     def __post_init__(self) -> None:
         for name in ("model_path", "voices_dir", "cache_dir"):
@@ -147,6 +154,14 @@ class PiperConfig:
         check_positive("output_gain", self.output_gain)
         check_optional_non_negative("noise_scale", self.noise_scale)
         check_optional_non_negative("noise_w", self.noise_w)
+        check_int("flow_context_frames", self.flow_context_frames, 0)
+        check_int("flow_first_chunk_frames", self.flow_first_chunk_frames, 1)
+        check_int("flow_max_chunk_frames", self.flow_max_chunk_frames, 1)
+        if self.flow_max_chunk_frames < self.flow_first_chunk_frames:
+            raise ConfigError(
+                f"flow_max_chunk_frames ({self.flow_max_chunk_frames}) must be >= "
+                f"flow_first_chunk_frames ({self.flow_first_chunk_frames})"
+            )
 
 
 CODEC_LM_DEVICES = ("auto", "cpu", "cuda")

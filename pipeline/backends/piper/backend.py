@@ -1,4 +1,13 @@
-"""PiperBackend: Piper voices served as a talker graph and a vocoder graph (see graph_split)."""
+"""PiperBackend: Piper voices served as talker graphs and a vocoder graph (see graph_split).
+
+The talker of a voice whose flow is cut off works in steps: the first step of a segment
+runs the encoder (text encoder + duration predictor) over the whole segment once, so
+prosody and durations are the whole sentence's, then every step runs the flow over the
+next chunk of frames with `flow_context_frames` of context on each side (the flow is
+non-causal; its context is trimmed) and returns that chunk. The first chunk is small
+(`flow_first_chunk_frames`) so that the vocoder can start early; each next one is twice
+the one before, up to `flow_max_chunk_frames`.
+"""
 
 from __future__ import annotations
 
@@ -29,21 +38,26 @@ logger = logging.getLogger("playhead.piper")
 
 @dataclass(slots=True)
 class PiperSegment:
-    """One segment's talker state: its phoneme ids and scales (the talker graph runs whole)."""
+    """One segment's talker state: its phoneme ids and scales; once the encoder ran, the
+    flow's input and how far the flow got."""
 
     voice: str
     phoneme_ids: list[int]
     scales: tuple[float, float, float]
+    prior: np.ndarray | None = None  # [1, channels, frames] z_p: the encoder's output
+    mask: np.ndarray | None = None  # [1, 1, frames]
+    position: int = 0  # frames returned so far
+    next_chunk: int = 0  # frames the next flow step returns
 
 
 @dataclass(frozen=True)
 class _LoadedVoice:
     spec: VoiceSpec
     voice: Voice
-    talker: ort.InferenceSession
+    encoder: ort.InferenceSession  # with `flow`: prior, mask, count; else latent, count
+    flow: ort.InferenceSession | None  # prior, mask -> latent; None: the encoder is the talker
     vocoder: ort.InferenceSession
-    latent_name: str  # the vocoder's input, the talker's first output
-    frame_count_name: str  # the talker's second output
+    latent_name: str  # the vocoder's input
     channels: int
 
 
@@ -95,6 +109,9 @@ class PiperBackend:
         self._noise_scale = noise_scale
         self._noise_w = noise_w
         self._output_gain = float(piper.output_gain)
+        self._flow_context = piper.flow_context_frames
+        self._flow_first_chunk = piper.flow_first_chunk_frames
+        self._flow_max_chunk = piper.flow_max_chunk_frames
         self._phonemize_lock = threading.Lock()
 
         default_path = Path(piper.model_path) if piper.model_path else bundled_model_path()
@@ -132,12 +149,23 @@ class PiperBackend:
             sessions = _sessions(
                 load_split(spec.model_path, cache_dir, spec.id, refresh=True), talker, vocoder
             )
-        talker_session, vocoder_session = sessions
-        talker_outputs = talker_session.get_outputs()
-        latent, frame_count = (o.name for o in talker_outputs)
+        encoder, flow, vocoder_session = sessions
+        talker_outputs = (flow or encoder).get_outputs()
+        latent = talker_outputs[0].name
         channels = talker_outputs[0].shape[1]
-        if [i.name for i in vocoder_session.get_inputs()] != [latent] or not isinstance(
-            channels, int
+        encoder_outputs = [o.name for o in encoder.get_outputs()]
+        fits = (
+            len(encoder_outputs) == 2
+            if flow is None
+            else (
+                len(encoder_outputs) == 3
+                and [i.name for i in flow.get_inputs()] == encoder_outputs[:2]
+            )
+        )
+        if (
+            not fits
+            or [i.name for i in vocoder_session.get_inputs()] != [latent]
+            or not isinstance(channels, int)
         ):
             raise VoiceLoadError(
                 f"voice {spec.id!r}: cut graphs do not fit together (cache at fault?)"
@@ -149,9 +177,7 @@ class PiperBackend:
             sample_rate_hz=spec.sample_rate_hz,
             samples_per_frame=spec.samples_per_frame,
         )
-        return _LoadedVoice(
-            spec, voice, talker_session, vocoder_session, latent, frame_count, channels
-        )
+        return _LoadedVoice(spec, voice, encoder, flow, vocoder_session, latent, channels)
 
     # Backend protocol
 
@@ -162,27 +188,76 @@ class PiperBackend:
         return self._default
 
     def open_segment(self, request: TalkRequest) -> PiperSegment:
-        """Phonemise the segment (espeak-ng); the talker graph runs in `step`."""
+        """Phonemise the segment (espeak-ng); the talker graphs run in `step`."""
         loaded = self._get(request.voice)
         scales = self.scales(request.voice, request.speed)
         with self._phonemize_lock:
             ids = text_to_ids(loaded.spec, request.text)
-        return PiperSegment(request.voice, ids, scales)
+        return PiperSegment(request.voice, ids, scales, next_chunk=self._flow_first_chunk)
 
     def step(self, segments: Sequence[PiperSegment]) -> list[TalkStep]:
-        """A whole segment per step: float32 [frames, channels] (none for text with no
-        phonemes). Segments of different lengths run one after another."""
-        results = []
-        for segment in segments:
-            if segment.phoneme_ids:
-                frames = self.talk_ids(segment.voice, segment.phoneme_ids, segment.scales)
-            else:
-                frames = np.zeros((0, self._get(segment.voice).channels), dtype=np.float32)
-            results.append(TalkStep(frames=frames, done=True))
-        return results
+        """The next chunk of each segment: float32 [frames, channels] (none for text with
+        no phonemes). A voice whose flow is not cut off gives a whole segment per step.
+        Segments run one after another."""
+        return [self._step_one(segment) for segment in segments]
+
+    def _step_one(self, segment: PiperSegment) -> TalkStep:
+        loaded = self._get(segment.voice)
+        if not segment.phoneme_ids:
+            return TalkStep(np.zeros((0, loaded.channels), dtype=np.float32), done=True)
+        if loaded.flow is None:
+            frames = self.talk_ids(segment.voice, segment.phoneme_ids, segment.scales)
+            return TalkStep(frames, done=True)
+        if segment.prior is None:
+            segment.prior, segment.mask = self._encode(loaded, segment.phoneme_ids, segment.scales)
+        total = segment.prior.shape[2]
+        start = segment.position
+        stop = min(total, start + max(segment.next_chunk, 1))
+        if total - stop < self._flow_context:  # no sliver of a last chunk
+            stop = total
+        frames = self._flow(loaded, segment.prior, segment.mask, start, stop)
+        segment.position = stop
+        segment.next_chunk = min(2 * segment.next_chunk, self._flow_max_chunk)
+        done = stop >= total
+        if done:
+            segment.prior = segment.mask = None
+            segment.phoneme_ids = []
+        return TalkStep(frames, done)
+
+    def _encode(
+        self, loaded: _LoadedVoice, phoneme_ids: Sequence[int], scales: tuple[float, float, float]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The encoder over a whole segment: (z_p [1, channels, frames], mask [1, 1, frames])."""
+        ids = np.asarray(phoneme_ids, dtype=np.int64)[np.newaxis, :]
+        prior, mask, frame_count = loaded.encoder.run(
+            None,
+            {
+                "input": ids,
+                "input_lengths": np.array([ids.shape[1]], dtype=np.int64),
+                "scales": np.asarray(scales, dtype=np.float32),
+            },
+        )
+        frames = int(frame_count[0])
+        return prior[:, :, :frames], mask[:, :, :frames]
+
+    def _flow(
+        self, loaded: _LoadedVoice, prior: np.ndarray, mask: np.ndarray, start: int, stop: int
+    ) -> np.ndarray:
+        """The flow's frames [start, stop), run with `flow_context_frames` of context on
+        each side (trimmed): float32 [frames, channels], C-contiguous."""
+        total = prior.shape[2]
+        first = max(0, start - self._flow_context)
+        last = min(total, stop + self._flow_context)
+        assert loaded.flow is not None
+        inputs = [i.name for i in loaded.flow.get_inputs()]
+        (latent,) = loaded.flow.run(
+            None, {inputs[0]: prior[:, :, first:last], inputs[1]: mask[:, :, first:last]}
+        )
+        return np.ascontiguousarray(latent[0, :, start - first : stop - first].T, dtype=np.float32)
 
     def close_segment(self, segment: PiperSegment) -> None:
         segment.phoneme_ids = []
+        segment.prior = segment.mask = None
 
     def vocode(self, items: Sequence[VocodeItem]) -> list[np.ndarray]:
         """Items of one voice and equal length share one decoder call."""
@@ -244,11 +319,17 @@ class PiperBackend:
     def talk_ids(
         self, voice_id: str, phoneme_ids: Sequence[int], scales: tuple[float, float, float]
     ) -> np.ndarray:
-        """The talker on given ids: float32 [frames, channels], C-contiguous."""
+        """The whole talker on given ids (the flow run once over every frame, no chunks):
+        float32 [frames, channels], C-contiguous."""
         loaded = self._get(voice_id)
+        if loaded.flow is not None:
+            prior, mask = self._encode(loaded, phoneme_ids, scales)
+            inputs = [i.name for i in loaded.flow.get_inputs()]
+            (latent,) = loaded.flow.run(None, {inputs[0]: prior, inputs[1]: mask})
+            return np.ascontiguousarray(latent[0].T, dtype=np.float32)
         ids = np.asarray(phoneme_ids, dtype=np.int64)[np.newaxis, :]
-        latent, frame_count = loaded.talker.run(
-            [loaded.latent_name, loaded.frame_count_name],
+        latent, frame_count = loaded.encoder.run(
+            None,
             {
                 "input": ids,
                 "input_lengths": np.array([ids.shape[1]], dtype=np.int64),
@@ -269,8 +350,9 @@ class PiperBackend:
 
 def _sessions(
     split: SplitGraphs, talker: TalkerConfig, vocoder: VocoderConfig
-) -> tuple[ort.InferenceSession, ort.InferenceSession]:
+) -> tuple[ort.InferenceSession, ort.InferenceSession | None, ort.InferenceSession]:
     return (
-        _session(split.talker, talker.intra_op_threads),
+        _session(split.encoder, talker.intra_op_threads),
+        None if split.flow is None else _session(split.flow, talker.intra_op_threads),
         _session(split.vocoder, vocoder.intra_op_threads),
     )
