@@ -86,7 +86,7 @@ def chunk_items(frames: np.ndarray, chunking: ChunkingConfig) -> list[VocodeItem
 
 
 DEFAULT_CHUNKING = ChunkingConfig(
-    chunk_frames=64, ramp=(8, 16, 32), left_context_frames=4, right_context_frames=4
+    chunk_frames=64, ramp=(8, 16, 32), left_context_frames=8, right_context_frames=8
 )
 
 
@@ -176,7 +176,7 @@ def test_vocode_rejects_a_range_outside_the_frames(backend: PiperBackend) -> Non
         backend.vocode([VocodeItem("nobody", frames[:8], 0, 8)])
 
 
-def test_chunked_decoding_at_default_context_is_30_db_from_a_whole_decode(
+def test_chunked_decoding_at_default_context_is_40_db_from_a_whole_decode(
     backend: PiperBackend,
 ) -> None:
     no_context = ChunkingConfig(chunk_frames=64, ramp=(8, 16, 32))
@@ -185,7 +185,7 @@ def test_chunked_decoding_at_default_context_is_30_db_from_a_whole_decode(
         whole = decode_whole(backend, frames)
         chunked = np.concatenate(backend.vocode(chunk_items(frames, DEFAULT_CHUNKING)))
         assert chunked.shape == whole.shape
-        assert snr_db(whole, chunked) >= 30.0
+        assert snr_db(whole, chunked) >= 40.0  # every seam: benchmarks/seams.py
         # without context the seams are audible: this test can tell the difference
         bare = np.concatenate(backend.vocode(chunk_items(frames, no_context)))
         assert snr_db(whole, bare) < 20.0
