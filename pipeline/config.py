@@ -23,6 +23,7 @@ from scheduling.validation import (
 )
 
 BACKEND_KINDS = ("piper", "sim", "codec_lm")
+ORT_OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "all")
 
 
 @dataclass(frozen=True)
@@ -41,14 +42,15 @@ class TalkerConfig:
     # where the backend's steps may run side by side (Piper)
     urgent_lane: bool = True
     high_water_s: float = 8.0  # a stream this many seconds of audio ahead gets no talker work
-    # a first sentence longer than this is cut at its first clause end, if within this many
-    # words (0: never; the Piper talker starts on a whole sentence as fast)
-    first_fragment_words: int = 0
+    # a first sentence longer than this is cut at its first clause end, if that comes
+    # within this many words (0: never; docs/text.md)
+    first_fragment_words: int = 13
     max_segment_chars: int = 300  # sentences longer than this split at clause boundaries
     # no segment has more estimated phonemes than this (pipeline/text.py's proxy)
     max_segment_phonemes: int = 400
-    # a stream's first segment is at most this long, even one unbroken token (0: no cap)
-    first_segment_chars: int = 80
+    # with first_fragment_words > 0: a stream's first segment is at most this long, even
+    # one unbroken token, each next one twice the one before (0: no cap, no ramp)
+    first_segment_chars: int = 0
 
     def __post_init__(self) -> None:
         check_int("intra_op_threads", self.intra_op_threads, 1)
@@ -145,8 +147,12 @@ class PiperConfig:
     # The talker runs the encoder once per segment, then the flow chunk by chunk: frames
     # of context each side of a chunk (trimmed), the first chunk's frames, the largest.
     flow_context_frames: int = 24
-    flow_first_chunk_frames: int = 24
-    flow_max_chunk_frames: int = 256
+    flow_first_chunk_frames: int = 32
+    flow_max_chunk_frames: int = 512
+    # ONNX Runtime session options of every Piper graph (measured: README, "The default voice")
+    ort_graph_optimization: str = "all"  # disable, basic, extended or all
+    ort_cpu_arena: bool = True  # ORT's memory arena for intermediate tensors
+    ort_spinning: bool = True  # with intra_op_threads > 1: idle pool threads spin (else sleep)
 
     def __post_init__(self) -> None:
         for name in ("model_path", "voices_dir", "cache_dir"):
@@ -157,6 +163,9 @@ class PiperConfig:
         check_int("flow_context_frames", self.flow_context_frames, 0)
         check_int("flow_first_chunk_frames", self.flow_first_chunk_frames, 1)
         check_int("flow_max_chunk_frames", self.flow_max_chunk_frames, 1)
+        check_choice("ort_graph_optimization", self.ort_graph_optimization, ORT_OPTIMIZATION_LEVELS)
+        check_bool("ort_cpu_arena", self.ort_cpu_arena)
+        check_bool("ort_spinning", self.ort_spinning)
         if self.flow_max_chunk_frames < self.flow_first_chunk_frames:
             raise ConfigError(
                 f"flow_max_chunk_frames ({self.flow_max_chunk_frames}) must be >= "

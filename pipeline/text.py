@@ -7,8 +7,9 @@ A stream's text is cut into segments, one talker call each:
 - with `first_fragment_words` > 0, a stream's first sentence longer than that is cut at
   its first clause end (, ; : or a dash) when that falls within `first_fragment_words`
   words, so that the first chunk comes sooner; never between two words without a
-  natural pause (0, the default, never cuts: the Piper talker encodes a whole sentence
-  and returns its frames in chunks, so a long first sentence needs no cut to start);
+  natural pause (0, this class's default, never cuts: the Piper talker encodes a whole
+  sentence and returns its frames in chunks, so a long first sentence needs no cut to
+  start);
 - a sentence longer than `max_segment_chars` characters or `max_segment_phonemes`
   estimated phonemes (`estimated_phonemes`) is split at clause boundaries (, ; : and
   spaced dashes), else at a word boundary; a single token longer than that (a URL, a run

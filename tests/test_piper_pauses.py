@@ -4,7 +4,7 @@ Each sentence is its own request to a live server on the real voice (noise 0, so
 output is deterministic) at configs/default.yaml's settings: it is a stream's first
 sentence, where a first-fragment cut would fall. The longest internal pause of what comes
 back (benchmarks.pauses: 10 ms windows 40 dB under the loudest) must be no longer than
-that of the uncut Piper graph run on the whole sentence, give or take a window.
+that of the uncut Piper graph run on the whole sentence, give or take three windows.
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ from tests.api_support import LiveServer, live_server
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
-TOLERANCE_S = 2 * WINDOW_S  # window quantisation, and the chunked decode's last bits
+# window quantisation, and a clause cut's second piece (synthesised on its own, its own
+# pauses move by a window or two; a cut between two joined words adds 90-110 ms)
+TOLERANCE_S = 3 * WINDOW_S
 
 
 @pytest.fixture(scope="module")

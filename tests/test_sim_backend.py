@@ -23,7 +23,7 @@ from pipeline.config import (
     TalkerConfig,
     VocoderConfig,
 )
-from pipeline.text import split_text
+from pipeline.text import segment_options, split_text
 from scheduling.errors import ConfigError
 
 
@@ -50,7 +50,9 @@ def test_expected_frames_sums_the_engine_segments() -> None:
     assert expected_frames(text, 1.5, TalkerConfig(first_fragment_words=6)) == sum(
         frames_for_text(s, 1.5) for s in segments
     )
-    assert expected_frames(text) == sum(frames_for_text(s) for s in split_text(text))
+    assert expected_frames(text) == sum(
+        frames_for_text(s) for s in split_text(text, **segment_options(TalkerConfig()))
+    )
 
 
 def _talk_all(backend: SimBackend, request: TalkRequest) -> list[TalkStep]:

@@ -5,8 +5,8 @@ runs the encoder (text encoder + duration predictor) over the whole segment once
 prosody and durations are the whole sentence's, then every step runs the flow over the
 next chunk of frames with `flow_context_frames` of context on each side (the flow is
 non-causal; its context is trimmed) and returns that chunk. The first chunk is small
-(`flow_first_chunk_frames`) so that the vocoder can start early; each next one is twice
-the one before, up to `flow_max_chunk_frames`.
+(`flow_first_chunk_frames`) so that the vocoder can start early; each next one is
+FLOW_GROWTH times the one before, up to `flow_max_chunk_frames`.
 """
 
 from __future__ import annotations
@@ -34,6 +34,10 @@ from pipeline.backends.piper.voices import (
 from pipeline.config import PiperConfig, TalkerConfig, VocoderConfig
 
 logger = logging.getLogger("playhead.piper")
+# Each flow chunk of a segment is this many times the one before: a few steps per sentence
+# (each step's context costs 2 x flow_context_frames of flow), yet each step is short
+# beside the audio the chunks before it play for.
+FLOW_GROWTH = 4
 
 
 @dataclass(slots=True)
@@ -61,11 +65,27 @@ class _LoadedVoice:
     channels: int
 
 
-def _session(graph: Path | bytes, intra_op_threads: int) -> ort.InferenceSession:
+_OPTIMIZATION_LEVELS = {
+    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+
+
+def _session(
+    graph: Path | bytes, intra_op_threads: int, piper: PiperConfig
+) -> ort.InferenceSession:
+    """One graph's session: `intra_op_threads` threads, nodes run one after another (a
+    single inter-op thread: each stage is one worker thread), the `piper.ort_*` options."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = intra_op_threads
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = _OPTIMIZATION_LEVELS[piper.ort_graph_optimization]
+    options.enable_cpu_mem_arena = piper.ort_cpu_arena
+    if not piper.ort_spinning:  # idle pool threads sleep instead of spinning on a core
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.log_severity_level = 3  # errors only
     source = graph if isinstance(graph, bytes) else str(graph)
     return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
@@ -125,7 +145,7 @@ class PiperBackend:
                     "voice %s in %s repeats a loaded voice id: skipped", spec.id, spec.model_path
                 )
                 continue
-            self._voices[spec.id] = self._load(spec, piper.cache_dir, talker, vocoder)
+            self._voices[spec.id] = self._load(spec, piper, talker, vocoder)
         self._default = specs[0].id
         default_voice = self._voices[self._default].voice
         self.sample_rate_hz = default_voice.sample_rate_hz
@@ -133,11 +153,12 @@ class PiperBackend:
 
     @staticmethod
     def _load(
-        spec: VoiceSpec, cache_dir: str | None, talker: TalkerConfig, vocoder: VocoderConfig
+        spec: VoiceSpec, piper: PiperConfig, talker: TalkerConfig, vocoder: VocoderConfig
     ) -> _LoadedVoice:
+        cache_dir = piper.cache_dir
         split = load_split(spec.model_path, cache_dir, spec.id)
         try:
-            sessions = _sessions(split, talker, vocoder)
+            sessions = _sessions(split, piper, talker, vocoder)
         except Exception as error:  # ORT raises its own RuntimeError subclasses
             if not split.cached:
                 raise VoiceLoadError(
@@ -147,7 +168,10 @@ class PiperBackend:
                 "voice %s: cached cut graphs failed to load (%s); cutting again", spec.id, error
             )
             sessions = _sessions(
-                load_split(spec.model_path, cache_dir, spec.id, refresh=True), talker, vocoder
+                load_split(spec.model_path, cache_dir, spec.id, refresh=True),
+                piper,
+                talker,
+                vocoder,
             )
         encoder, flow, vocoder_session = sessions
         talker_outputs = (flow or encoder).get_outputs()
@@ -217,7 +241,7 @@ class PiperBackend:
             stop = total
         frames = self._flow(loaded, segment.prior, segment.mask, start, stop)
         segment.position = stop
-        segment.next_chunk = min(2 * segment.next_chunk, self._flow_max_chunk)
+        segment.next_chunk = min(FLOW_GROWTH * segment.next_chunk, self._flow_max_chunk)
         done = stop >= total
         if done:
             segment.prior = segment.mask = None
@@ -349,10 +373,11 @@ class PiperBackend:
 
 
 def _sessions(
-    split: SplitGraphs, talker: TalkerConfig, vocoder: VocoderConfig
+    split: SplitGraphs, piper: PiperConfig, talker: TalkerConfig, vocoder: VocoderConfig
 ) -> tuple[ort.InferenceSession, ort.InferenceSession | None, ort.InferenceSession]:
+    threads = talker.intra_op_threads
     return (
-        _session(split.encoder, talker.intra_op_threads),
-        None if split.flow is None else _session(split.flow, talker.intra_op_threads),
-        _session(split.vocoder, vocoder.intra_op_threads),
+        _session(split.encoder, threads, piper),
+        None if split.flow is None else _session(split.flow, threads, piper),
+        _session(split.vocoder, vocoder.intra_op_threads, piper),
     )
