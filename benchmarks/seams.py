@@ -183,10 +183,10 @@ def sweep(
     return SeamSweep(
         sentences=len(sentences),
         seams=len(all_seams),
-        worst_db=min(all_seams),
-        median_db=statistics.median(all_seams),
+        worst_db=float(min(all_seams)),
+        median_db=float(statistics.median(all_seams)),
         p10_db=float(np.percentile(all_seams, 10)),
-        worst_sentence_db=worst_sentence,
+        worst_sentence_db=float(worst_sentence),
         worst_text=worst_text,
         vocoder_s=vocoder_s,
         whole_vocoder_s=whole_s,

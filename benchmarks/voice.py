@@ -240,7 +240,7 @@ def seam_figures(args: argparse.Namespace) -> dict[str, Any]:
         **asdict(sweep),
         "vocoder_cost": sweep.vocoder_cost,
         "target_db": SEAM_TARGET_DB,
-        "met": sweep.worst_db >= SEAM_TARGET_DB,
+        "met": bool(sweep.worst_db >= SEAM_TARGET_DB),
     }
 
 

@@ -153,6 +153,9 @@ class PiperConfig:
     ort_graph_optimization: str = "all"  # disable, basic, extended or all
     ort_cpu_arena: bool = True  # ORT's memory arena for intermediate tensors
     ort_spinning: bool = True  # with intra_op_threads > 1: idle pool threads spin (else sleep)
+    # ONNX Runtime threads of an encoder or vocoder call that finds no other Piper call
+    # running (a lone stream: the other cores are idle); 1: no such sessions
+    solo_threads: int = 1
 
     def __post_init__(self) -> None:
         for name in ("model_path", "voices_dir", "cache_dir"):
@@ -166,6 +169,7 @@ class PiperConfig:
         check_choice("ort_graph_optimization", self.ort_graph_optimization, ORT_OPTIMIZATION_LEVELS)
         check_bool("ort_cpu_arena", self.ort_cpu_arena)
         check_bool("ort_spinning", self.ort_spinning)
+        check_int("solo_threads", self.solo_threads, 1)
         if self.flow_max_chunk_frames < self.flow_first_chunk_frames:
             raise ConfigError(
                 f"flow_max_chunk_frames ({self.flow_max_chunk_frames}) must be >= "

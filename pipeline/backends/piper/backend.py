@@ -61,6 +61,8 @@ class _LoadedVoice:
     encoder: ort.InferenceSession  # with `flow`: prior, mask, count; else latent, count
     flow: ort.InferenceSession | None  # prior, mask -> latent; None: the encoder is the talker
     vocoder: ort.InferenceSession
+    solo_encoder: ort.InferenceSession | None  # more threads, for a call that runs alone
+    solo_vocoder: ort.InferenceSession | None
     latent_name: str  # the vocoder's input
     channels: int
 
@@ -74,7 +76,7 @@ _OPTIMIZATION_LEVELS = {
 
 
 def _session(
-    graph: Path | bytes, intra_op_threads: int, piper: PiperConfig
+    graph: Path | bytes, intra_op_threads: int, piper: PiperConfig, *, spinning: bool = True
 ) -> ort.InferenceSession:
     """One graph's session: `intra_op_threads` threads, nodes run one after another (a
     single inter-op thread: each stage is one worker thread), the `piper.ort_*` options."""
@@ -84,7 +86,7 @@ def _session(
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = _OPTIMIZATION_LEVELS[piper.ort_graph_optimization]
     options.enable_cpu_mem_arena = piper.ort_cpu_arena
-    if not piper.ort_spinning:  # idle pool threads sleep instead of spinning on a core
+    if not (piper.ort_spinning and spinning):  # idle pool threads sleep, not spin
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.log_severity_level = 3  # errors only
     source = graph if isinstance(graph, bytes) else str(graph)
@@ -133,6 +135,8 @@ class PiperBackend:
         self._flow_first_chunk = piper.flow_first_chunk_frames
         self._flow_max_chunk = piper.flow_max_chunk_frames
         self._phonemize_lock = threading.Lock()
+        self._calls_lock = threading.Lock()
+        self._calls = 0  # talker steps and vocoder calls running now
 
         default_path = Path(piper.model_path) if piper.model_path else bundled_model_path()
         specs = [load_voice_spec(default_path)]
@@ -173,7 +177,7 @@ class PiperBackend:
                 talker,
                 vocoder,
             )
-        encoder, flow, vocoder_session = sessions
+        encoder, flow, vocoder_session, solo_encoder, solo_vocoder = sessions
         talker_outputs = (flow or encoder).get_outputs()
         latent = talker_outputs[0].name
         channels = talker_outputs[0].shape[1]
@@ -201,7 +205,17 @@ class PiperBackend:
             sample_rate_hz=spec.sample_rate_hz,
             samples_per_frame=spec.samples_per_frame,
         )
-        return _LoadedVoice(spec, voice, encoder, flow, vocoder_session, latent, channels)
+        return _LoadedVoice(
+            spec,
+            voice,
+            encoder,
+            flow,
+            vocoder_session,
+            solo_encoder,
+            solo_vocoder,
+            latent,
+            channels,
+        )
 
     # Backend protocol
 
@@ -223,9 +237,23 @@ class PiperBackend:
         """The next chunk of each segment: float32 [frames, channels] (none for text with
         no phonemes). A voice whose flow is not cut off gives a whole segment per step.
         Segments run one after another."""
-        return [self._step_one(segment) for segment in segments]
+        alone = self._enter()
+        try:
+            return [self._step_one(segment, alone) for segment in segments]
+        finally:
+            self._leave()
 
-    def _step_one(self, segment: PiperSegment) -> TalkStep:
+    def _enter(self) -> bool:
+        """Count a model call in; True when no other one is running."""
+        with self._calls_lock:
+            self._calls += 1
+            return self._calls == 1
+
+    def _leave(self) -> None:
+        with self._calls_lock:
+            self._calls -= 1
+
+    def _step_one(self, segment: PiperSegment, alone: bool = False) -> TalkStep:
         loaded = self._get(segment.voice)
         if not segment.phoneme_ids:
             return TalkStep(np.zeros((0, loaded.channels), dtype=np.float32), done=True)
@@ -233,7 +261,9 @@ class PiperBackend:
             frames = self.talk_ids(segment.voice, segment.phoneme_ids, segment.scales)
             return TalkStep(frames, done=True)
         if segment.prior is None:
-            segment.prior, segment.mask = self._encode(loaded, segment.phoneme_ids, segment.scales)
+            segment.prior, segment.mask = self._encode(
+                loaded, segment.phoneme_ids, segment.scales, alone
+            )
         total = segment.prior.shape[2]
         start = segment.position
         stop = min(total, start + max(segment.next_chunk, 1))
@@ -249,11 +279,17 @@ class PiperBackend:
         return TalkStep(frames, done)
 
     def _encode(
-        self, loaded: _LoadedVoice, phoneme_ids: Sequence[int], scales: tuple[float, float, float]
+        self,
+        loaded: _LoadedVoice,
+        phoneme_ids: Sequence[int],
+        scales: tuple[float, float, float],
+        alone: bool = False,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """The encoder over a whole segment: (z_p [1, channels, frames], mask [1, 1, frames])."""
+        """The encoder over a whole segment: (z_p [1, channels, frames], mask [1, 1, frames]);
+        `alone`: no other model call is running (the solo session, if any, runs it)."""
         ids = np.asarray(phoneme_ids, dtype=np.int64)[np.newaxis, :]
-        prior, mask, frame_count = loaded.encoder.run(
+        session = loaded.solo_encoder if alone and loaded.solo_encoder else loaded.encoder
+        prior, mask, frame_count = session.run(
             None,
             {
                 "input": ids,
@@ -284,7 +320,16 @@ class PiperBackend:
         segment.prior = segment.mask = None
 
     def vocode(self, items: Sequence[VocodeItem]) -> list[np.ndarray]:
-        """Items of one voice and equal length share one decoder call."""
+        """Items of one voice and equal length share one decoder call. A call that finds
+        no other talker step or vocoder call running uses the voice's solo session
+        (`piper.solo_threads`), when there is one."""
+        alone = self._enter()
+        try:
+            return self._vocode(items, alone)
+        finally:
+            self._leave()
+
+    def _vocode(self, items: Sequence[VocodeItem], alone: bool) -> list[np.ndarray]:
         pcm: list[np.ndarray | None] = [None] * len(items)
         groups: dict[tuple[str, int], list[int]] = {}
         for index, item in enumerate(items):
@@ -310,7 +355,8 @@ class PiperBackend:
         for (voice_id, _), indices in groups.items():
             loaded = self._voices[voice_id]
             batch = np.stack([np.asarray(items[i].frames, dtype=np.float32).T for i in indices])
-            (audio,) = loaded.vocoder.run(None, {loaded.latent_name: batch})
+            session = loaded.solo_vocoder if alone and loaded.solo_vocoder else loaded.vocoder
+            (audio,) = session.run(None, {loaded.latent_name: batch})
             audio = audio.reshape(len(indices), -1)
             hop = loaded.spec.samples_per_frame
             for row, index in enumerate(indices):
@@ -374,10 +420,25 @@ class PiperBackend:
 
 def _sessions(
     split: SplitGraphs, piper: PiperConfig, talker: TalkerConfig, vocoder: VocoderConfig
-) -> tuple[ort.InferenceSession, ort.InferenceSession | None, ort.InferenceSession]:
+) -> tuple[
+    ort.InferenceSession,
+    ort.InferenceSession | None,
+    ort.InferenceSession,
+    ort.InferenceSession | None,
+    ort.InferenceSession | None,
+]:
+    """(encoder, flow, vocoder, solo encoder, solo vocoder) sessions of one voice; the solo
+    ones (`piper.solo_threads` > 1) run a call that finds no other one running."""
     threads = talker.intra_op_threads
+    solo_encoder = solo_vocoder = None
+    if piper.solo_threads > 1:
+        if split.flow is not None:
+            solo_encoder = _session(split.encoder, piper.solo_threads, piper, spinning=False)
+        solo_vocoder = _session(split.vocoder, piper.solo_threads, piper, spinning=False)
     return (
         _session(split.encoder, threads, piper),
         None if split.flow is None else _session(split.flow, threads, piper),
         _session(split.vocoder, vocoder.intra_op_threads, piper),
+        solo_encoder,
+        solo_vocoder,
     )
