@@ -102,13 +102,14 @@ class PiperBackend:
     """The bundled voice (the default) plus every voice in `PiperConfig.voices_dir`.
 
     `noise_scale` / `noise_w` override every voice's config (0 makes the output
-    deterministic; tests use it). `talk` runs only in the talker thread and `vocode` only
-    in the vocoder thread: each stage has its own ONNX Runtime session per voice.
+    deterministic; tests use it). `step` runs in the talker threads and `vocode` in the
+    vocoder's: each stage has its own ONNX Runtime sessions per voice.
     """
 
     name = "piper"
-    # A step runs whole segments through an ONNX Runtime session (safe to run from two
-    # threads); phonemising is serialised by a lock (espeak-ng is one global instance).
+    # A step works on its own segments' state through ONNX Runtime sessions (safe to run
+    # from two threads); phonemising is serialised by a lock (espeak-ng is one global
+    # instance).
     concurrent_talker_steps = True
 
     def __init__(
