@@ -83,12 +83,17 @@ def time_call_ms(call: Callable[[], object], min_calls: int = 5, min_total_s: fl
 
 
 def talk(backend: PiperBackend, text: str) -> np.ndarray:
+    """The talker's frames for `text`, every step of its segment (the flow in chunks)."""
     voice = backend.default_voice()
     segment = backend.open_segment(TalkRequest(text, voice, 1.0, 0, 0, 0))
-    (step,) = backend.step([segment])
+    pieces = []
+    while True:
+        (step,) = backend.step([segment])
+        pieces.append(step.frames)
+        if step.done:
+            break
     backend.close_segment(segment)
-    frames = step.frames
-    return frames
+    return np.concatenate(pieces)
 
 
 def plan(total: int, ramp: tuple[int, ...], steady: int) -> list[tuple[int, int]]:

@@ -34,7 +34,7 @@ import asyncio
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -59,6 +59,8 @@ from benchmarks.bench import (
 from benchmarks.loadgen import Clock, LoadResult, RequestOptions, closed_loop, load_corpus
 from benchmarks.player import Outcome
 from benchmarks.report import publish_latest, stall_free_capacity
+from benchmarks.seams import TARGET_DB as SEAM_TARGET_DB
+from benchmarks.seams import default_sweep
 from benchmarks.voice_peer import PEER_DRAIN_TIMEOUT_S, PEER_OPTIONS, peer_request, piper_server
 from benchmarks.voice_report import write_voice_report
 from pipeline.backends.piper import bundled_model_path
@@ -229,6 +231,19 @@ class Bench:
         return runs
 
 
+def seam_figures(args: argparse.Namespace) -> dict[str, Any]:
+    """The seam sweep (benchmarks/seams.py) at the served settings: every seam of 200+
+    sentences against whole-segment synthesis (--quick: the first 40 sentences)."""
+    sweep = default_sweep(args.config, [*SERVER_SETTINGS, *args.overrides], limit=40 * args.quick)
+    _log(f"seam sweep: {sweep.line()}")
+    return {
+        **asdict(sweep),
+        "vocoder_cost": sweep.vocoder_cost,
+        "target_db": SEAM_TARGET_DB,
+        "met": bool(sweep.worst_db >= SEAM_TARGET_DB),
+    }
+
+
 def all_stall_free(rows: Sequence[dict[str, Any]]) -> int:
     """The largest N at which every measured stream played without a stall (>= 10 ms)
     and nothing was rejected; 0 if none."""
@@ -370,6 +385,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ],
         "wall_s": time.monotonic() - started,
     }
+    results["seams"] = seam_figures(args)
     results["targets"] = targets(results)
     table = write_voice_report(results, out_dir)
     if not args.no_latest:

@@ -23,6 +23,7 @@ from scheduling.validation import (
 )
 
 BACKEND_KINDS = ("piper", "sim", "codec_lm")
+ORT_OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "all")
 
 
 @dataclass(frozen=True)
@@ -41,12 +42,15 @@ class TalkerConfig:
     # where the backend's steps may run side by side (Piper)
     urgent_lane: bool = True
     high_water_s: float = 8.0  # a stream this many seconds of audio ahead gets no talker work
-    first_fragment_words: int = 6  # a first sentence longer than this is cut early
+    # a first sentence longer than this is cut at its first clause end, if that comes
+    # within this many words (0: never; docs/text.md)
+    first_fragment_words: int = 13
     max_segment_chars: int = 300  # sentences longer than this split at clause boundaries
     # no segment has more estimated phonemes than this (pipeline/text.py's proxy)
     max_segment_phonemes: int = 400
-    # a stream's first segment is at most this long, even one unbroken token (0: no cap)
-    first_segment_chars: int = 80
+    # with first_fragment_words > 0: a stream's first segment is at most this long, even
+    # one unbroken token, each next one twice the one before (0: no cap, no ramp)
+    first_segment_chars: int = 0
 
     def __post_init__(self) -> None:
         check_int("intra_op_threads", self.intra_op_threads, 1)
@@ -140,6 +144,18 @@ class PiperConfig:
     output_gain: float = 0.8  # fixed gain (per-sentence peak normalisation cannot stream)
     noise_scale: float | None = None  # None: each voice's own; 0: deterministic output
     noise_w: float | None = None  # phoneme-duration noise; None: each voice's own
+    # The talker runs the encoder once per segment, then the flow chunk by chunk: frames
+    # of context each side of a chunk (trimmed), the first chunk's frames, the largest.
+    flow_context_frames: int = 24
+    flow_first_chunk_frames: int = 32
+    flow_max_chunk_frames: int = 512
+    # ONNX Runtime session options of every Piper graph (measured: README, "The default voice")
+    ort_graph_optimization: str = "all"  # disable, basic, extended or all
+    ort_cpu_arena: bool = True  # ORT's memory arena for intermediate tensors
+    ort_spinning: bool = True  # with intra_op_threads > 1: idle pool threads spin (else sleep)
+    # ONNX Runtime threads of an encoder or vocoder call that finds no other Piper call
+    # running (a lone stream: the other cores are idle); 1: no such sessions
+    solo_threads: int = 1
 
     def __post_init__(self) -> None:
         for name in ("model_path", "voices_dir", "cache_dir"):
@@ -147,6 +163,18 @@ class PiperConfig:
         check_positive("output_gain", self.output_gain)
         check_optional_non_negative("noise_scale", self.noise_scale)
         check_optional_non_negative("noise_w", self.noise_w)
+        check_int("flow_context_frames", self.flow_context_frames, 0)
+        check_int("flow_first_chunk_frames", self.flow_first_chunk_frames, 1)
+        check_int("flow_max_chunk_frames", self.flow_max_chunk_frames, 1)
+        check_choice("ort_graph_optimization", self.ort_graph_optimization, ORT_OPTIMIZATION_LEVELS)
+        check_bool("ort_cpu_arena", self.ort_cpu_arena)
+        check_bool("ort_spinning", self.ort_spinning)
+        check_int("solo_threads", self.solo_threads, 1)
+        if self.flow_max_chunk_frames < self.flow_first_chunk_frames:
+            raise ConfigError(
+                f"flow_max_chunk_frames ({self.flow_max_chunk_frames}) must be >= "
+                f"flow_first_chunk_frames ({self.flow_first_chunk_frames})"
+            )
 
 
 CODEC_LM_DEVICES = ("auto", "cpu", "cuda")

@@ -14,8 +14,8 @@ Each turn of the loop:
 4. back on the event loop, each segment's new frames go to the stream book.
 
 Streams join and leave the batch between steps: that is continuous batching. A backend
-whose steps may run side by side (Piper: each step is whole segments; not a codec LM with
-one shared cache) gets a second lane with its own thread: while the first lane is busy,
+whose steps may run side by side (Piper: each segment keeps its own state; not a codec LM
+with one shared cache) gets a second lane with its own thread: while the first lane is busy,
 the second takes streams with no audio yet, so a newcomer never
 waits behind a long step for others (a barge-in's next request, say). With
 nothing to step the loop waits on its wake event (set by the book on new text, a first

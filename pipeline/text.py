@@ -4,9 +4,12 @@ A stream's text is cut into segments, one talker call each:
 
 - sentences (ended by . ! ? … followed by whitespace, or a blank line), except after
   common abbreviations and initials ("Dr.", "e.g.", "J.");
-- the stream's first segment is short so that the first chunk comes fast: the first
-  clause when it ends within `first_fragment_words` words, else the first
-  `first_fragment_words` words (0 disables the cut);
+- with `first_fragment_words` > 0, a stream's first sentence longer than that is cut at
+  its first clause end (, ; : or a dash) when that falls within `first_fragment_words`
+  words, so that the first chunk comes sooner; never between two words without a
+  natural pause (0, this class's default, never cuts: the Piper talker encodes a whole
+  sentence and returns its frames in chunks, so a long first sentence needs no cut to
+  start);
 - a sentence longer than `max_segment_chars` characters or `max_segment_phonemes`
   estimated phonemes (`estimated_phonemes`) is split at clause boundaries (, ; : and
   spaced dashes), else at a word boundary; a single token longer than that (a URL, a run
@@ -93,34 +96,26 @@ def _sentence_end(text: str) -> tuple[int, int] | None:
     return best
 
 
-def _word_cut(text: str, words: int) -> int | None:
-    """Index in normalised `text` just after its `words`-th word, if more words follow."""
-    position = -1
-    for _ in range(words):
-        position = text.find(" ", position + 1)
-        if position < 0:
-            return None
-    return position
-
-
 def _has_word(text: str) -> bool:
     return any(c.isalnum() for c in text)
 
 
 def _first_fragment(text: str, max_words: int) -> int | None:
-    """Where to cut the stream's first fragment off normalised `text` (its first sentence,
-    or the start of it), or None when the sentence is short enough as it is, or when the
-    cut would leave a remainder of a word or two (a segment that short is a talker call
-    and a vocoder turn for a fraction of a second of audio)."""
+    """Where to cut the stream's first fragment off normalised `text` (its first
+    sentence): at its first clause end (a natural pause: , ; : or a dash) when the
+    sentence has more than `max_words` words and that clause ends within them. None when
+    the sentence is short enough as it is, when no clause ends early enough (a sentence is
+    never cut between two words that the voice would join), or when the cut would leave a
+    remainder of a word or two (a segment that short is a talker call and a vocoder turn
+    for a fraction of a second of audio)."""
     if max_words <= 0 or len(text.split()) <= max_words:
         return None
     # the first clause end with a word before it (a leading dash is no clause)
     clause = next((m for m in _CLAUSE_END.finditer(text) if _has_word(text[: m.start()])), None)
-    if clause is not None and len(text[: clause.end()].split()) <= max_words:
-        cut = clause.end()
-    else:
-        cut = _word_cut(text, max_words)
-    if cut is None or len(text[cut:].split()) < MIN_REST_WORDS:
+    if clause is None or len(text[: clause.end()].split()) > max_words:
+        return None
+    cut = clause.end()
+    if len(text[cut:].split()) < MIN_REST_WORDS:
         return None
     return cut
 
@@ -218,7 +213,7 @@ class Segmenter:
     def __init__(
         self,
         *,
-        first_fragment_words: int = 6,
+        first_fragment_words: int = 0,
         max_segment_chars: int = 300,
         max_segment_phonemes: int = 400,
         first_segment_chars: int = 80,
@@ -343,7 +338,7 @@ def segment_options(talker: TalkerConfig) -> dict[str, int]:
 def split_text(
     text: str,
     *,
-    first_fragment_words: int = 6,
+    first_fragment_words: int = 0,
     max_segment_chars: int = 300,
     max_segment_phonemes: int = 400,
     first_segment_chars: int = 80,

@@ -1,4 +1,5 @@
-"""Cutting a Piper voice into talker + vocoder graphs: the cut, the cache, and exactness."""
+"""Cutting a Piper voice into encoder + flow + vocoder graphs: the cut, the cache, and
+exactness."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from pipeline.backend import VocodeItem
+from pipeline.backend import TalkRequest, VocodeItem
 from pipeline.backends.piper import (
     GraphSplitError,
     PiperBackend,
@@ -20,7 +21,13 @@ from pipeline.backends.piper import (
     load_split,
     synthesize_whole,
 )
-from pipeline.backends.piper.graph_split import FRAME_COUNT_NAME, LATENT_NAME, find_cut
+from pipeline.backends.piper.graph_split import (
+    FRAME_COUNT_NAME,
+    LATENT_NAME,
+    MASK_NAME,
+    PRIOR_NAME,
+    find_cut,
+)
 from pipeline.backends.piper.reference import whole_model_session
 from pipeline.config import PiperConfig
 
@@ -67,41 +74,47 @@ def whole_session() -> ort.InferenceSession:
 def test_cut_graphs_declare_the_latent_and_are_cached(cache_dir: Path) -> None:
     split = load_split(bundled_model_path(), cache_dir, "en_US-joe-medium")
     assert not split.cached
-    assert isinstance(split.talker, Path) and isinstance(split.vocoder, Path)
-    talker, vocoder = (
-        ort.InferenceSession(str(split.talker)),
-        ort.InferenceSession(str(split.vocoder)),
-    )
-    assert [i.name for i in talker.get_inputs()] == ["input", "input_lengths", "scales"]
-    assert [(o.name, o.shape) for o in talker.get_outputs()] == [
-        (LATENT_NAME, ["batch_size", 192, "frames"]),
+    paths = (split.encoder, split.flow, split.vocoder)
+    assert all(isinstance(p, Path) for p in paths)
+    encoder, flow, vocoder = (ort.InferenceSession(str(p)) for p in paths)
+    assert [i.name for i in encoder.get_inputs()] == ["input", "input_lengths", "scales"]
+    assert [(o.name, o.shape) for o in encoder.get_outputs()] == [
+        (PRIOR_NAME, ["batch_size", 192, "frames"]),
+        (MASK_NAME, ["batch_size", 1, "frames"]),
         (FRAME_COUNT_NAME, ["batch_size"]),
+    ]
+    assert [(i.name, i.shape) for i in flow.get_inputs()] == [
+        (PRIOR_NAME, ["batch_size", 192, "frames"]),
+        (MASK_NAME, ["batch_size", 1, "frames"]),
+    ]
+    assert [(o.name, o.shape) for o in flow.get_outputs()] == [
+        (LATENT_NAME, ["batch_size", 192, "frames"])
     ]
     assert [(i.name, i.shape) for i in vocoder.get_inputs()] == [
         (LATENT_NAME, ["batch_size", 192, "frames"])
     ]
     assert [o.name for o in vocoder.get_outputs()] == ["output"]
-    for path in (split.talker, split.vocoder):
+    for path in paths:
         onnx.checker.check_model(str(path))
 
-    stamps = [os.stat(p).st_mtime_ns for p in (split.talker, split.vocoder)]
+    stamps = [os.stat(p).st_mtime_ns for p in paths]
     again = load_split(bundled_model_path(), cache_dir, "en_US-joe-medium")
     assert again.cached
-    assert (again.talker, again.vocoder) == (split.talker, split.vocoder)
-    assert [os.stat(p).st_mtime_ns for p in (again.talker, again.vocoder)] == stamps
-    assert sorted(p.name for p in split.talker.parent.iterdir()) == sorted(
-        [split.talker.name, split.vocoder.name]
+    assert (again.encoder, again.flow, again.vocoder) == paths
+    assert [os.stat(p).st_mtime_ns for p in paths] == stamps
+    assert sorted(p.name for p in split.encoder.parent.iterdir()) == sorted(
+        p.name for p in paths
     ), "no temporary files left behind"
 
 
 @pytest.mark.slow
 def test_a_corrupt_cache_entry_is_cut_again(tmp_path: Path) -> None:
     split = load_split(bundled_model_path(), tmp_path, "en_US-joe-medium")
-    assert isinstance(split.talker, Path)
-    split.talker.write_bytes(b"not an onnx graph")
+    assert isinstance(split.flow, Path)
+    split.flow.write_bytes(b"not an onnx graph")
     backend = PiperBackend(PiperConfig(cache_dir=str(tmp_path)))
     assert backend.default_voice() == "en_US-joe-medium"
-    onnx.checker.check_model(str(split.talker))
+    onnx.checker.check_model(str(split.flow))
 
 
 @pytest.mark.slow
@@ -109,9 +122,37 @@ def test_an_unwritable_cache_keeps_the_graphs_in_memory(tmp_path: Path) -> None:
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("")
     split = load_split(bundled_model_path(), blocker, "en_US-joe-medium")
-    assert isinstance(split.talker, bytes) and isinstance(split.vocoder, bytes)
+    assert all(isinstance(p, bytes) for p in (split.encoder, split.flow, split.vocoder))
     vocoder = ort.InferenceSession(split.vocoder)
     assert [i.name for i in vocoder.get_inputs()] == [LATENT_NAME]
+
+
+@pytest.mark.slow
+def test_a_voice_without_the_flow_names_keeps_its_talker_whole(tmp_path: Path) -> None:
+    """Another export (renamed tensors): the talker is one graph, run whole per segment."""
+    model = onnx.load(str(bundled_model_path()))
+    renames = {PRIOR_NAME: "z_p", MASK_NAME: "y_mask"}
+    for node in model.graph.node:
+        node.input[:] = [renames.get(n, n) for n in node.input]
+        node.output[:] = [renames.get(n, n) for n in node.output]
+    (tmp_path / "en_US-renamed-medium.onnx").write_bytes(model.SerializeToString())
+    config = Path(f"{bundled_model_path()}.json").read_text(encoding="utf-8")
+    (tmp_path / "en_US-renamed-medium.onnx.json").write_text(config, encoding="utf-8")
+    split = load_split(tmp_path / "en_US-renamed-medium.onnx", tmp_path, "en_US-renamed-medium")
+    assert split.flow is None
+    talker = ort.InferenceSession(str(split.encoder))
+    assert [o.name for o in talker.get_outputs()] == [LATENT_NAME, FRAME_COUNT_NAME]
+    model_path = tmp_path / "en_US-renamed-medium.onnx"
+    backend = PiperBackend(
+        PiperConfig(model_path=str(model_path), cache_dir=str(tmp_path)),
+        noise_scale=0.0,
+        noise_w=0.0,
+    )
+    voice = backend.default_voice()
+    segment = backend.open_segment(TalkRequest("Hello there, friend.", voice, 1.0, 0, 0, 0))
+    (step,) = backend.step([segment])
+    assert step.done and step.frames.shape[0] > 50  # the whole segment in one step
+    assert load_split(tmp_path / "en_US-renamed-medium.onnx", tmp_path, "x").flow is None
 
 
 @pytest.mark.slow

@@ -81,7 +81,7 @@ def test_default_yaml_loads_as_the_piper_deployment():
         policy="edf", active_stream_window=1, first_chunk_ms=100.0, safety_margin_ms=50.0
     )
     assert settings.chunking == ChunkingConfig(
-        chunk_frames=64, ramp=(8, 16, 32), left_context_frames=4, right_context_frames=4
+        chunk_frames=64, ramp=(8, 16, 32), left_context_frames=8, right_context_frames=8
     )
     assert settings.chunking == DEFAULT_CHUNKING
     assert settings.admission.enabled is True
@@ -241,6 +241,11 @@ SECTION_RULES = [
     ("server", "model_ids: ['']", "server.model_ids"),
     ("sim", "vocoder_base_ms: -1", "sim.vocoder_base_ms"),
     ("piper", "output_gain: 0", "piper.output_gain"),
+    ("piper", "ort_graph_optimization: fast", "piper.ort_graph_optimization"),
+    ("piper", "ort_cpu_arena: sometimes", "piper.ort_cpu_arena"),
+    ("piper", "flow_context_frames: -1", "piper.flow_context_frames"),
+    ("piper", "solo_threads: 0", "piper.solo_threads"),
+    ("piper", "flow_first_chunk_frames: 600", "piper.flow_max_chunk_frames"),
     ("talker", "intra_op_threads: 0", "talker.intra_op_threads"),
     ("talker", "max_segment_chars: 10", "talker.max_segment_chars"),
     ("talker", "high_water_s: .nan", "talker.high_water_s"),

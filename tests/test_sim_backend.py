@@ -23,7 +23,7 @@ from pipeline.config import (
     TalkerConfig,
     VocoderConfig,
 )
-from pipeline.text import split_text
+from pipeline.text import segment_options, split_text
 from scheduling.errors import ConfigError
 
 
@@ -45,11 +45,13 @@ def test_frames_for_text_follows_the_documented_formula() -> None:
 
 def test_expected_frames_sums_the_engine_segments() -> None:
     text = "Hello there, this is a test of the sim voice. And a second sentence."
-    segments = split_text(text)
+    segments = split_text(text, first_fragment_words=6)
     assert len(segments) == 3
-    assert expected_frames(text, 1.5) == sum(frames_for_text(s, 1.5) for s in segments)
-    assert expected_frames(text, talker=TalkerConfig(first_fragment_words=0)) == sum(
-        frames_for_text(s) for s in split_text(text, first_fragment_words=0)
+    assert expected_frames(text, 1.5, TalkerConfig(first_fragment_words=6)) == sum(
+        frames_for_text(s, 1.5) for s in segments
+    )
+    assert expected_frames(text) == sum(
+        frames_for_text(s) for s in split_text(text, **segment_options(TalkerConfig()))
     )
 
 

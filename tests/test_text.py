@@ -9,21 +9,28 @@ from pipeline.text import Segmenter, estimated_phonemes, split_text
 
 
 def test_first_fragment_is_the_first_clause() -> None:
-    segments = split_text("Well then, we should all go home before the rain starts. Fine.")
+    segments = split_text(
+        "Well then, we should all go home before the rain starts. Fine.", first_fragment_words=6
+    )
     assert segments == ["Well then,", "we should all go home before the rain starts.", "Fine."]
 
 
-def test_first_fragment_is_the_first_words_without_an_early_clause() -> None:
+def test_a_long_first_sentence_without_an_early_clause_is_not_cut() -> None:
+    # no natural pause within the first 4 words: the sentence stays whole (a cut between
+    # two words the voice would join adds a pause and a sentence-final intonation)
     text = "The quick brown fox jumps over the lazy dog today. It sleeps."
     assert split_text(text, first_fragment_words=4) == [
-        "The quick brown fox",
-        "jumps over the lazy dog today.",
+        "The quick brown fox jumps over the lazy dog today.",
         "It sleeps.",
     ]
+    text = "The quick brown fox jumps over the lazy dog, today. It sleeps."
+    assert split_text(text, first_fragment_words=4)[0] == (
+        "The quick brown fox jumps over the lazy dog, today."
+    )
 
 
 def test_short_first_sentence_is_not_cut_and_zero_disables_the_cut() -> None:
-    assert split_text("Yes, I do. Me too.") == ["Yes, I do.", "Me too."]
+    assert split_text("Yes, I do. Me too.", first_fragment_words=6) == ["Yes, I do.", "Me too."]
     text = "One two three four five six seven eight. Nine."
     assert split_text(text, first_fragment_words=0) == [
         "One two three four five six seven eight.",
@@ -113,11 +120,10 @@ def test_the_first_fragment_leaves_no_one_or_two_word_remainder() -> None:
         "Please wait for me at the front desk.",
         "Thanks.",
     ]
-    text = "Please wait for me at the big front desk."
-    assert split_text(text, first_fragment_words=6) == [
-        "Please wait for me at the",
-        "big front desk.",
-    ]
+    text = "Please wait for me at the desk, thanks."
+    assert split_text(text, first_fragment_words=6) == [text]
+    text = "Wait for me, at the big front desk."
+    assert split_text(text, first_fragment_words=6) == ["Wait for me,", "at the big front desk."]
 
 
 def test_a_long_first_sentence_in_pieces_waits_for_the_first_fragment() -> None:

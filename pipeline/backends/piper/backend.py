@@ -1,4 +1,13 @@
-"""PiperBackend: Piper voices served as a talker graph and a vocoder graph (see graph_split)."""
+"""PiperBackend: Piper voices served as talker graphs and a vocoder graph (see graph_split).
+
+The talker of a voice whose flow is cut off works in steps: the first step of a segment
+runs the encoder (text encoder + duration predictor) over the whole segment once, so
+prosody and durations are the whole sentence's, then every step runs the flow over the
+next chunk of frames with `flow_context_frames` of context on each side (the flow is
+non-causal; its context is trimmed) and returns that chunk. The first chunk is small
+(`flow_first_chunk_frames`) so that the vocoder can start early; each next one is
+FLOW_GROWTH times the one before, up to `flow_max_chunk_frames`.
+"""
 
 from __future__ import annotations
 
@@ -25,33 +34,60 @@ from pipeline.backends.piper.voices import (
 from pipeline.config import PiperConfig, TalkerConfig, VocoderConfig
 
 logger = logging.getLogger("playhead.piper")
+# Each flow chunk of a segment is this many times the one before: a few steps per sentence
+# (each step's context costs 2 x flow_context_frames of flow), yet each step is short
+# beside the audio the chunks before it play for.
+FLOW_GROWTH = 4
 
 
 @dataclass(slots=True)
 class PiperSegment:
-    """One segment's talker state: its phoneme ids and scales (the talker graph runs whole)."""
+    """One segment's talker state: its phoneme ids and scales; once the encoder ran, the
+    flow's input and how far the flow got."""
 
     voice: str
     phoneme_ids: list[int]
     scales: tuple[float, float, float]
+    prior: np.ndarray | None = None  # [1, channels, frames] z_p: the encoder's output
+    mask: np.ndarray | None = None  # [1, 1, frames]
+    position: int = 0  # frames returned so far
+    next_chunk: int = 0  # frames the next flow step returns
 
 
 @dataclass(frozen=True)
 class _LoadedVoice:
     spec: VoiceSpec
     voice: Voice
-    talker: ort.InferenceSession
+    encoder: ort.InferenceSession  # with `flow`: prior, mask, count; else latent, count
+    flow: ort.InferenceSession | None  # prior, mask -> latent; None: the encoder is the talker
     vocoder: ort.InferenceSession
-    latent_name: str  # the vocoder's input, the talker's first output
-    frame_count_name: str  # the talker's second output
+    solo_encoder: ort.InferenceSession | None  # more threads, for a call that runs alone
+    solo_vocoder: ort.InferenceSession | None
+    latent_name: str  # the vocoder's input
     channels: int
 
 
-def _session(graph: Path | bytes, intra_op_threads: int) -> ort.InferenceSession:
+_OPTIMIZATION_LEVELS = {
+    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+
+
+def _session(
+    graph: Path | bytes, intra_op_threads: int, piper: PiperConfig, *, spinning: bool = True
+) -> ort.InferenceSession:
+    """One graph's session: `intra_op_threads` threads, nodes run one after another (a
+    single inter-op thread: each stage is one worker thread), the `piper.ort_*` options."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = intra_op_threads
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = _OPTIMIZATION_LEVELS[piper.ort_graph_optimization]
+    options.enable_cpu_mem_arena = piper.ort_cpu_arena
+    if not (piper.ort_spinning and spinning):  # idle pool threads sleep, not spin
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.log_severity_level = 3  # errors only
     source = graph if isinstance(graph, bytes) else str(graph)
     return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
@@ -66,13 +102,14 @@ class PiperBackend:
     """The bundled voice (the default) plus every voice in `PiperConfig.voices_dir`.
 
     `noise_scale` / `noise_w` override every voice's config (0 makes the output
-    deterministic; tests use it). `talk` runs only in the talker thread and `vocode` only
-    in the vocoder thread: each stage has its own ONNX Runtime session per voice.
+    deterministic; tests use it). `step` runs in the talker threads and `vocode` in the
+    vocoder's: each stage has its own ONNX Runtime sessions per voice.
     """
 
     name = "piper"
-    # A step runs whole segments through an ONNX Runtime session (safe to run from two
-    # threads); phonemising is serialised by a lock (espeak-ng is one global instance).
+    # A step works on its own segments' state through ONNX Runtime sessions (safe to run
+    # from two threads); phonemising is serialised by a lock (espeak-ng is one global
+    # instance).
     concurrent_talker_steps = True
 
     def __init__(
@@ -95,7 +132,12 @@ class PiperBackend:
         self._noise_scale = noise_scale
         self._noise_w = noise_w
         self._output_gain = float(piper.output_gain)
+        self._flow_context = piper.flow_context_frames
+        self._flow_first_chunk = piper.flow_first_chunk_frames
+        self._flow_max_chunk = piper.flow_max_chunk_frames
         self._phonemize_lock = threading.Lock()
+        self._calls_lock = threading.Lock()
+        self._calls = 0  # talker steps and vocoder calls running now
 
         default_path = Path(piper.model_path) if piper.model_path else bundled_model_path()
         specs = [load_voice_spec(default_path)]
@@ -108,7 +150,7 @@ class PiperBackend:
                     "voice %s in %s repeats a loaded voice id: skipped", spec.id, spec.model_path
                 )
                 continue
-            self._voices[spec.id] = self._load(spec, piper.cache_dir, talker, vocoder)
+            self._voices[spec.id] = self._load(spec, piper, talker, vocoder)
         self._default = specs[0].id
         default_voice = self._voices[self._default].voice
         self.sample_rate_hz = default_voice.sample_rate_hz
@@ -116,11 +158,12 @@ class PiperBackend:
 
     @staticmethod
     def _load(
-        spec: VoiceSpec, cache_dir: str | None, talker: TalkerConfig, vocoder: VocoderConfig
+        spec: VoiceSpec, piper: PiperConfig, talker: TalkerConfig, vocoder: VocoderConfig
     ) -> _LoadedVoice:
+        cache_dir = piper.cache_dir
         split = load_split(spec.model_path, cache_dir, spec.id)
         try:
-            sessions = _sessions(split, talker, vocoder)
+            sessions = _sessions(split, piper, talker, vocoder)
         except Exception as error:  # ORT raises its own RuntimeError subclasses
             if not split.cached:
                 raise VoiceLoadError(
@@ -130,14 +173,28 @@ class PiperBackend:
                 "voice %s: cached cut graphs failed to load (%s); cutting again", spec.id, error
             )
             sessions = _sessions(
-                load_split(spec.model_path, cache_dir, spec.id, refresh=True), talker, vocoder
+                load_split(spec.model_path, cache_dir, spec.id, refresh=True),
+                piper,
+                talker,
+                vocoder,
             )
-        talker_session, vocoder_session = sessions
-        talker_outputs = talker_session.get_outputs()
-        latent, frame_count = (o.name for o in talker_outputs)
+        encoder, flow, vocoder_session, solo_encoder, solo_vocoder = sessions
+        talker_outputs = (flow or encoder).get_outputs()
+        latent = talker_outputs[0].name
         channels = talker_outputs[0].shape[1]
-        if [i.name for i in vocoder_session.get_inputs()] != [latent] or not isinstance(
-            channels, int
+        encoder_outputs = [o.name for o in encoder.get_outputs()]
+        fits = (
+            len(encoder_outputs) == 2
+            if flow is None
+            else (
+                len(encoder_outputs) == 3
+                and [i.name for i in flow.get_inputs()] == encoder_outputs[:2]
+            )
+        )
+        if (
+            not fits
+            or [i.name for i in vocoder_session.get_inputs()] != [latent]
+            or not isinstance(channels, int)
         ):
             raise VoiceLoadError(
                 f"voice {spec.id!r}: cut graphs do not fit together (cache at fault?)"
@@ -150,7 +207,15 @@ class PiperBackend:
             samples_per_frame=spec.samples_per_frame,
         )
         return _LoadedVoice(
-            spec, voice, talker_session, vocoder_session, latent, frame_count, channels
+            spec,
+            voice,
+            encoder,
+            flow,
+            vocoder_session,
+            solo_encoder,
+            solo_vocoder,
+            latent,
+            channels,
         )
 
     # Backend protocol
@@ -162,30 +227,110 @@ class PiperBackend:
         return self._default
 
     def open_segment(self, request: TalkRequest) -> PiperSegment:
-        """Phonemise the segment (espeak-ng); the talker graph runs in `step`."""
+        """Phonemise the segment (espeak-ng); the talker graphs run in `step`."""
         loaded = self._get(request.voice)
         scales = self.scales(request.voice, request.speed)
         with self._phonemize_lock:
             ids = text_to_ids(loaded.spec, request.text)
-        return PiperSegment(request.voice, ids, scales)
+        return PiperSegment(request.voice, ids, scales, next_chunk=self._flow_first_chunk)
 
     def step(self, segments: Sequence[PiperSegment]) -> list[TalkStep]:
-        """A whole segment per step: float32 [frames, channels] (none for text with no
-        phonemes). Segments of different lengths run one after another."""
-        results = []
-        for segment in segments:
-            if segment.phoneme_ids:
-                frames = self.talk_ids(segment.voice, segment.phoneme_ids, segment.scales)
-            else:
-                frames = np.zeros((0, self._get(segment.voice).channels), dtype=np.float32)
-            results.append(TalkStep(frames=frames, done=True))
-        return results
+        """The next chunk of each segment: float32 [frames, channels] (none for text with
+        no phonemes). A voice whose flow is not cut off gives a whole segment per step.
+        Segments run one after another."""
+        alone = self._enter()
+        try:
+            return [self._step_one(segment, alone) for segment in segments]
+        finally:
+            self._leave()
+
+    def _enter(self) -> bool:
+        """Count a model call in; True when no other one is running."""
+        with self._calls_lock:
+            self._calls += 1
+            return self._calls == 1
+
+    def _leave(self) -> None:
+        with self._calls_lock:
+            self._calls -= 1
+
+    def _step_one(self, segment: PiperSegment, alone: bool = False) -> TalkStep:
+        loaded = self._get(segment.voice)
+        if not segment.phoneme_ids:
+            return TalkStep(np.zeros((0, loaded.channels), dtype=np.float32), done=True)
+        if loaded.flow is None:
+            frames = self.talk_ids(segment.voice, segment.phoneme_ids, segment.scales)
+            return TalkStep(frames, done=True)
+        if segment.prior is None:
+            segment.prior, segment.mask = self._encode(
+                loaded, segment.phoneme_ids, segment.scales, alone
+            )
+        total = segment.prior.shape[2]
+        start = segment.position
+        stop = min(total, start + max(segment.next_chunk, 1))
+        if total - stop < self._flow_context:  # no sliver of a last chunk
+            stop = total
+        frames = self._flow(loaded, segment.prior, segment.mask, start, stop)
+        segment.position = stop
+        segment.next_chunk = min(FLOW_GROWTH * segment.next_chunk, self._flow_max_chunk)
+        done = stop >= total
+        if done:
+            segment.prior = segment.mask = None
+            segment.phoneme_ids = []
+        return TalkStep(frames, done)
+
+    def _encode(
+        self,
+        loaded: _LoadedVoice,
+        phoneme_ids: Sequence[int],
+        scales: tuple[float, float, float],
+        alone: bool = False,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The encoder over a whole segment: (z_p [1, channels, frames], mask [1, 1, frames]);
+        `alone`: no other model call is running (the solo session, if any, runs it)."""
+        ids = np.asarray(phoneme_ids, dtype=np.int64)[np.newaxis, :]
+        session = loaded.solo_encoder if alone and loaded.solo_encoder else loaded.encoder
+        prior, mask, frame_count = session.run(
+            None,
+            {
+                "input": ids,
+                "input_lengths": np.array([ids.shape[1]], dtype=np.int64),
+                "scales": np.asarray(scales, dtype=np.float32),
+            },
+        )
+        frames = int(frame_count[0])
+        return prior[:, :, :frames], mask[:, :, :frames]
+
+    def _flow(
+        self, loaded: _LoadedVoice, prior: np.ndarray, mask: np.ndarray, start: int, stop: int
+    ) -> np.ndarray:
+        """The flow's frames [start, stop), run with `flow_context_frames` of context on
+        each side (trimmed): float32 [frames, channels], C-contiguous."""
+        total = prior.shape[2]
+        first = max(0, start - self._flow_context)
+        last = min(total, stop + self._flow_context)
+        assert loaded.flow is not None
+        inputs = [i.name for i in loaded.flow.get_inputs()]
+        (latent,) = loaded.flow.run(
+            None, {inputs[0]: prior[:, :, first:last], inputs[1]: mask[:, :, first:last]}
+        )
+        return np.ascontiguousarray(latent[0, :, start - first : stop - first].T, dtype=np.float32)
 
     def close_segment(self, segment: PiperSegment) -> None:
         segment.phoneme_ids = []
+        segment.prior = segment.mask = None
 
     def vocode(self, items: Sequence[VocodeItem]) -> list[np.ndarray]:
-        """Items of one voice and equal length share one decoder call."""
+        """Items of one voice and equal length share one decoder call. A call that finds
+        no other talker step or vocoder call running uses the voice's solo session
+        (`piper.solo_threads`), when there is one."""
+        alone = self._enter()
+        try:
+            return self._vocode(items, alone)
+        finally:
+            self._leave()
+
+    def _vocode(self, items: Sequence[VocodeItem], alone: bool) -> list[np.ndarray]:
         pcm: list[np.ndarray | None] = [None] * len(items)
         groups: dict[tuple[str, int], list[int]] = {}
         for index, item in enumerate(items):
@@ -211,7 +356,8 @@ class PiperBackend:
         for (voice_id, _), indices in groups.items():
             loaded = self._voices[voice_id]
             batch = np.stack([np.asarray(items[i].frames, dtype=np.float32).T for i in indices])
-            (audio,) = loaded.vocoder.run(None, {loaded.latent_name: batch})
+            session = loaded.solo_vocoder if alone and loaded.solo_vocoder else loaded.vocoder
+            (audio,) = session.run(None, {loaded.latent_name: batch})
             audio = audio.reshape(len(indices), -1)
             hop = loaded.spec.samples_per_frame
             for row, index in enumerate(indices):
@@ -244,11 +390,17 @@ class PiperBackend:
     def talk_ids(
         self, voice_id: str, phoneme_ids: Sequence[int], scales: tuple[float, float, float]
     ) -> np.ndarray:
-        """The talker on given ids: float32 [frames, channels], C-contiguous."""
+        """The whole talker on given ids (the flow run once over every frame, no chunks):
+        float32 [frames, channels], C-contiguous."""
         loaded = self._get(voice_id)
+        if loaded.flow is not None:
+            prior, mask = self._encode(loaded, phoneme_ids, scales)
+            inputs = [i.name for i in loaded.flow.get_inputs()]
+            (latent,) = loaded.flow.run(None, {inputs[0]: prior, inputs[1]: mask})
+            return np.ascontiguousarray(latent[0].T, dtype=np.float32)
         ids = np.asarray(phoneme_ids, dtype=np.int64)[np.newaxis, :]
-        latent, frame_count = loaded.talker.run(
-            [loaded.latent_name, loaded.frame_count_name],
+        latent, frame_count = loaded.encoder.run(
+            None,
             {
                 "input": ids,
                 "input_lengths": np.array([ids.shape[1]], dtype=np.int64),
@@ -268,9 +420,26 @@ class PiperBackend:
 
 
 def _sessions(
-    split: SplitGraphs, talker: TalkerConfig, vocoder: VocoderConfig
-) -> tuple[ort.InferenceSession, ort.InferenceSession]:
+    split: SplitGraphs, piper: PiperConfig, talker: TalkerConfig, vocoder: VocoderConfig
+) -> tuple[
+    ort.InferenceSession,
+    ort.InferenceSession | None,
+    ort.InferenceSession,
+    ort.InferenceSession | None,
+    ort.InferenceSession | None,
+]:
+    """(encoder, flow, vocoder, solo encoder, solo vocoder) sessions of one voice; the solo
+    ones (`piper.solo_threads` > 1) run a call that finds no other one running."""
+    threads = talker.intra_op_threads
+    solo_encoder = solo_vocoder = None
+    if piper.solo_threads > 1:
+        if split.flow is not None:
+            solo_encoder = _session(split.encoder, piper.solo_threads, piper, spinning=False)
+        solo_vocoder = _session(split.vocoder, piper.solo_threads, piper, spinning=False)
     return (
-        _session(split.talker, talker.intra_op_threads),
-        _session(split.vocoder, vocoder.intra_op_threads),
+        _session(split.encoder, threads, piper),
+        None if split.flow is None else _session(split.flow, threads, piper),
+        _session(split.vocoder, vocoder.intra_op_threads, piper),
+        solo_encoder,
+        solo_vocoder,
     )

@@ -1,14 +1,24 @@
-"""Cut a Piper (VITS) ONNX graph into a talker graph and a vocoder graph, cached on disk.
+"""Cut a Piper (VITS) ONNX graph into talker graphs and a vocoder graph, cached on disk.
 
-talker  = text encoder + duration predictor + flow:
-          input, input_lengths, scales -> latent [batch, channels, frames] (z, masked),
+The talker is text encoder + duration predictor + flow; where the flow's input is found
+it is cut in two, so that the encoder runs once over a whole sentence and the flow in
+chunks (pipeline/backends/piper/backend.py):
+
+encoder = text encoder + duration predictor (+ the flow when it is not cut off):
+          input, input_lengths, scales -> prior latent z_p [batch, channels, frames]
+                                              (means + noise, expanded to frames),
+                                             frame mask [batch, 1, frames],
                                              frame count [batch]
+          (uncut: latent [batch, channels, frames], frame count [batch])
+flow    = the flow, reversed: z_p, frame mask -> latent [batch, channels, frames] (z, masked)
 vocoder = HiFi-GAN decoder: latent -> output [batch, 1, 1, samples]
 
-The cut is found by name first (`/Mul_7_output_0`, `/Cast_output_0` in Piper's exports),
-else by structure: the latent is the data input of the decoder's first conv (the Conv
-that feeds the graph's first ConvTranspose), the frame count is the Cast after
-Ceil -> ReduceSum (-> Clip) of the durations.
+The decoder's cut is found by name first (`/Mul_7_output_0`, `/Cast_output_0` in Piper's
+exports), else by structure: the latent is the data input of the decoder's first conv
+(the Conv that feeds the graph's first ConvTranspose), the frame count is the Cast after
+Ceil -> ReduceSum (-> Clip) of the durations. The flow's cut is found by name
+(`/Add_output_0` feeding a node of `/flow/`, the mask `/Cast_2_output_0`, as in Piper's
+exports); a voice without them keeps its talker whole (one graph, run whole per segment).
 """
 
 from __future__ import annotations
@@ -29,11 +39,14 @@ from pipeline.backends.piper.errors import GraphSplitError
 
 logger = logging.getLogger("playhead.piper")
 
-SPLIT_VERSION = 2  # bump when the cut changes: old cache entries are then ignored
+SPLIT_VERSION = 3  # bump when the cut changes: old cache entries are then ignored
 TALKER_INPUTS = ("input", "input_lengths", "scales")
 AUDIO_OUTPUT = "output"
 LATENT_NAME = "/Mul_7_output_0"
 FRAME_COUNT_NAME = "/Cast_output_0"
+PRIOR_NAME = "/Add_output_0"  # z_p: the flow's input
+MASK_NAME = "/Cast_2_output_0"  # the frame mask, float [batch, 1, frames]
+FLOW_PREFIX = "/flow/"
 _PASS_THROUGH_OPS = frozenset({"LeakyRelu", "Relu", "Identity"})
 
 
@@ -42,13 +55,16 @@ class CutPoints:
     latent: str  # [batch, channels, frames] float32: the decoder's input
     frame_count: str  # [batch] int64: frames per batch item
     channels: int
+    prior: str | None = None  # [batch, channels, frames] float32: the flow's input (z_p)
+    mask: str | None = None  # [batch, 1, frames] float32: the frame mask
 
 
 @dataclass(frozen=True)
 class SplitGraphs:
-    """The two graphs, as cache files (or serialized bytes when the cache is not writable)."""
+    """The graphs, as cache files (or serialized bytes when the cache is not writable)."""
 
-    talker: Path | bytes  # outputs: latent, frame count
+    encoder: Path | bytes  # outputs: prior, mask, frame count (with flow), else latent, count
+    flow: Path | bytes | None  # inputs: prior, mask; output: latent (None: not cut off)
     vocoder: Path | bytes  # input: latent; output: audio
     cached: bool  # True: found in the cache, not cut now
 
@@ -84,7 +100,26 @@ def find_cut(model: onnx.ModelProto, voice_id: str) -> CutPoints:
     if weight is None or len(weight.dims) != 3:
         raise GraphSplitError(f"voice {voice_id!r}: the decoder's first conv has no 1-D weight")
     frame_count = _frame_count(producers, consumers, voice_id)
-    return CutPoints(latent=latent, frame_count=frame_count, channels=int(weight.dims[1]))
+    channels = int(weight.dims[1])
+    prior, mask = _flow_input(producers, consumers)
+    return CutPoints(latent, frame_count, channels, prior, mask)
+
+
+def _flow_input(
+    producers: dict[str, onnx.NodeProto], consumers: dict[str, list[onnx.NodeProto]]
+) -> tuple[str | None, str | None]:
+    """(prior, mask) when Piper's names mark the flow's input, else (None, None)."""
+    prior_read = [n.name.startswith(FLOW_PREFIX) for n in consumers.get(PRIOR_NAME, ())]
+    mask_read = [n.name.startswith(FLOW_PREFIX) for n in consumers.get(MASK_NAME, ())]
+    if (
+        PRIOR_NAME in producers
+        and MASK_NAME in producers
+        and prior_read
+        and all(prior_read)
+        and any(mask_read)
+    ):
+        return PRIOR_NAME, MASK_NAME
+    return None, None
 
 
 def _latent_by_name(consumers: dict[str, list[onnx.NodeProto]]) -> str | None:
@@ -137,8 +172,9 @@ def _frame_count(
 
 def split_model(
     model: onnx.ModelProto, voice_id: str
-) -> tuple[onnx.ModelProto, onnx.ModelProto, CutPoints]:
-    """(talker, vocoder, cut); both graphs pass onnx.checker. Mutates `model`'s value_info."""
+) -> tuple[onnx.ModelProto, onnx.ModelProto | None, onnx.ModelProto, CutPoints]:
+    """(encoder, flow or None, vocoder, cut); every graph passes onnx.checker. Mutates
+    `model`'s value_info."""
     cut = find_cut(model, voice_id)
     graph_inputs = {i.name for i in model.graph.input}
     missing = [name for name in TALKER_INPUTS if name not in graph_inputs]
@@ -152,23 +188,51 @@ def split_model(
     count_info = helper.make_tensor_value_info(
         cut.frame_count, onnx.TensorProto.INT64, ["batch_size"]
     )
-    kept = [v for v in model.graph.value_info if v.name not in (cut.latent, cut.frame_count)]
+    infos = [latent_info, count_info]
+    if cut.prior is not None and cut.mask is not None:
+        infos += [
+            helper.make_tensor_value_info(
+                cut.prior, onnx.TensorProto.FLOAT, ["batch_size", cut.channels, "frames"]
+            ),
+            helper.make_tensor_value_info(
+                cut.mask, onnx.TensorProto.FLOAT, ["batch_size", 1, "frames"]
+            ),
+        ]
+    declared = {info.name for info in infos}
+    kept = [v for v in model.graph.value_info if v.name not in declared]
     del model.graph.value_info[:]
-    model.graph.value_info.extend([*kept, latent_info, count_info])
+    model.graph.value_info.extend([*kept, *infos])
 
     extractor = onnx.utils.Extractor(model)
-    talker = extractor.extract_model(list(TALKER_INPUTS), [cut.latent, cut.frame_count])
     vocoder = extractor.extract_model([cut.latent], [AUDIO_OUTPUT])
-    _require_closed(talker, voice_id, "talker")
-    _require_closed(vocoder, voice_id, "vocoder")
-    for part, what in ((talker, "talker"), (vocoder, "vocoder")):
+    _check(vocoder, voice_id, "vocoder")
+    flow = None
+    if cut.prior is not None and cut.mask is not None:
+        encoder = extractor.extract_model(
+            list(TALKER_INPUTS), [cut.prior, cut.mask, cut.frame_count]
+        )
+        flow = extractor.extract_model([cut.prior, cut.mask], [cut.latent])
         try:
-            onnx.checker.check_model(part)
-        except onnx.checker.ValidationError as error:
-            raise GraphSplitError(
-                f"voice {voice_id!r}: the {what} graph is invalid: {error}"
-            ) from error
-    return talker, vocoder, cut
+            _check(encoder, voice_id, "encoder")
+            _check(flow, voice_id, "flow")
+        except GraphSplitError as error:  # the names lied: keep the talker whole
+            logger.info("voice %s: the flow is not cut off (%s)", voice_id, error)
+            flow = None
+            cut = CutPoints(cut.latent, cut.frame_count, cut.channels)
+    if flow is None:
+        encoder = extractor.extract_model(list(TALKER_INPUTS), [cut.latent, cut.frame_count])
+        _check(encoder, voice_id, "talker")
+    return encoder, flow, vocoder, cut
+
+
+def _check(part: onnx.ModelProto, voice_id: str, what: str) -> None:
+    _require_closed(part, voice_id, what)
+    try:
+        onnx.checker.check_model(part)
+    except onnx.checker.ValidationError as error:
+        raise GraphSplitError(
+            f"voice {voice_id!r}: the {what} graph is invalid: {error}"
+        ) from error
 
 
 def _require_closed(part: onnx.ModelProto, voice_id: str, what: str) -> None:
@@ -187,28 +251,35 @@ def _require_closed(part: onnx.ModelProto, voice_id: str, what: str) -> None:
 def load_split(
     model_path: str | Path, cache_dir: str | Path | None, voice_id: str, *, refresh: bool = False
 ) -> SplitGraphs:
-    """The voice's talker and vocoder graphs, cut once and cached by the model's sha256.
+    """The voice's encoder, flow and vocoder graphs, cut once and cached by the model's
+    sha256 (no flow file: the voice's flow is not cut off).
 
     `refresh` cuts again even when the cache has an entry (e.g. one that failed to load).
     """
     model_path = Path(model_path)
     folder = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / "piper-split"
     key = f"{file_sha256(model_path)}.v{SPLIT_VERSION}"
-    talker_path = folder / f"{key}.talker.onnx"
+    encoder_path = folder / f"{key}.encoder.onnx"
+    flow_path = folder / f"{key}.flow.onnx"
     vocoder_path = folder / f"{key}.vocoder.onnx"
-    if not refresh and talker_path.is_file() and vocoder_path.is_file():
+    if not refresh and encoder_path.is_file() and vocoder_path.is_file():
         logger.debug("voice %s: reusing cut graphs %s", voice_id, folder / key)
-        return SplitGraphs(talker_path, vocoder_path, cached=True)
+        flow = flow_path if flow_path.is_file() else None
+        return SplitGraphs(encoder_path, flow, vocoder_path, cached=True)
     try:
         model = onnx.load(str(model_path))
     except Exception as error:
         raise GraphSplitError(f"voice {voice_id!r}: cannot load {model_path}: {error}") from error
     make_length_scale_exact(model, voice_id)  # speed scales durations as asked
-    talker, vocoder, _ = split_model(model, voice_id)
+    encoder, flow, vocoder, _ = split_model(model, voice_id)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         _write_atomically(vocoder, vocoder_path)
-        _write_atomically(talker, talker_path)  # last: its presence marks a complete entry
+        if flow is not None:
+            _write_atomically(flow, flow_path)
+        else:
+            flow_path.unlink(missing_ok=True)
+        _write_atomically(encoder, encoder_path)  # last: its presence marks a complete entry
     except OSError as error:
         logger.warning(
             "voice %s: cannot cache the cut graphs in %s (%s); keeping them in memory",
@@ -216,9 +287,14 @@ def load_split(
             folder,
             error,
         )
-        return SplitGraphs(talker.SerializeToString(), vocoder.SerializeToString(), cached=False)
+        return SplitGraphs(
+            encoder.SerializeToString(),
+            None if flow is None else flow.SerializeToString(),
+            vocoder.SerializeToString(),
+            cached=False,
+        )
     logger.info("voice %s: cut graphs written to %s", voice_id, folder / key)
-    return SplitGraphs(talker_path, vocoder_path, cached=False)
+    return SplitGraphs(encoder_path, flow_path if flow is not None else None, vocoder_path, False)
 
 
 def _write_atomically(model: onnx.ModelProto, path: Path) -> None:
