@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import queue
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -98,8 +99,18 @@ def measure_layout(
         proc.start()
         procs.append(proc)
     try:
-        for _ in range(processes):
-            ready.get(timeout=load_timeout_s)
+        loaded, deadline_s = 0, time.monotonic() + load_timeout_s
+        while loaded < processes:
+            try:
+                ready.get(timeout=0.5)
+                loaded += 1
+            except queue.Empty:
+                dead = [p.exitcode for p in procs if p.exitcode is not None]
+                if dead or time.monotonic() > deadline_s:
+                    raise RuntimeError(
+                        f"machine limit: {processes - loaded} of {processes} processes did not "
+                        f"load the model (exit codes {dead})"
+                    ) from None
         start_at.value = time.time() + 0.2
         gate.set()
         outcomes = [results.get(timeout=seconds + load_timeout_s) for _ in range(processes)]

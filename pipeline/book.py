@@ -10,8 +10,9 @@ plain callables, so the book can be driven by a virtual clock as well.
 Two sets are kept incrementally, so that no turn scans every stream:
 
 - `ready_ids`: streams whose next chunk is planned, not empty and not parked (the
-  vocoder's candidates, in the order they became ready). Records whose frames or state
-  changed are marked dirty and re-planned by `refresh` at the start of a vocoder turn.
+  vocoder's candidates, in the order they became ready), less those whose chunk a
+  vocoder worker is decoding (`start_vocoding`). Records whose frames or state changed
+  are marked dirty and re-planned by `refresh` at the start of a vocoder turn.
 - the talker's candidates: streams with text waiting or a segment open.
 
 A stream's talker segment (`OpenSegment`) is opened, stepped and closed in the talker
@@ -133,6 +134,7 @@ class StreamBook:
         self.talker_queue = TalkerQueue(first_chunk_s)
         self._dirty: dict[str, StreamRecord] = {}  # chunk plan out of date
         self._ready: dict[str, None] = {}  # a non-empty chunk planned, not parked
+        self._vocoding: set[str] = set()  # their chunk is being decoded (start_vocoding)
         self._orphans: list[OpenSegment] = []  # segments of ended streams, to close
         self._submitted = 0
         self._talked_chars = 0
@@ -156,9 +158,13 @@ class StreamBook:
         return list(self._streams)
 
     @property
-    def ready_ids(self) -> KeysView[str]:
-        """Streams with a non-empty chunk planned (valid after `refresh`)."""
-        return self._ready.keys()
+    def ready_ids(self) -> KeysView[str] | list[str]:
+        """Streams with a non-empty chunk planned (valid after `refresh`) whose chunk no
+        vocoder worker is decoding."""
+        if not self._vocoding:
+            return self._ready.keys()
+        vocoding = self._vocoding
+        return [stream_id for stream_id in self._ready if stream_id not in vocoding]
 
     def talker_candidates(self) -> Iterator[TalkerCandidate]:
         """Streams that want talker work (parked ones left out)."""
@@ -236,6 +242,7 @@ class StreamBook:
             ("talker-candidates", self.talker_queue),
             ("dirty", self._dirty),
             ("ready", self._ready),
+            ("vocoding", self._vocoding),
         ):
             if stream_id in index:
                 places.append(name)
@@ -353,6 +360,8 @@ class StreamBook:
         dirty = self._dirty
         while dirty:
             stream_id, record = dirty.popitem()
+            if stream_id in self._vocoding:  # re-planned once its chunk is committed
+                continue
             chunk = self._plan(record)
             record.chunk = chunk
             if chunk is None or record.sender.parked:
@@ -362,6 +371,11 @@ class StreamBook:
                 self._commit(record, chunk)
             else:
                 self._ready[stream_id] = None
+
+    def start_vocoding(self, record: StreamRecord) -> None:
+        """A vocoder worker took the stream's chunk: no worker takes the stream again until
+        the chunk is committed (`emit`) or the stream ends."""
+        self._vocoding.add(record.stream.id)
 
     def emit(
         self, record: StreamRecord, chunk: Chunk, pcm: np.ndarray, emitted_at_s: float
@@ -480,6 +494,7 @@ class StreamBook:
     def _commit(self, record: StreamRecord, chunk: Chunk) -> None:
         """The chunk left (or, empty, needed no decode): advance the planner, free frames."""
         self.planner.commit(record.stream.id, chunk)
+        self._vocoding.discard(record.stream.id)
         record.frames.emitted(
             chunk.stop - chunk.start, free_before=chunk.stop - self._left_context_frames
         )
@@ -517,6 +532,7 @@ class StreamBook:
         self.talker_queue.remove(stream_id)
         self._dirty.pop(stream_id, None)
         self._ready.pop(stream_id, None)
+        self._vocoding.discard(stream_id)
         opened = record.talking
         if opened is not None:
             record.talking = None

@@ -87,10 +87,14 @@ class NormalizeConfig:
 
 @dataclass(frozen=True)
 class VocoderConfig:
-    intra_op_threads: int = 1  # ONNX Runtime threads inside the vocoder's one worker thread
+    intra_op_threads: int = 1  # ONNX Runtime threads inside each vocoder worker thread
+    # vocoder turns decoded side by side, each in its own thread, where the backend's vocode
+    # calls may overlap (`concurrent_vocode_calls`: Piper; the sim and codec LM run one)
+    workers: int = 2
 
     def __post_init__(self) -> None:
         check_int("intra_op_threads", self.intra_op_threads, 1)
+        check_int("workers", self.workers, 1)
 
 
 @dataclass(frozen=True)
