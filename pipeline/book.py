@@ -136,6 +136,7 @@ class StreamBook:
         self._ready: dict[str, None] = {}  # a non-empty chunk planned, not parked
         self._vocoding: set[str] = set()  # their chunk is being decoded (start_vocoding)
         self._orphans: list[OpenSegment] = []  # segments of ended streams, to close
+        self._talker_waits_on_vocoder = False  # the talker's last plan was empty (run-ahead)
         self._submitted = 0
         self._talked_chars = 0
         self._talked_audio_s = 0.0  # at speed 1
@@ -175,7 +176,11 @@ class StreamBook:
     def plan_talker(self, now_s: float, order: TalkerOrderConfig) -> TalkerPlan:
         """The streams for the next talker step (scheduling.TalkerQueue's plan; parked
         streams and those a talker lane is stepping pass)."""
-        return self.talker_queue.plan(now_s, order, skip=self._busy)
+        plan = self.talker_queue.plan(now_s, order, skip=self._busy)
+        # an idle talker that may run ahead waits on the vocoder: a stream with more than
+        # the mark's worth of frames not yet vocoded may run ahead again after a chunk
+        self._talker_waits_on_vocoder = order.run_ahead and not plan.step_ids
+        return plan
 
     def plan_first_audio_talker(self, now_s: float, order: TalkerOrderConfig) -> tuple[str, ...]:
         """Streams with no audio yet, for a second talker lane."""
@@ -400,6 +405,9 @@ class StreamBook:
         self._commit(record, chunk)
         if self.is_live(record):
             self._update_candidate(record)
+            if self._talker_waits_on_vocoder and (record.text or record.talking is not None):
+                self._talker_waits_on_vocoder = False
+                self._wakes.talker()  # its frames waiting for the vocoder went down
 
     def is_live(self, record: StreamRecord) -> bool:
         return self._records.get(record.stream.id) is record

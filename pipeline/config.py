@@ -41,6 +41,8 @@ class TalkerConfig:
     # where the backend's steps may run side by side (Piper)
     urgent_lane: bool = True
     high_water_s: float = 8.0  # a stream this many seconds of audio ahead gets no talker work
+    # ... unless the talker would otherwise idle (work-conserving; scheduling/talker.py)
+    run_ahead: bool = True
     first_fragment_words: int = 6  # a first sentence longer than this is cut early
     max_segment_chars: int = 300  # sentences longer than this split at clause boundaries
     # no segment has more estimated phonemes than this (pipeline/text.py's proxy)
@@ -53,6 +55,7 @@ class TalkerConfig:
         check_int("batch", self.batch, 1)
         check_bool("urgent_lane", self.urgent_lane)
         check_positive("high_water_s", self.high_water_s)
+        check_bool("run_ahead", self.run_ahead)
         check_int("first_fragment_words", self.first_fragment_words, 0)
         check_int("max_segment_chars", self.max_segment_chars, 20)
         check_int("max_segment_phonemes", self.max_segment_phonemes, 20)
