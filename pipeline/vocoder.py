@@ -172,7 +172,7 @@ class Vocoder:
 class _BusyTime:
     """The union of the workers' recorded call intervals, as each call ends: `add` says
     how much of a call's interval no earlier recorded call covered (with one worker:
-    all of it). Calls end in any order; a few recent intervals are kept."""
+    all of it). Calls end in any order; the most recent intervals are kept."""
 
     _KEEP = 32
 
@@ -182,16 +182,21 @@ class _BusyTime:
     def add(self, started_s: float, finished_s: float) -> float:
         if finished_s <= started_s:
             return 0.0
-        covered = 0.0
-        merged_start, merged_stop = started_s, finished_s
-        kept: list[tuple[float, float]] = []
-        for start, stop in self._intervals:
-            if stop < started_s or start > finished_s:
-                kept.append((start, stop))
+        intervals = self._intervals
+        first = len(intervals)  # the intervals from here on end at or after started_s
+        while first > 0 and intervals[first - 1][1] >= started_s:
+            first -= 1
+        covered, low, high = 0.0, started_s, finished_s
+        later: list[tuple[float, float]] = []  # start after this call ended
+        for start, stop in intervals[first:]:
+            if start > finished_s:
+                later.append((start, stop))
                 continue
             covered += min(stop, finished_s) - max(start, started_s)
-            merged_start, merged_stop = min(merged_start, start), max(merged_stop, stop)
-        kept.append((merged_start, merged_stop))
-        kept.sort()
-        self._intervals = kept[-self._KEEP :]
+            low, high = min(low, start), max(high, stop)
+        del intervals[first:]
+        intervals.append((low, high))
+        intervals.extend(later)
+        if len(intervals) > 2 * self._KEEP:
+            del intervals[: -self._KEEP]
         return finished_s - started_s - covered
