@@ -27,7 +27,7 @@ import logging
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator, KeysView
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -136,7 +136,8 @@ class StreamBook:
         self._ready: dict[str, None] = {}  # a non-empty chunk planned, not parked
         self._vocoding: set[str] = set()  # their chunk is being decoded (start_vocoding)
         self._orphans: list[OpenSegment] = []  # segments of ended streams, to close
-        self._talker_waits_on_vocoder = False  # the talker's last plan was empty (run-ahead)
+        self._talker_waits_on_vocoder = False  # the talker's last plan was empty
+        self._paced_order: tuple[TalkerOrderConfig, TalkerOrderConfig] | None = None
         self._submitted = 0
         self._talked_chars = 0
         self._talked_audio_s = 0.0  # at speed 1
@@ -176,11 +177,31 @@ class StreamBook:
     def plan_talker(self, now_s: float, order: TalkerOrderConfig) -> TalkerPlan:
         """The streams for the next talker step (scheduling.TalkerQueue's plan; parked
         streams and those a talker lane is stepping pass)."""
+        run_ahead = order.run_ahead
+        if run_ahead and not self._vocoder_idle():
+            # run ahead only when the machine would otherwise idle: the vocoder shares the
+            # CPU, and a chunk it has waiting is more urgent than any talk ahead of the mark
+            order = self._paced(order)
         plan = self.talker_queue.plan(now_s, order, skip=self._busy)
-        # an idle talker that may run ahead waits on the vocoder: a stream with more than
-        # the mark's worth of frames not yet vocoded may run ahead again after a chunk
-        self._talker_waits_on_vocoder = order.run_ahead and not plan.step_ids
+        # an idle talker that may run ahead waits on the vocoder: it is woken once the
+        # vocoder has no chunk waiting (start_vocoding, emit)
+        self._talker_waits_on_vocoder = run_ahead and not plan.step_ids
         return plan
+
+    def _vocoder_idle(self) -> bool:
+        """No chunk is ready that no vocoder worker has taken (as of the last refresh)."""
+        return len(self._ready) == len(self._vocoding)
+
+    def _paced(self, order: TalkerOrderConfig) -> TalkerOrderConfig:
+        if self._paced_order is None or self._paced_order[0] is not order:
+            self._paced_order = (order, replace(order, run_ahead=False))
+        return self._paced_order[1]
+
+    def _wake_idle_talker(self) -> None:
+        """The talker waits for the vocoder to have nothing waiting: wake it now if so."""
+        if self._talker_waits_on_vocoder and self._vocoder_idle():
+            self._talker_waits_on_vocoder = False
+            self._wakes.talker()
 
     def plan_first_audio_talker(self, now_s: float, order: TalkerOrderConfig) -> tuple[str, ...]:
         """Streams with no audio yet, for a second talker lane."""
@@ -376,11 +397,13 @@ class StreamBook:
                 self._commit(record, chunk)
             else:
                 self._ready[stream_id] = None
+        self._wake_idle_talker()  # the vocoder may have nothing waiting now
 
     def start_vocoding(self, record: StreamRecord) -> None:
         """A vocoder worker took the stream's chunk: no worker takes the stream again until
         the chunk is committed (`emit`) or the stream ends."""
         self._vocoding.add(record.stream.id)
+        self._wake_idle_talker()  # it may have been the last chunk waiting
 
     def emit(
         self, record: StreamRecord, chunk: Chunk, pcm: np.ndarray, emitted_at_s: float
@@ -405,9 +428,7 @@ class StreamBook:
         self._commit(record, chunk)
         if self.is_live(record):
             self._update_candidate(record)
-            if self._talker_waits_on_vocoder and (record.text or record.talking is not None):
-                self._talker_waits_on_vocoder = False
-                self._wakes.talker()  # its frames waiting for the vocoder went down
+            self._wake_idle_talker()  # frames waiting for the vocoder went down
 
     def is_live(self, record: StreamRecord) -> bool:
         return self._records.get(record.stream.id) is record

@@ -6,8 +6,8 @@ what holds here holds for the engine's decisions:
 
 - an idle server's long text is done in a fraction of its audio's duration (the talker
   no longer waits for playback to catch up with the high-water mark);
-- under overload a stream under the mark always takes the talker step before any stream
-  above it runs ahead.
+- a stream above the mark runs ahead only when no stream under it could take the step
+  and the vocoder has no chunk waiting: under overload nobody runs ahead.
 """
 
 from __future__ import annotations
@@ -85,11 +85,13 @@ def test_without_run_ahead_the_mark_paces_an_idle_stream_at_real_time() -> None:
 def test_under_overload_streams_under_the_mark_always_step_first(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Every talker plan of an overloaded replica is checked against the book's own
-    candidates: a stream above the mark steps only when none under it could."""
+    """Every talker plan of an overloaded, then draining, replica is checked against the
+    book's own candidates: a stream above the mark steps only when none under it could and
+    the vocoder had nothing waiting."""
     plans = {"run_ahead": 0, "paced": 0}
 
     def checked(book: StreamBook, now_s: float, order: TalkerOrderConfig) -> TalkerPlan:
+        vocoder_idle = book._vocoder_idle()
         plan = book.plan_talker(now_s, order)
         candidates = {c.stream_id: c for c in book.talker_candidates()}
         under = [
@@ -100,6 +102,7 @@ def test_under_overload_streams_under_the_mark_always_step_first(
         above = [sid for sid in plan.step_ids if talker_key(candidates[sid], now_s, order) is None]
         if above:
             assert not under, (now_s, plan.step_ids, under)
+            assert vocoder_idle, (now_s, plan.step_ids)  # no chunk was waiting either
             plans["run_ahead"] += 1
         elif plan.step_ids:
             plans["paced"] += 1
@@ -107,9 +110,10 @@ def test_under_overload_streams_under_the_mark_always_step_first(
 
     monkeypatch.setattr(sim_replica, "plan_talker", checked)
     texts = load_corpus()
-    # 3 x C streams: 9 at once, then one more every 0.4 s for 20 s
-    arrivals = [Arrival(0.0, texts[i % len(texts)]) for i in range(9)]
-    arrivals += [Arrival(0.4 * i, texts[(9 + i) % len(texts)]) for i in range(1, 50)]
+    # an overload (18 streams at once, ~2 x C), then one more every 1.5 s for a minute:
+    # under the overload nobody runs ahead; as it drains, steps run ahead between arrivals
+    arrivals = [Arrival(0.0, texts[i % len(texts)]) for i in range(18)]
+    arrivals += [Arrival(1.5 * i, texts[(18 + i) % len(texts)]) for i in range(1, 40)]
     run = run_script(SETUP, arrivals)
     assert all(stream_id is not None for stream_id in run.stream_ids)
     assert plans["run_ahead"] > 0 and plans["paced"] > 0, plans
