@@ -21,12 +21,14 @@ key, smallest first:
 
 Work-conserving (`run_ahead`, on by default): when no stream under the mark wants the
 step, so that the talker would otherwise idle, the step goes to the streams above it
-instead, by the same key, most urgent first; only streams with at most `high_water_s` of
-audio produced but not yet vocoded run ahead, which bounds the frames waiting for the
-vocoder per stream (the unread audio behind the vocoder is bounded by the audio channel's
-cap, which parks a stream). Under load a stream under the mark always goes first, and the
-mark paces every stream as before; on an idle server a long text runs at the machine's
-speed, not its playback's.
+instead, by the same key, most urgent first (the engine's book passes `run_ahead=False`
+while the vocoder has a chunk waiting: on a CPU the two share the cores); only streams
+with at most `high_water_s` of audio produced but not yet vocoded run ahead, which
+bounds the frames waiting for the vocoder per stream (the unread audio behind the
+vocoder is bounded by the audio channel's cap, which parks a stream). Under load a
+stream under the mark always goes first, the vocoder has chunks waiting, and the mark
+paces every stream as before; on an idle server a long text runs at the machine's speed,
+not its playback's.
 
 Pure: plain numbers in, a `TalkerPlan` out; the clock is passed in.
 """
