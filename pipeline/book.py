@@ -185,7 +185,9 @@ class StreamBook:
         plan = self.talker_queue.plan(now_s, order, skip=self._busy)
         # an idle talker that may run ahead waits on the vocoder: it is woken once the
         # vocoder has no chunk waiting (start_vocoding, emit)
-        self._talker_waits_on_vocoder = run_ahead and not plan.step_ids
+        self._talker_waits_on_vocoder = (
+            run_ahead and not plan.step_ids and len(self.talker_queue) > 0
+        )
         return plan
 
     def _vocoder_idle(self) -> bool:
