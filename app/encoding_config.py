@@ -24,6 +24,7 @@ OGG_PAGE_RANGE_MS = (5, 1000)
 RESAMPLE_QUALITIES = ("QQ", "LQ", "MQ", "HQ", "VHQ")
 # 1 s of audio takes ~10-14 ms to encode as mp3: more than that on the event loop stalls it.
 MAX_INLINE_ENCODE_S = 1.0
+MAX_ENCODER_THREADS = 64
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,10 @@ class EncodingConfig:
     resample_quality: str = "HQ"  # soxr recipe when the output rate differs from the voice's
     # Chunks up to this much audio are encoded on the event loop, longer ones in a thread.
     inline_encode_max_s: float = 0.1
+    # Threads of the encoders' own pool (not asyncio's default pool of up to cores + 4
+    # threads): a chunk is a few ms of work at most, and fewer encoder threads leave the
+    # cores to the talker and vocoder threads, whose turns the players wait on.
+    encoder_threads: int = 1
 
     def __post_init__(self) -> None:
         check_int_in("mp3_bitrate_bps", self.mp3_bitrate_bps, MP3_BITRATE_RANGE_BPS, "b/s")
@@ -52,6 +57,7 @@ class EncodingConfig:
             "s",
             note="0: always a worker thread",
         )
+        check_int_in("encoder_threads", self.encoder_threads, (1, MAX_ENCODER_THREADS))
 
 
 DEFAULT_ENCODING = EncodingConfig()

@@ -200,6 +200,7 @@ async def create_speech(request: Request, state: StateDep) -> Response:
         sse=sse,
         input_chars=len(text),
         inline_encode_max_s=state.settings.encoding.inline_encode_max_s,
+        encoder_threads=state.encoder_threads,
     )
     try:
         await start_unless_client_gone(request, body)

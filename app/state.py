@@ -24,6 +24,7 @@ from fastapi import Depends, FastAPI, Request
 from app.errors import ServiceUnavailable
 from app.metrics import Metrics
 from app.settings import Settings
+from app.streaming import EncoderThreads
 from pipeline import Backend, Engine
 
 logger = logging.getLogger("playhead.app")
@@ -45,6 +46,8 @@ class AppState:
         self.load_error: str | None = None
         self._backend_factory = backend_factory
         self._loaded: asyncio.Event | None = None
+        # the encoders' own threads (app/streaming.py)
+        self.encoder_threads = EncoderThreads(settings.encoding.encoder_threads)
 
     @property
     def backend(self) -> Backend | None:
@@ -112,6 +115,7 @@ class AppState:
                 admission=s.admission,
                 engine=s.engine,
                 talker=s.talker,
+                vocoder=s.vocoder,
                 events=self.metrics,
             )
             await engine.start()
@@ -135,6 +139,7 @@ class AppState:
             self._loaded.set()
 
     async def shutdown(self) -> None:
+        self.encoder_threads.close()
         engine, self.engine = self.engine, None
         if engine is not None:
             try:

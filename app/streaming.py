@@ -10,7 +10,10 @@ flac ~0.7 ms, wav/pcm ~0.2 ms. PyAV and soxr release the GIL while they work (a 
 encoding 20 s of mp3 left the loop thread gaps of at most 0.4 ms), so a chunk longer than
 `encoding.inline_encode_max_s` (default 0.1 s: < ~1.5 ms of work) is encoded in a worker
 thread and the event loop, which also runs the engine's loops, is never blocked for more
-than about a millisecond by an encoder.
+than about a millisecond by an encoder. The worker threads are the encoders' own small
+pool (`EncoderThreads`, `encoding.encoder_threads`, default 1), not asyncio's default
+pool: encoding is a small share of the work, and on a 2-core machine every extra
+runnable thread takes CPU from the talker and vocoder threads whose turns players wait on.
 """
 
 from __future__ import annotations
@@ -18,10 +21,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import json
 import logging
 import threading
 from collections.abc import AsyncGenerator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from typing import Any
 
@@ -38,6 +43,28 @@ from pipeline import Engine, PipelineError, Stream
 logger = logging.getLogger("playhead.app")
 
 SSE_CONTENT_TYPE = "text/event-stream"
+ENCODER_THREAD_PREFIX = "playhead-encoder"
+
+
+class EncoderThreads:
+    """The encoders' thread pool (see the module doc); started on first use, and again
+    after `close` (an app whose lifespan runs twice)."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self._pool: ThreadPoolExecutor | None = None
+
+    async def run(self, fn: Callable[..., bytes], /, *args: Any) -> bytes:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix=ENCODER_THREAD_PREFIX)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, functools.partial(fn, *args))
+
+    def close(self) -> None:
+        """Let the calls in flight end on their own; later calls start a new pool."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)
 
 
 def sse_event(payload: dict[str, Any]) -> bytes:
@@ -89,7 +116,10 @@ class SpeechBody:
         sse: bool,
         input_chars: int,
         inline_encode_max_s: float = DEFAULT_ENCODING.inline_encode_max_s,
+        encoder_threads: EncoderThreads | None = None,
     ) -> None:
+        """`encoder_threads`: where chunks too long to encode inline go (None: asyncio's
+        default pool)."""
         self._engine = engine
         self._stream = stream
         self._encoder = encoder
@@ -97,6 +127,7 @@ class SpeechBody:
         self._input_chars = input_chars
         # chunks of at most this many samples are encoded on the event loop
         self._inline_max_samples = inline_encode_max_s * stream.sample_rate_hz
+        self._threads = encoder_threads
         self._chunks = stream.chunks()
         self._first: np.ndarray | None = None
         self._lock = threading.Lock()  # one encoder call at a time, close included
@@ -124,6 +155,8 @@ class SpeechBody:
     async def _encode(self, pcm: np.ndarray) -> bytes:
         if pcm.size <= self._inline_max_samples:
             return self._call_encoder(self._encoder.encode, pcm)
+        if self._threads is not None:
+            return await self._threads.run(self._call_encoder, self._encoder.encode, pcm)
         return await asyncio.to_thread(self._call_encoder, self._encoder.encode, pcm)
 
     async def _pcm(self) -> AsyncGenerator[np.ndarray, None]:

@@ -362,6 +362,7 @@ class Replica:
             assert record is not None, "a ready stream is a live stream"
             chunk = record.chunk
             assert chunk is not None and not chunk.empty
+            book.start_vocoding(record)
             batch.append((record, chunk))
             decoded += chunk.context_stop - chunk.context_start
         cost_s = vocoder_cost_s(self.setup.sim, decoded, len(batch))

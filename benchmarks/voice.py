@@ -15,13 +15,17 @@ own HTTP server, in one run on this machine.
    that never wait (next request at the last byte) gets from fifo with no window and no
    admission. Then the policy comparison of benchmarks/bench.py (fifo K=0, fifo K,
    edf K, edf K + admission with K=1, the CPU setting; plus edf K=4 for contrast) at
-   N = 10 (the target) and 1 and 1.5 x C.
+   N = 10 (the target) and 1 and 1.5 x C. Right after C, the machine's limit
+   (benchmarks/voice_limit.py: piper's whole model in one single-thread process per core,
+   and in one process with a thread per core; the better counts) on the same texts, and
+   C / limit.
 4. benchmarks/results/voice-<timestamp>/: results.json, table.md, plots, server logs;
    copied to benchmarks/results/voice-latest.json and benchmarks/results/voice-latest/.
 
 Every figure comes from the client side (benchmarks/player.py): the server is never asked
 how it did. RTF = (last byte - request sent) / audio duration: lower is faster.
 results.json: {"machine", "date", "backend", "voice", "capacity_audio_s_per_s",
+"machine_limit" ({"audio_s_per_s", "layout", "runs", "capacity_ratio"} or null),
 "single_stream": {server: {"short"|"long": row}}, "concurrency": {server: [row]},
 "runs": [policy rows as in benchmarks/bench.py], "targets", ...}; a row is a
 benchmarks.player.Summary (as_dict) plus streams, stall_free_streams, ttfa_ms, errors.
@@ -61,6 +65,7 @@ from benchmarks.player import Outcome
 from benchmarks.report import publish_latest, stall_free_capacity
 from benchmarks.seams import TARGET_DB as SEAM_TARGET_DB
 from benchmarks.seams import default_sweep
+from benchmarks.voice_limit import LimitRun, measure_limit
 from benchmarks.voice_peer import PEER_DRAIN_TIMEOUT_S, PEER_OPTIONS, peer_request, piper_server
 from benchmarks.voice_report import write_voice_report
 from pipeline.backends.piper import bundled_model_path
@@ -244,6 +249,33 @@ def seam_figures(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def machine_limit(args: argparse.Namespace, texts: Sequence[str]) -> dict[str, Any]:
+    """The machine's limit on this voice (benchmarks/voice_limit.py): piper's whole model in
+    one single-thread process per core (and one process with a thread per core; the best
+    layout counts), audio seconds per wall second, over the load's own texts."""
+    best, runs = measure_limit(texts, seconds=args.limit_seconds)
+    for run in runs:
+        _log(f"limit layout {run.layout} (processes x threads): {_limit_line(run)}")
+    return {"audio_s_per_s": best.audio_s_per_s, "layout": best.layout,
+            "runs": [r.as_dict() for r in runs]}  # fmt: skip
+
+
+def _limit_line(run: LimitRun) -> str:
+    return f"{run.audio_s_per_s:.2f} audio s per s ({run.audio_s:.0f} s in {run.wall_s:.1f} s)"
+
+
+def capacity_vs_limit(capacity: float, limit: dict[str, Any] | None) -> dict[str, Any] | None:
+    """C, the limit and C / limit, logged in one line."""
+    if limit is None:
+        return None
+    ratio = capacity / limit["audio_s_per_s"] if limit["audio_s_per_s"] > 0 else 0.0
+    _log(
+        f"C = {capacity:.2f}, limit = {limit['audio_s_per_s']:.2f} ({limit['layout']}): "
+        f"C / limit = {ratio:.2f}"
+    )
+    return {**limit, "capacity_audio_s_per_s": capacity, "capacity_ratio": ratio}
+
+
 def all_stall_free(rows: Sequence[dict[str, Any]]) -> int:
     """The largest N at which every measured stream played without a stall (>= 10 ms)
     and nothing was rejected; 0 if none."""
@@ -312,6 +344,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help="smoke run (~2 min)")
     parser.add_argument("--no-peer", action="store_true", help="skip piper's server")
     parser.add_argument("--no-policies", action="store_true", help="skip C and the policies")
+    parser.add_argument(
+        "--limit-seconds", type=float, default=8.0, help="machine limit: seconds per layout"
+    )
+    parser.add_argument("--no-limit", action="store_true", help="skip the machine's limit")
     return parser
 
 
@@ -320,6 +356,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.quick:  # one point per policy, short texts (~5 s of audio at most)
         args.requests, args.counts, args.duration, args.max_text_chars = 4, "1,4", 6.0, 90
         args.capacity_duration, args.factors, args.policy_duration = 6.0, "1", 5.0
+        args.limit_seconds = 4.0
         args.policy_counts = ""
     args.counts = number_list(args.counts, int)
     args.policy_counts = number_list(args.policy_counts, int)
@@ -333,10 +370,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     single[PLAYHEAD], concurrency[PLAYHEAD] = bench.playhead()
     if not args.no_peer:
         single[PIPER], concurrency[PIPER] = bench.piper()
-    capacity, n_sat, capacity_run, runs = 0.0, 0, None, []
+    capacity, n_sat, capacity_run, runs, limit = 0.0, 0, None, [], None
     if not args.no_policies:
         capacity, n_sat, capacity_run = bench.capacity()
         _log(f"C = {capacity:.2f} audio s per s (fifo K=0, no admission, {n_sat} clients)")
+        if not args.no_limit:  # right after C, on the same texts
+            limit = capacity_vs_limit(capacity, machine_limit(args, bench.plan.texts))
         runs = bench.policies(capacity)
 
     results: dict[str, Any] = {
@@ -357,6 +396,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             [capacity, *(float(r["xrt"]) for r in [*runs, *concurrency[PLAYHEAD]])]
         ),
         "capacity_run": capacity_run,
+        "machine_limit": limit,
         "single_stream": single,
         "concurrency": concurrency,
         "runs": runs,

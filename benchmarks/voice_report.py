@@ -161,9 +161,23 @@ def plot_single_ttfa(results: Mapping[str, Any], path: Path) -> None:
     save_figure(fig, path, [ax], legend_fontsize=7)
 
 
+def limit_line(results: Mapping[str, Any]) -> str:
+    """C against the machine's limit (benchmarks/voice_limit.py), one line; '' if unmeasured."""
+    limit = results.get("machine_limit")
+    if not limit:
+        return ""
+    layouts = ", ".join(f"{r['layout']}: {r['audio_s_per_s']:.2f}" for r in limit["runs"])
+    return (
+        f"Capacity against the machine's limit: C = {limit['capacity_audio_s_per_s']:.2f} audio "
+        f"s per s; limit = {limit['audio_s_per_s']:.2f} (piper's whole model, best layout "
+        f"{limit['layout']} processes x threads; {layouts}); C / limit = "
+        f"{limit['capacity_ratio']:.2f}.\n"
+    )
+
+
 def write_voice_report(results: Mapping[str, Any], out_dir: Path) -> str:
     """results.json, table.md and every plot into `out_dir`; returns the table."""
-    table = voice_tables(results)
+    table = voice_tables(results) + limit_line(results)
     if results["runs"]:
         write_report(results, out_dir)  # results.json, the policy table and plots
         table += "\nPolicy comparison on the real voice:\n\n" + markdown_table(results)

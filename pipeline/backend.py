@@ -22,7 +22,9 @@ A backend whose talker steps may run side by side in two threads (each step work
 its own segments, no state shared between them) says so with a class attribute
 `concurrent_talker_steps = True`; the engine then gives the talker a second lane for
 streams' first segments (see pipeline/talker.py). Without it, every talker call runs in
-one thread.
+one thread. Likewise `concurrent_vocode_calls = True` says that `vocode` may run in
+several threads at once; the engine then runs `vocoder.workers` vocoder turns side by
+side (see pipeline/vocoder.py).
 
 Errors: an exception from `open_segment` fails that one stream; one from `step` fails
 the streams of that step; one from `vocode` fails the streams of that turn. The engine's

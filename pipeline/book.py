@@ -10,8 +10,9 @@ plain callables, so the book can be driven by a virtual clock as well.
 Two sets are kept incrementally, so that no turn scans every stream:
 
 - `ready_ids`: streams whose next chunk is planned, not empty and not parked (the
-  vocoder's candidates, in the order they became ready). Records whose frames or state
-  changed are marked dirty and re-planned by `refresh` at the start of a vocoder turn.
+  vocoder's candidates, in the order they became ready), less those whose chunk a
+  vocoder worker is decoding (`start_vocoding`). Records whose frames or state changed
+  are marked dirty and re-planned by `refresh` at the start of a vocoder turn.
 - the talker's candidates: streams with text waiting or a segment open.
 
 A stream's talker segment (`OpenSegment`) is opened, stepped and closed in the talker
@@ -26,7 +27,7 @@ import logging
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator, KeysView
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -133,7 +134,10 @@ class StreamBook:
         self.talker_queue = TalkerQueue(first_chunk_s)
         self._dirty: dict[str, StreamRecord] = {}  # chunk plan out of date
         self._ready: dict[str, None] = {}  # a non-empty chunk planned, not parked
+        self._vocoding: set[str] = set()  # their chunk is being decoded (start_vocoding)
         self._orphans: list[OpenSegment] = []  # segments of ended streams, to close
+        self._talker_waits_on_vocoder = False  # the talker's last plan was empty
+        self._paced_order: tuple[TalkerOrderConfig, TalkerOrderConfig] | None = None
         self._submitted = 0
         self._talked_chars = 0
         self._talked_audio_s = 0.0  # at speed 1
@@ -156,9 +160,13 @@ class StreamBook:
         return list(self._streams)
 
     @property
-    def ready_ids(self) -> KeysView[str]:
-        """Streams with a non-empty chunk planned (valid after `refresh`)."""
-        return self._ready.keys()
+    def ready_ids(self) -> KeysView[str] | list[str]:
+        """Streams with a non-empty chunk planned (valid after `refresh`) whose chunk no
+        vocoder worker is decoding."""
+        if not self._vocoding:
+            return self._ready.keys()
+        vocoding = self._vocoding
+        return [stream_id for stream_id in self._ready if stream_id not in vocoding]
 
     def talker_candidates(self) -> Iterator[TalkerCandidate]:
         """Streams that want talker work (parked ones left out)."""
@@ -169,7 +177,33 @@ class StreamBook:
     def plan_talker(self, now_s: float, order: TalkerOrderConfig) -> TalkerPlan:
         """The streams for the next talker step (scheduling.TalkerQueue's plan; parked
         streams and those a talker lane is stepping pass)."""
-        return self.talker_queue.plan(now_s, order, skip=self._busy)
+        run_ahead = order.run_ahead
+        if run_ahead and not self._vocoder_idle():
+            # run ahead only when the machine would otherwise idle: the vocoder shares the
+            # CPU, and a chunk it has waiting is more urgent than any talk ahead of the mark
+            order = self._paced(order)
+        plan = self.talker_queue.plan(now_s, order, skip=self._busy)
+        # an idle talker that may run ahead waits on the vocoder: it is woken once the
+        # vocoder has no chunk waiting (start_vocoding, emit)
+        self._talker_waits_on_vocoder = (
+            run_ahead and not plan.step_ids and len(self.talker_queue) > 0
+        )
+        return plan
+
+    def _vocoder_idle(self) -> bool:
+        """No chunk is ready that no vocoder worker has taken (as of the last refresh)."""
+        return len(self._ready) == len(self._vocoding)
+
+    def _paced(self, order: TalkerOrderConfig) -> TalkerOrderConfig:
+        if self._paced_order is None or self._paced_order[0] is not order:
+            self._paced_order = (order, replace(order, run_ahead=False))
+        return self._paced_order[1]
+
+    def _wake_idle_talker(self) -> None:
+        """The talker waits for the vocoder to have nothing waiting: wake it now if so."""
+        if self._talker_waits_on_vocoder and self._vocoder_idle():
+            self._talker_waits_on_vocoder = False
+            self._wakes.talker()
 
     def plan_first_audio_talker(self, now_s: float, order: TalkerOrderConfig) -> tuple[str, ...]:
         """Streams with no audio yet, for a second talker lane."""
@@ -236,6 +270,7 @@ class StreamBook:
             ("talker-candidates", self.talker_queue),
             ("dirty", self._dirty),
             ("ready", self._ready),
+            ("vocoding", self._vocoding),
         ):
             if stream_id in index:
                 places.append(name)
@@ -353,6 +388,8 @@ class StreamBook:
         dirty = self._dirty
         while dirty:
             stream_id, record = dirty.popitem()
+            if stream_id in self._vocoding:  # re-planned once its chunk is committed
+                continue
             chunk = self._plan(record)
             record.chunk = chunk
             if chunk is None or record.sender.parked:
@@ -362,6 +399,13 @@ class StreamBook:
                 self._commit(record, chunk)
             else:
                 self._ready[stream_id] = None
+        self._wake_idle_talker()  # the vocoder may have nothing waiting now
+
+    def start_vocoding(self, record: StreamRecord) -> None:
+        """A vocoder worker took the stream's chunk: no worker takes the stream again until
+        the chunk is committed (`emit`) or the stream ends."""
+        self._vocoding.add(record.stream.id)
+        self._wake_idle_talker()  # it may have been the last chunk waiting
 
     def emit(
         self, record: StreamRecord, chunk: Chunk, pcm: np.ndarray, emitted_at_s: float
@@ -386,6 +430,7 @@ class StreamBook:
         self._commit(record, chunk)
         if self.is_live(record):
             self._update_candidate(record)
+            self._wake_idle_talker()  # frames waiting for the vocoder went down
 
     def is_live(self, record: StreamRecord) -> bool:
         return self._records.get(record.stream.id) is record
@@ -480,6 +525,7 @@ class StreamBook:
     def _commit(self, record: StreamRecord, chunk: Chunk) -> None:
         """The chunk left (or, empty, needed no decode): advance the planner, free frames."""
         self.planner.commit(record.stream.id, chunk)
+        self._vocoding.discard(record.stream.id)
         record.frames.emitted(
             chunk.stop - chunk.start, free_before=chunk.stop - self._left_context_frames
         )
@@ -517,6 +563,7 @@ class StreamBook:
         self.talker_queue.remove(stream_id)
         self._dirty.pop(stream_id, None)
         self._ready.pop(stream_id, None)
+        self._vocoding.discard(stream_id)
         opened = record.talking
         if opened is not None:
             record.talking = None

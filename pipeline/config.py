@@ -42,6 +42,8 @@ class TalkerConfig:
     # where the backend's steps may run side by side (Piper)
     urgent_lane: bool = True
     high_water_s: float = 8.0  # a stream this many seconds of audio ahead gets no talker work
+    # ... unless the talker would otherwise idle (work-conserving; scheduling/talker.py)
+    run_ahead: bool = True
     # a first sentence longer than this is cut at its first clause end, if that comes
     # within this many words (0: never; docs/text.md)
     first_fragment_words: int = 13
@@ -57,6 +59,7 @@ class TalkerConfig:
         check_int("batch", self.batch, 1)
         check_bool("urgent_lane", self.urgent_lane)
         check_positive("high_water_s", self.high_water_s)
+        check_bool("run_ahead", self.run_ahead)
         check_int("first_fragment_words", self.first_fragment_words, 0)
         check_int("max_segment_chars", self.max_segment_chars, 20)
         check_int("max_segment_phonemes", self.max_segment_phonemes, 20)
@@ -91,10 +94,14 @@ class NormalizeConfig:
 
 @dataclass(frozen=True)
 class VocoderConfig:
-    intra_op_threads: int = 1  # ONNX Runtime threads inside the vocoder's one worker thread
+    intra_op_threads: int = 1  # ONNX Runtime threads inside each vocoder worker thread
+    # vocoder turns decoded side by side, each in its own thread, where the backend's vocode
+    # calls may overlap (`concurrent_vocode_calls`: Piper; the sim and codec LM run one)
+    workers: int = 2
 
     def __post_init__(self) -> None:
         check_int("intra_op_threads", self.intra_op_threads, 1)
+        check_int("workers", self.workers, 1)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from functools import partial
 from pipeline.backend import Backend, Voice
 from pipeline.book import StreamBook, Wakes
 from pipeline.capacity import pipeline_capacity
-from pipeline.config import EngineConfig, TalkerConfig
+from pipeline.config import EngineConfig, TalkerConfig, VocoderConfig
 from pipeline.errors import NotReady, Rejected, UnknownVoice
 from pipeline.events import EngineEvents, EngineStats, GuardedEvents, NullEvents
 from pipeline.executor import StageExecutor
@@ -51,6 +51,7 @@ log = logging.getLogger("playhead.engine")
 
 _DEFAULT_ENGINE = EngineConfig()
 _DEFAULT_TALKER = TalkerConfig()
+_DEFAULT_VOCODER = VocoderConfig()
 
 
 class Engine:
@@ -65,6 +66,7 @@ class Engine:
         admission: AdmissionConfig,
         engine: EngineConfig = _DEFAULT_ENGINE,
         talker: TalkerConfig = _DEFAULT_TALKER,
+        vocoder: VocoderConfig = _DEFAULT_VOCODER,
         clock: Callable[[], float] = time.monotonic,
         events: EngineEvents | None = None,
     ) -> None:
@@ -78,6 +80,7 @@ class Engine:
         self._voices = backend.voices()
         self._scheduling = scheduling
         self._talker_config = talker
+        self._vocoder_config = vocoder
         self._chunking = chunking
         self._supervisor: asyncio.Task[None] | None = None
         self._stopping = False
@@ -95,6 +98,13 @@ class Engine:
             else None
         )
         self.vocoder_stage = StageExecutor("vocoder", clock=self._clock)
+        # more vocoder workers where the backend's vocode calls may run side by side
+        workers = self._vocoder_config.workers
+        if not getattr(self._backend, "concurrent_vocode_calls", False):
+            workers = 1
+        self.extra_vocoder_stages = [
+            StageExecutor(f"vocoder-{index}", clock=self._clock) for index in range(1, workers)
+        ]
         self.book = StreamBook(
             scheduler=PlaybackScheduler(scheduling),
             planner=ChunkPlanner(self._chunking),
@@ -127,6 +137,7 @@ class Engine:
             capacity_window_s=engine.capacity_window_s,
             initial_capacity_audio_s_per_s=engine.initial_capacity_audio_s_per_s,
             capacity=self.capacity,
+            extra_stages=self.extra_vocoder_stages,
         )
 
     def _wake_talker(self) -> None:
@@ -175,6 +186,8 @@ class Engine:
         if self.urgent_stage is not None:
             await self.urgent_stage.aclose()
         await self.vocoder_stage.aclose()
+        for stage in self.extra_vocoder_stages:
+            await stage.aclose()
 
     @property
     def ready(self) -> bool:

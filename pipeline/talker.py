@@ -6,7 +6,10 @@ Each turn of the loop:
    scheduling.plan_talker_step) ranks the streams that want talker work (text waiting or
    a segment open) by when their audio runs out, and takes up to `talker.batch` of them;
    a stream more than `talker.high_water_s` ahead of its playback sits the step out
-   without losing its open segment, and parked streams are not candidates;
+   without losing its open segment, and parked streams are not candidates; when no stream
+   under the mark wants the step and the vocoder has no chunk waiting, it goes to those
+   above it (`talker.run_ahead`: the machine does not idle while a stream has text; at
+   most `high_water_s` of frames not yet vocoded per stream);
 2. the chosen streams without an open segment get their next text segment opened;
 3. one call in the talker thread closes the segments of streams that ended (orphans),
    opens the new segments (`backend.open_segment`), runs one `backend.step` over the
@@ -52,6 +55,7 @@ def talker_order(talker: TalkerConfig, scheduling: SchedulingConfig) -> TalkerOr
     return TalkerOrderConfig(
         batch=talker.batch,
         high_water_s=talker.high_water_s,
+        run_ahead=talker.run_ahead,
         first_chunk_s=scheduling.first_chunk_ms / 1000.0,
         safety_margin_s=scheduling.safety_margin_ms / 1000.0,
     )

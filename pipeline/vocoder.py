@@ -7,13 +7,22 @@ backend.vocode call in the vocoder thread; each stream's PCM goes back to the bo
 (`emit`: stall, horizon, TTFA, the audio channel, the chunk committed and its frames
 freed). With nothing ready the loop waits on its wake event, which the book sets whenever
 a stream's chunk plan may have changed.
+
+Workers (`vocoder.workers`): W loops like the one above, each with its own stage thread,
+take turns side by side where the backend's vocode calls may overlap
+(`concurrent_vocode_calls`: Piper's ONNX Runtime session, not the codec LM's). A worker
+that takes a turn marks its streams as being decoded (`StreamBook.start_vocoding`): the
+book leaves them out of the ready ids until their chunk is committed, so the next
+worker's selection is the next most urgent streams, and one stream's chunks still leave
+in order. The rate (the
+capacity estimate) is audio per second of the time any worker was busy.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -41,12 +50,17 @@ class Vocoder:
         capacity_window_s: float,
         initial_capacity_audio_s_per_s: float = 0.0,
         capacity: Callable[[float], float] | None = None,
+        extra_stages: Sequence[StageExecutor] = (),
     ) -> None:
-        """`capacity(now_s)`: the pipeline's capacity, reported after each turn."""
+        """`capacity(now_s)`: the pipeline's capacity, reported after each turn.
+        `extra_stages`: more workers' threads, for a backend whose vocode calls may run
+        side by side."""
         self._book = book
         self._capacity = capacity
         self._backend = backend
         self._stage = stage
+        self._stages = (stage, *extra_stages)
+        self._busy = _BusyTime()
         self._window = window
         self._clock = clock
         self._events = events
@@ -56,6 +70,16 @@ class Vocoder:
         self.idle_waits = 0  # times the loop found nothing to do and waited
 
     async def run(self) -> None:
+        if len(self._stages) == 1:
+            await self._worker(self._stage)
+            return
+        async with asyncio.TaskGroup() as workers:
+            for index, stage in enumerate(self._stages):
+                workers.create_task(self._worker(stage), name=f"playhead-vocoder-{index}")
+
+    async def _worker(self, stage: StageExecutor) -> None:
+        """One worker's loop. The wake event is shared: each worker clears it and then
+        looks at the book without yielding, so no wake is lost between workers."""
         book = self._book
         while True:
             self.wake.clear()
@@ -69,9 +93,11 @@ class Vocoder:
                 self.idle_waits += 1
                 await self.wake.wait()
                 continue
-            await self._turn(selected, started_s, started_perf_s)
+            await self._turn(stage, selected, started_s, started_perf_s)
 
-    async def _turn(self, selected: list[str], started_s: float, started_perf_s: float) -> None:
+    async def _turn(
+        self, stage: StageExecutor, selected: list[str], started_s: float, started_perf_s: float
+    ) -> None:
         book = self._book
         self._events.vocoder_selection(selected)
         batch: list[tuple[StreamRecord, Chunk]] = []
@@ -83,6 +109,7 @@ class Vocoder:
             segment = record.frames.current
             assert chunk is not None and segment is not None and not chunk.empty
             assert chunk.segment == segment.index, (chunk.segment, segment.index)
+            book.start_vocoding(record)
             batch.append((record, chunk))
             items.append(
                 VocodeItem(
@@ -95,7 +122,7 @@ class Vocoder:
         assert self._window <= 0 or len(batch) <= self._window
         sent_perf_s = time.perf_counter()
         try:
-            timed = await self._stage.run_timed(self._backend.vocode, items)
+            timed = await stage.run_timed(self._backend.vocode, items)
         except Exception as error:  # CancelledError (a BaseException) passes through
             for record, _ in batch:
                 book.fail(record, error)
@@ -125,7 +152,9 @@ class Vocoder:
             book.emit(record, chunk, samples, emitted_at_s)
             audio_s += samples.size / voice.sample_rate_hz
         self.turns += 1
-        self.rate.record(timed.started_s, timed.finished_s, audio_s)
+        # busy time: the part of this call no other worker's recorded call covered
+        busy_s = self._busy.add(timed.started_s, timed.finished_s)
+        self.rate.record(timed.finished_s - busy_s, timed.finished_s, audio_s)
         ended_perf_s = time.perf_counter()
         self._events.vocoder_turn(len(batch), self._clock() - started_s)
         if self._capacity is not None:
@@ -138,3 +167,36 @@ class Vocoder:
                 engine_s=(sent_perf_s - started_perf_s) + (ended_perf_s - returned_perf_s),
             ),
         )
+
+
+class _BusyTime:
+    """The union of the workers' recorded call intervals, as each call ends: `add` says
+    how much of a call's interval no earlier recorded call covered (with one worker:
+    all of it). Calls end in any order; the most recent intervals are kept."""
+
+    _KEEP = 32
+
+    def __init__(self) -> None:
+        self._intervals: list[tuple[float, float]] = []  # disjoint, sorted
+
+    def add(self, started_s: float, finished_s: float) -> float:
+        if finished_s <= started_s:
+            return 0.0
+        intervals = self._intervals
+        first = len(intervals)  # the intervals from here on end at or after started_s
+        while first > 0 and intervals[first - 1][1] >= started_s:
+            first -= 1
+        covered, low, high = 0.0, started_s, finished_s
+        later: list[tuple[float, float]] = []  # start after this call ended
+        for start, stop in intervals[first:]:
+            if start > finished_s:
+                later.append((start, stop))
+                continue
+            covered += min(stop, finished_s) - max(start, started_s)
+            low, high = min(low, start), max(high, stop)
+        del intervals[first:]
+        intervals.append((low, high))
+        intervals.extend(later)
+        if len(intervals) > 2 * self._KEEP:
+            del intervals[: -self._KEEP]
+        return finished_s - started_s - covered

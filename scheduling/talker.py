@@ -19,6 +19,17 @@ key, smallest first:
   with playback falls back under the mark (one without audio yet has no playback to
   advance: its first audio is the event that changes it).
 
+Work-conserving (`run_ahead`, on by default): when no stream under the mark wants the
+step, so that the talker would otherwise idle, the step goes to the streams above it
+instead, by the same key, most urgent first (the engine's book passes `run_ahead=False`
+while the vocoder has a chunk waiting: on a CPU the two share the cores); only streams
+with at most `high_water_s` of audio produced but not yet vocoded run ahead, which
+bounds the frames waiting for the vocoder per stream (the unread audio behind the
+vocoder is bounded by the audio channel's cap, which parks a stream). Under load a
+stream under the mark always goes first, the vocoder has chunks waiting, and the mark
+paces every stream as before; on an idle server a long text runs at the machine's speed,
+not its playback's.
+
 Pure: plain numbers in, a `TalkerPlan` out; the clock is passed in.
 """
 
@@ -31,7 +42,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from scheduling.validation import check_int, check_non_negative, check_positive
+from scheduling.validation import check_bool, check_int, check_non_negative, check_positive
 
 # A timer set for the high-water mark may fire a hair early; within this it counts as under.
 HIGH_WATER_SLACK_S = 0.001
@@ -43,9 +54,11 @@ class TalkerOrderConfig:
     high_water_s: float = 8.0  # a stream this far ahead of its playback sits out
     first_chunk_s: float = 0.1  # first-audio deadline after the stream is first seen
     safety_margin_s: float = 0.05  # a playing stream this close to running dry is protected
+    run_ahead: bool = True  # an otherwise idle step goes to streams above the mark
 
     def __post_init__(self) -> None:
         check_int("batch", self.batch, 1)
+        check_bool("run_ahead", self.run_ahead)
         check_positive("high_water_s", self.high_water_s)
         check_positive("first_chunk_s", self.first_chunk_s)
         check_non_negative("safety_margin_s", self.safety_margin_s)
@@ -87,6 +100,7 @@ def plan_talker_step(
     candidates: Iterable[TalkerCandidate], now_s: float, config: TalkerOrderConfig
 ) -> TalkerPlan:
     """The streams for the next talker step (see the module doc)."""
+    candidates = list(candidates)
     keyed: list[tuple[tuple[int, float, int], str]] = []
     retry_in_s: float | None = None
     for candidate in candidates:
@@ -97,8 +111,25 @@ def plan_talker_step(
             ahead_s = max(candidate.horizon_s, now_s) + candidate.queued_audio_s - now_s
             wait_s = ahead_s - config.high_water_s
             retry_in_s = wait_s if retry_in_s is None else min(retry_in_s, wait_s)
+    if not keyed and config.run_ahead:  # the talker would idle: run ahead
+        keyed = [
+            ((1, run_out_s, candidate.order), candidate.stream_id)
+            for candidate in candidates
+            if (run_out_s := _run_ahead_s(candidate, now_s, config)) is not None
+        ]
     best = heapq.nsmallest(config.batch, keyed) if len(keyed) > config.batch else sorted(keyed)
     return TalkerPlan(tuple(stream_id for _, stream_id in best), retry_in_s)
+
+
+def _run_ahead_s(
+    candidate: TalkerCandidate, now_s: float, config: TalkerOrderConfig
+) -> float | None:
+    """The run-out time of a stream above the mark that may run ahead (at most
+    `high_water_s` of its audio waits for the vocoder), else None."""
+    if candidate.queued_audio_s > config.high_water_s:
+        return None
+    horizon_s = now_s if candidate.horizon_s is None else max(candidate.horizon_s, now_s)
+    return horizon_s + candidate.queued_audio_s
 
 
 def _never(stream_id: str) -> bool:
@@ -197,7 +228,27 @@ class TalkerQueue:
                     return TalkerPlan(tuple(chosen), None)
         for _ in with_horizon:  # drain: the first stream above the mark sets the retry
             pass
+        if not chosen and config.run_ahead:  # the talker would idle: run ahead
+            chosen = self._run_ahead(now_s, config, limit_s, skip)
         return TalkerPlan(tuple(chosen), retry[0] if retry else None)
+
+    def _run_ahead(
+        self, now_s: float, config: TalkerOrderConfig, limit_s: float, skip: Callable[[str], bool]
+    ) -> list[str]:
+        """Up to `batch` streams above the mark, in run-out order, with at most
+        `high_water_s` of audio waiting for the vocoder. Only streams with a horizon: one
+        without is above the mark only by its queued audio, which then exceeds the cap."""
+        chosen: list[str] = []
+        entries = self._entries
+        for run_out_s, _, stream_id in self._walk_with_horizon(now_s):
+            if run_out_s <= limit_s or skip(stream_id):
+                continue  # under the mark (passed over above) or busy
+            if entries[stream_id].queued_audio_s > config.high_water_s:
+                continue
+            chosen.append(stream_id)
+            if len(chosen) == config.batch:
+                break
+        return chosen
 
     def plan_first_audio(
         self, now_s: float, config: TalkerOrderConfig, skip: Callable[[str], bool] = _never

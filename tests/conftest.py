@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.backend import Backend
 from pipeline.backends.sim import SimBackend
-from pipeline.config import EngineConfig, SimConfig, TalkerConfig
+from pipeline.config import EngineConfig, SimConfig, TalkerConfig, VocoderConfig
 from pipeline.engine import Engine, EngineEvents
 from pipeline.stream import Stream
 from scheduling import AdmissionConfig, ChunkingConfig, SchedulingConfig
@@ -58,6 +58,7 @@ async def make_engine() -> AsyncIterator[EngineFactory]:
         engine: EngineConfig | None = None,
         talker: TalkerConfig | None = None,
         events: EngineEvents | None = None,
+        vocoder: VocoderConfig | None = None,
     ) -> Engine:
         built = Engine(
             backend or SimBackend(FAST_SIM),
@@ -67,6 +68,7 @@ async def make_engine() -> AsyncIterator[EngineFactory]:
             engine=engine or EngineConfig(),
             # no high-water wait by default: tests run far faster than real time
             talker=talker or TalkerConfig(high_water_s=3600.0),
+            vocoder=vocoder or VocoderConfig(),
             events=events,
         )
         await built.start()

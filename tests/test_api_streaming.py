@@ -34,6 +34,7 @@ from api_support import (
 
 from app.audio import EncoderError, StreamEncoder
 from app.server import create_app
+from app.streaming import ENCODER_THREAD_PREFIX
 from pipeline.backend import TalkRequest, VocodeItem
 from pipeline.backends.sim import SimBackend, SimSegment, decode_sim_signal
 
@@ -267,6 +268,25 @@ def test_an_encoder_failure_after_the_first_byte_ends_the_stream(
         )
         == cancelled + 2
     )
+
+
+def test_long_chunks_encode_in_the_encoders_own_threads(
+    server: LiveServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    encode = StreamEncoder.encode
+    threads: set[str] = set()
+
+    def noting_thread(self: StreamEncoder, pcm: np.ndarray) -> bytes:
+        threads.add(threading.current_thread().name)
+        return encode(self, pcm)
+
+    monkeypatch.setattr(StreamEncoder, "encode", noting_thread)
+    # sim chunks are 8 frames of 80 ms: longer than inline_encode_max_s, so not inline
+    response, _, _ = _post_stream(server.base_url, speech_body(TEXT, response_format="wav"))
+    assert response.status_code == 200
+    # not asyncio's default pool (its threads are asyncio_0, asyncio_1, ...)
+    assert any(name.startswith(ENCODER_THREAD_PREFIX) for name in threads), threads
+    assert not any(name.startswith("asyncio_") for name in threads), threads
 
 
 def test_429_carries_retry_after_and_the_sdk_retry_succeeds() -> None:

@@ -42,6 +42,9 @@ BAD_VALUES = [
     ("inline_encode_max_s", float("nan")),
     ("inline_encode_max_s", float("inf")),
     ("inline_encode_max_s", False),
+    ("encoder_threads", 0),
+    ("encoder_threads", 65),
+    ("encoder_threads", 1.5),
 ]
 
 

@@ -145,7 +145,7 @@ async def test_a_stream_above_the_high_water_mark_sits_out_and_keeps_its_segment
         scheduling=SchedulingConfig(policy="edf", active_stream_window=2),
         chunking=TEST_CHUNKING,
         admission=AdmissionConfig(enabled=False),
-        talker=TalkerConfig(batch=4, high_water_s=0.3, first_fragment_words=0),
+        talker=TalkerConfig(batch=4, high_water_s=0.3, first_fragment_words=0, run_ahead=False),
         clock=clock,
     )
     await engine.start()

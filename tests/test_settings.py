@@ -231,6 +231,8 @@ SECTION_RULES = [
     ("encoding", "inline_encode_max_s: -0.1", "encoding.inline_encode_max_s"),
     ("encoding", "inline_encode_max_s: 1.5", "encoding.inline_encode_max_s"),
     ("encoding", "inline_encode_max_s: .nan", "encoding.inline_encode_max_s"),
+    ("encoding", "encoder_threads: 0", "encoding.encoder_threads"),
+    ("vocoder", "workers: 0", "vocoder.workers"),
     ("backend", "kind: gpu", "backend.kind"),
     ("sim", "samples_per_frame: 0", "sim.samples_per_frame"),
     ("sim", "talker_frames_per_step: 0", "sim.talker_frames_per_step"),

@@ -62,13 +62,35 @@ def test_a_starved_stream_counts_from_now() -> None:
 
 
 def test_beyond_the_high_water_mark_a_stream_sits_out_and_says_when_it_is_due() -> None:
-    plan = plan_talker_step([_c("far", 1, horizon=105.0, queued=6.0)], 100.0, CONFIG)
+    paced = TalkerOrderConfig(**{**CONFIG.__dict__, "run_ahead": False})
+    plan = plan_talker_step([_c("far", 1, horizon=105.0, queued=6.0)], 100.0, paced)
     assert plan.step_ids == ()
     assert plan.retry_in_s == pytest.approx(3.0)  # 11 s ahead, mark 8 s
     # a stream with frames but no audio yet sits out too; its first audio will wake the
     # talker, so it sets no timer
-    plan = plan_talker_step([_c("queued", 1, queued=9.0)], 100.0, CONFIG)
+    plan = plan_talker_step([_c("queued", 1, queued=9.0)], 100.0, paced)
     assert (plan.step_ids, plan.retry_in_s) == ((), None)
+
+
+def test_an_idle_talker_runs_ahead_most_urgent_first() -> None:
+    far = _c("far", 1, horizon=105.0, queued=6.0)  # 11 s ahead, 6 s waiting for the vocoder
+    farther = _c("farther", 2, horizon=112.0)  # 12 s ahead
+    plan = plan_talker_step([farther, far], 100.0, CONFIG)
+    assert plan.step_ids == ("far",)
+    assert plan.retry_in_s == pytest.approx(3.0)  # the mark's timer is still reported
+    assert _plan(100.0, farther, far, batch=4) == ("far", "farther")
+    # more than the mark's worth of frames waiting for the vocoder: it waits for the vocoder
+    assert _plan(100.0, _c("blocked", 1, horizon=101.0, queued=9.0)) == ()
+    assert _plan(100.0, _c("queued", 1, queued=9.0)) == ()  # no audio yet: likewise
+
+
+def test_a_stream_under_the_mark_always_goes_before_running_ahead() -> None:
+    # under load the mark paces as before: the step goes to the stream under the mark
+    # (even one far from running dry), never to one above it, even with room in the batch
+    under = _c("under", 9, horizon=107.0)
+    above = [_c(f"above-{i}", i, horizon=100.0 + 9.0 + i) for i in range(3)]
+    assert _plan(100.0, *above, under, batch=8) == ("under",)
+    assert _plan(100.0, *above, _c("new", 9), batch=8) == ("new",)
 
 
 def test_a_batch_takes_the_most_urgent_in_deadline_order() -> None:
@@ -119,11 +141,21 @@ def test_the_plan_is_the_batch_smallest_keys_of_the_streams_under_the_mark(
     keyed = sorted(
         (key, c.stream_id) for c in candidates if (key := talker_key(c, 100.0, config)) is not None
     )
-    assert plan.step_ids == tuple(stream_id for _, stream_id in keyed[:batch])
-    for c in candidates:
-        if c.stream_id in plan.step_ids:
-            run_out = max(c.horizon_s if c.horizon_s is not None else 100.0, 100.0)
-            assert run_out + c.queued_audio_s - 100.0 <= config.high_water_s + 0.001
+    if keyed:  # someone under the mark: only they step
+        assert plan.step_ids == tuple(stream_id for _, stream_id in keyed[:batch])
+        for c in candidates:
+            if c.stream_id in plan.step_ids:
+                run_out = max(c.horizon_s if c.horizon_s is not None else 100.0, 100.0)
+                assert run_out + c.queued_audio_s - 100.0 <= config.high_water_s + 0.001
+    else:  # the talker would idle: the most urgent streams above it that may run ahead
+        ahead = sorted(
+            (max(c.horizon_s, 100.0) + c.queued_audio_s, c.order, c.stream_id)
+            for c in candidates
+            if c.horizon_s is not None and c.queued_audio_s <= config.high_water_s
+        )
+        assert plan.step_ids == tuple(stream_id for _, _, stream_id in ahead[:batch])
+    paced = plan_talker_step(candidates, 100.0, TalkerOrderConfig(batch=batch, run_ahead=False))
+    assert paced.step_ids == tuple(stream_id for _, stream_id in keyed[:batch])
 
 
 @given(
@@ -133,6 +165,7 @@ def test_the_plan_is_the_batch_smallest_keys_of_the_streams_under_the_mark(
     st.floats(0.05, 10),
     st.floats(0, 0.5),
     st.sets(st.text(min_size=1, max_size=4), max_size=5),
+    st.booleans(),
 )
 def test_the_indexed_queue_plans_like_the_plain_ranking(
     candidates: list[TalkerCandidate],
@@ -141,8 +174,11 @@ def test_the_indexed_queue_plans_like_the_plain_ranking(
     high_water_s: float,
     margin_s: float,
     parked: set[str],
+    run_ahead: bool,
 ) -> None:
-    config = TalkerOrderConfig(batch=batch, high_water_s=high_water_s, safety_margin_s=margin_s)
+    config = TalkerOrderConfig(
+        batch=batch, high_water_s=high_water_s, safety_margin_s=margin_s, run_ahead=run_ahead
+    )
     queue = TalkerQueue(config.first_chunk_s)
     for candidate in candidates:  # add, move once, then settle on the final value
         queue.update(TalkerCandidate(candidate.stream_id, candidate.order, 0.0, 50.0, 1.0))

@@ -111,6 +111,8 @@ class PiperBackend:
     # from two threads); phonemising is serialised by a lock (espeak-ng is one global
     # instance).
     concurrent_talker_steps = True
+    # vocode runs the vocoder session, which two threads may run at once (vocoder.workers)
+    concurrent_vocode_calls = True
 
     def __init__(
         self,

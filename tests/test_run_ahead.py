@@ -1,0 +1,119 @@
+"""Work-conserving pacing (`talker.run_ahead`), on the simulator, in virtual time.
+
+The simulator's replica runs the engine's own StreamBook and talker order
+(benchmarks/sim_replica.py; tests/test_engine_vs_simulator.py pins it to the engine), so
+what holds here holds for the engine's decisions:
+
+- an idle server's long text is done in a fraction of its audio's duration (the talker
+  no longer waits for playback to catch up with the high-water mark);
+- a stream above the mark runs ahead only when no stream under it could take the step
+  and the vocoder has no chunk waiting: under overload nobody runs ahead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+import benchmarks.sim_replica as sim_replica
+from benchmarks.loadgen import load_corpus
+from benchmarks.simulate import Arrival, run_script
+from pipeline.book import StreamBook
+from pipeline.config import EngineConfig, SimConfig, TalkerConfig
+from scheduling import (
+    AdmissionConfig,
+    ChunkingConfig,
+    SchedulingConfig,
+    TalkerOrderConfig,
+    TalkerPlan,
+    talker_key,
+)
+
+# configs/sim.yaml's costs: C ~ 8.9 streams at 1x, the talker ~150x real time per stream
+SIM = SimConfig(
+    talker_frames_per_step=8,
+    talker_step_base_ms=1.0,
+    talker_step_per_stream_ms=0.2,
+    vocoder_base_ms=4.0,
+    vocoder_per_frame_ms=9.0,
+)
+SETUP = sim_replica.EngineSetup(
+    scheduling=SchedulingConfig(policy="edf", active_stream_window=4),
+    chunking=ChunkingConfig(chunk_frames=8, ramp=(6,)),
+    admission=AdmissionConfig(enabled=False),
+    talker=TalkerConfig(batch=16, high_water_s=8.0),
+    sim=SIM,
+    engine=EngineConfig(),
+)
+FRAME_S = SIM.samples_per_frame / SIM.sample_rate_hz
+
+
+def _long_text(chars: int = 4096) -> str:
+    text = ""
+    for line in load_corpus():
+        if len(text) + len(line) + 1 > chars:
+            break
+        text = f"{text} {line}".strip()
+    return text
+
+
+def _idle_run(run_ahead: bool) -> tuple[float, float]:
+    """(virtual seconds to the stream's last vocoder turn, seconds of its audio)."""
+    setup = replace(SETUP, talker=replace(SETUP.talker, run_ahead=run_ahead))
+    run = run_script(setup, [Arrival(0.0, _long_text())])
+    (stream_id,) = run.stream_ids
+    assert stream_id is not None
+    audio_s = sum(run.trace.chunks[stream_id]) * FRAME_S
+    # its last chunk's turn (run.virtual_s also counts stale high-water timers)
+    last_turn_s = max(t for t, ids in run.trace.vocoder_turns if stream_id in ids)
+    return last_turn_s, audio_s
+
+
+def test_an_idle_server_reads_a_long_text_far_faster_than_it_plays() -> None:
+    wall_s, audio_s = _idle_run(run_ahead=True)
+    assert audio_s > 200.0  # ~4,000 characters
+    # the vocoder alone decodes at ~8.9x real time here: ~0.11 x the audio's duration
+    assert wall_s <= 0.2 * audio_s, (wall_s, audio_s)
+
+
+def test_without_run_ahead_the_mark_paces_an_idle_stream_at_real_time() -> None:
+    wall_s, audio_s = _idle_run(run_ahead=False)
+    assert wall_s >= audio_s - SETUP.talker.high_water_s - 1.0, (wall_s, audio_s)
+
+
+def test_under_overload_streams_under_the_mark_always_step_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every talker plan of an overloaded, then draining, replica is checked against the
+    book's own candidates: a stream above the mark steps only when none under it could and
+    the vocoder had nothing waiting."""
+    plans = {"run_ahead": 0, "paced": 0}
+
+    def checked(book: StreamBook, now_s: float, order: TalkerOrderConfig) -> TalkerPlan:
+        vocoder_idle = book._vocoder_idle()
+        plan = book.plan_talker(now_s, order)
+        candidates = {c.stream_id: c for c in book.talker_candidates()}
+        under = [
+            sid
+            for sid, c in candidates.items()
+            if talker_key(c, now_s, order) is not None and not book._busy(sid)
+        ]
+        above = [sid for sid in plan.step_ids if talker_key(candidates[sid], now_s, order) is None]
+        if above:
+            assert not under, (now_s, plan.step_ids, under)
+            assert vocoder_idle, (now_s, plan.step_ids)  # no chunk was waiting either
+            plans["run_ahead"] += 1
+        elif plan.step_ids:
+            plans["paced"] += 1
+        return plan
+
+    monkeypatch.setattr(sim_replica, "plan_talker", checked)
+    texts = load_corpus()
+    # an overload (18 streams at once, ~2 x C), then one more every 1.5 s for a minute:
+    # under the overload nobody runs ahead; as it drains, steps run ahead between arrivals
+    arrivals = [Arrival(0.0, texts[i % len(texts)]) for i in range(18)]
+    arrivals += [Arrival(1.5 * i, texts[(18 + i) % len(texts)]) for i in range(1, 40)]
+    run = run_script(SETUP, arrivals)
+    assert all(stream_id is not None for stream_id in run.stream_ids)
+    assert plans["run_ahead"] > 0 and plans["paced"] > 0, plans
