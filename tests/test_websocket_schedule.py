@@ -46,7 +46,7 @@ async def _subject_audio_ms(mode: str, vocoder_per_frame_ms: float) -> tuple[flo
     "none" (no acks), "paused" (played_ms stays 0 from its first audio) or "behind" (from
     `warmup_s` on, its buffer is empty: it has played all it received). Returns the audio
     the subject and the others (mean) received in the window after `warmup_s`, in ms."""
-    warmup_s, window_s = 1.0, 1.5
+    warmup_s, window_s = 1.0, 3.0  # a window of several chunks per player
     with live_server(_settings(vocoder_per_frame_ms)) as live:
         async with (
             connect(live.base_url, config=CONFIG) as subject,
@@ -111,7 +111,8 @@ async def test_a_player_behind_the_estimate_gets_turns_sooner() -> None:
         f"\nbehind player {behind:.0f} ms vs {plain:.0f} ms without acks; "
         f"the others {behind_others:.0f} vs {plain_others:.0f} ms"
     )
-    assert behind > 1.5 * plain
+    # one chunk is 640 ms: without acks the three players differ by a chunk or so in 3 s
+    assert behind > 1.3 * plain
     assert behind_others < plain_others
 
 
