@@ -81,6 +81,7 @@ class Engine:
         self._chunking = chunking
         self._supervisor: asyncio.Task[None] | None = None
         self._stopping = False
+        self._admission_closed = False
         self._build()
 
     def _build(self) -> None:
@@ -208,6 +209,8 @@ class Engine:
             raise ValueError(f"speed must be a finite number > 0, got {speed!r}")
         if not self.ready:
             raise NotReady("the engine is not running")
+        if self._admission_closed:
+            raise NotReady("the engine is shutting down")
         now_s = self._clock()
         book = self.book
         decision = self._admission.decide(
@@ -234,6 +237,24 @@ class Engine:
 
     def cancel(self, stream_id: str) -> None:
         self.book.cancel(stream_id)
+
+    def close_admission(self) -> None:
+        """Refuse every new stream from now on (NotReady); the streams in flight go on."""
+        self._admission_closed = True
+
+    def cancel_all(self) -> None:
+        """Cancel every stream (a shutdown whose grace ran out)."""
+        self.book.cancel_all()
+
+    @property
+    def in_flight(self) -> int:
+        """Streams not yet ended: with work left, or with audio their client has not read."""
+        return len(self.book.stream_ids())
+
+    async def wait_idle(self, poll_s: float = 0.05) -> None:
+        """Returns once no stream is in flight."""
+        while self.in_flight:
+            await asyncio.sleep(poll_s)
 
     def capacity(self, now_s: float | None = None) -> float:
         """Audio seconds per wall second the pipeline produces when busy."""
