@@ -44,15 +44,20 @@ class EngineEvents(Protocol):
 
 class GuardedEvents:
     """An EngineEvents whose hooks never raise into the engine: a failing hook is logged.
-    The Engine wraps its events in one, so the stages call hooks directly."""
+    The Engine wraps its events in one, so the stages call hooks directly. While `muted`
+    (the engine's calibration) no hook is called."""
 
     def __init__(self, events: EngineEvents) -> None:
         self._events = events
+        # True while the engine calibrates: its internal streams are not reported
+        self.muted = False
 
     def __getattr__(self, name: str) -> Callable[..., None]:
         hook = getattr(self._events, name)
 
         def guarded(*args: object) -> None:
+            if self.muted:
+                return
             try:
                 hook(*args)
             except Exception:

@@ -98,6 +98,7 @@ class Talker:
         self.steps = 0  # talker steps run
         self.urgent_steps = 0  # of those, run by the second lane
         self.idle_waits = 0  # times the loop found nothing to do and waited
+        self.lanes_busy = 0  # talker calls running now
 
     async def run(self) -> None:
         book = self._book
@@ -113,6 +114,7 @@ class Talker:
                     plan = book.plan_talker(now_s, self._order)
                     if plan.step_ids or orphans:
                         batch = self._dispatch(plan.step_ids)
+                        self.lanes_busy += 1  # from here: its orphans are no longer listed
                         main = lanes.create_task(self._lane(self._stage, batch, orphans))
                         continue
                     retry_in_s = plan.retry_in_s
@@ -121,6 +123,7 @@ class Talker:
                     if fresh:
                         batch = self._dispatch(fresh)
                         self.urgent_steps += 1
+                        self.lanes_busy += 1
                         urgent = lanes.create_task(self._lane(self._urgent_stage, batch, []))
                         continue
                 if main is None or main.done():
@@ -152,6 +155,7 @@ class Talker:
         try:
             await self._step(stage, batch, orphans)
         finally:
+            self.lanes_busy -= 1
             for opened in batch:
                 opened.in_flight = False
             self.wake.set()  # the lane is free: plan again
