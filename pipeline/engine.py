@@ -199,52 +199,64 @@ class Engine:
         config = self._config
         if not config.calibration_calls or not self.ready or self._calibration is not None:
             return self.calibrated_capacity
+        streams: list[Stream] = []
+        self._calibration = streams
+        self._events.muted = True
+        try:
+            measured = await self._calibrate(streams)
+        finally:
+            # a submit may have ended it already (and unmuted the events)
+            if self._calibration is streams:
+                self._calibration = None
+                self._end_calibration(streams)
+            self._last_activity_s = self._clock()
+        return measured
+
+    async def _calibrate(self, streams: list[Stream]) -> float:
+        config = self._config
         loop = asyncio.get_running_loop()
         book = self.book
         voice = self.resolve_voice(self._backend.default_voice())
         count = max(2, self._scheduling.active_stream_window, min(self._talker_config.batch, 16))
-        streams: list[Stream] = []
-        self._calibration = streams
-        self._events.muted = True
         turns_before = self.vocoder.turns
         for rate in (self.vocoder.rate, self.talker.rate):
             rate.set_baseline(0.0, 0.0)  # measure afresh
         started_s = loop.time()
+
+        def running() -> bool:
+            return (
+                self._calibration is streams and loop.time() - started_s < config.calibration_max_s
+            )
+
+        now_s = self._clock()
+        for _ in range(count):
+            stream = book.add_stream(voice, speed=1.0, now_s=now_s)
+            book.add_text(stream.id, CALIBRATION_TEXT, final=True)
+            streams.append(stream)
+        readers = [asyncio.ensure_future(_read_out(stream)) for stream in streams]
         try:
-            now_s = self._clock()
-            for _ in range(count):
-                stream = book.add_stream(voice, speed=1.0, now_s=now_s)
-                book.add_text(stream.id, CALIBRATION_TEXT, final=True)
-                streams.append(stream)
-            readers = [asyncio.ensure_future(_read_out(stream)) for stream in streams]
-            try:
-                while (
-                    self._calibration is streams
-                    and self.vocoder.turns - turns_before < config.calibration_calls
-                    and loop.time() - started_s < config.calibration_max_s
-                    and not all(reader.done() for reader in readers)
-                ):
-                    await asyncio.sleep(0.005)
-            finally:
-                for reader in readers:
-                    reader.cancel()
-                await asyncio.gather(*readers, return_exceptions=True)
+            while (
+                running()
+                and self.vocoder.turns - turns_before < config.calibration_calls
+                and not all(reader.done() for reader in readers)
+            ):
+                await asyncio.sleep(0.005)
         finally:
-            aborted = self._calibration is not streams
-            idle_waits = self.vocoder.idle_waits
-            self._end_calibration(streams, unmute=aborted)
+            for reader in readers:
+                reader.cancel()
+            await asyncio.gather(*readers, return_exceptions=True)
+        if self._calibration is not streams:  # a submit ended it
+            return self.calibrated_capacity
+        idle_waits = self.vocoder.idle_waits
+        for stream in streams:
+            book.cancel(stream.id)
         # the talker closes the calibration's open segments (orphans), and the vocoder's
         # turn in flight ends, before anything is reported again
-        while (
-            self.book.has_orphans or self.talker.lanes_busy or self.vocoder.idle_waits == idle_waits
-        ) and not aborted:
-            if loop.time() - started_s > config.calibration_max_s + 5 or not self.ready:
-                break
+        while running() and (
+            book.has_orphans or self.talker.lanes_busy or self.vocoder.idle_waits == idle_waits
+        ):
             await asyncio.sleep(0.002)
-            aborted = self._calibration is not None or not self._events.muted
-        self._events.muted = False
-        self._last_activity_s = self._clock()
-        if aborted or self.vocoder.turns == turns_before:
+        if self._calibration is not streams or self.vocoder.turns == turns_before:
             return self.calibrated_capacity
         now_s = self._clock()
         vocoder_rate, talker_rate = self.vocoder.rate.value(now_s), self.talker.rate.value(now_s)
@@ -264,13 +276,12 @@ class Engine:
         )
         return self.calibrated_capacity
 
-    def _end_calibration(self, streams: list[Stream], *, unmute: bool = True) -> None:
-        if self._calibration is streams:
-            self._calibration = None
+    def _end_calibration(self, streams: list[Stream]) -> None:
+        """Cancel a calibration's streams (not reported) and report events again."""
+        self._events.muted = True
         for stream in streams:
             self.book.cancel(stream.id)
-        if unmute:
-            self._events.muted = False
+        self._events.muted = False
 
     async def _recalibrate_when_idle(self) -> None:
         """Calibrate again after `engine.recalibrate_idle_s` with no stream at all."""
@@ -339,8 +350,9 @@ class Engine:
             raise NotReady("the engine is not running")
         if self._admission_closed:
             raise NotReady("the engine is shutting down")
-        if self._calibration is not None:  # a real stream ends a recalibration
-            self._end_calibration(self._calibration)
+        calibration, self._calibration = self._calibration, None
+        if calibration is not None:  # a real stream ends a recalibration
+            self._end_calibration(calibration)
         now_s = self._clock()
         self._last_activity_s = now_s
         book = self.book
