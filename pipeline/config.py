@@ -109,6 +109,9 @@ class EngineConfig:
     # calibrate again after this long with no stream at all (0: never); a request that
     # arrives meanwhile ends that calibration at once
     recalibrate_idle_s: float = 60.0
+    # a talker or vocoder call running longer fails the streams of that call and the stage
+    # goes on in a fresh thread (0: wait for ever)
+    call_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         check_positive("max_pending_audio_s", self.max_pending_audio_s)
@@ -118,6 +121,7 @@ class EngineConfig:
         check_positive("calibration_max_s", self.calibration_max_s)
         check_number_in("capacity_floor", self.capacity_floor, (0.0, 1.0))
         check_non_negative("recalibrate_idle_s", self.recalibrate_idle_s)
+        check_non_negative("call_timeout_s", self.call_timeout_s)
 
 
 @dataclass(frozen=True)

@@ -106,15 +106,17 @@ class Engine:
     def _build(self) -> None:
         """Fresh stages and book (at construction, and to start again after a stop)."""
         engine, talker, scheduling = self._config, self._talker_config, self._scheduling
-        self.talker_stage = StageExecutor("talker", clock=self._clock)
+        stage = partial(
+            StageExecutor,
+            clock=self._clock,
+            call_timeout_s=engine.call_timeout_s,
+            on_timeout=self._stage_timed_out,
+        )
+        self.talker_stage = stage("talker")
         # a second talker lane where the backend's steps may run side by side
         concurrent = getattr(self._backend, "concurrent_talker_steps", False)
-        self.urgent_stage = (
-            StageExecutor("talker-urgent", clock=self._clock)
-            if talker.urgent_lane and concurrent
-            else None
-        )
-        self.vocoder_stage = StageExecutor("vocoder", clock=self._clock)
+        self.urgent_stage = stage("talker-urgent") if talker.urgent_lane and concurrent else None
+        self.vocoder_stage = stage("vocoder")
         self.book = StreamBook(
             scheduler=PlaybackScheduler(scheduling),
             planner=ChunkPlanner(self._chunking),
@@ -148,6 +150,15 @@ class Engine:
             initial_capacity_audio_s_per_s=engine.initial_capacity_audio_s_per_s,
             capacity=self.capacity,
         )
+
+    def _stage_timed_out(self, stage: str, timeout_s: float) -> None:
+        log.error(
+            "a %s model call hung for more than %g s: its streams fail, the stage goes on "
+            "in a fresh thread",
+            stage,
+            timeout_s,
+        )
+        self._events.stage_timeout(stage)
 
     def _wake_talker(self) -> None:
         self.talker.wake.set()

@@ -41,6 +41,10 @@ class EngineEvents(Protocol):
 
     def turn_timing(self, timing: TurnTiming) -> None: ...
 
+    def stage_timeout(self, stage: str) -> None:
+        """A model call of this stage hung past engine.call_timeout_s."""
+        ...
+
 
 class GuardedEvents:
     """An EngineEvents whose hooks never raise into the engine: a failing hook is logged.
@@ -53,7 +57,8 @@ class GuardedEvents:
         self.muted = False
 
     def __getattr__(self, name: str) -> Callable[..., None]:
-        hook = getattr(self._events, name)
+        # a hook the events object lacks (one added since it was written) does nothing
+        hook = getattr(self._events, name, None) or _no_hook
 
         def guarded(*args: object) -> None:
             if self.muted:
@@ -65,6 +70,10 @@ class GuardedEvents:
 
         setattr(self, name, guarded)  # built once per hook
         return guarded
+
+
+def _no_hook(*args: object) -> None:
+    return None
 
 
 class NullEvents:
@@ -101,6 +110,9 @@ class NullEvents:
         pass
 
     def turn_timing(self, timing: TurnTiming) -> None:
+        pass
+
+    def stage_timeout(self, stage: str) -> None:
         pass
 
 

@@ -23,7 +23,8 @@ audio, an ack, an unpark, a cancel), or until the first stream held back by the
 high-water mark falls under it.
 
 Errors: `open_segment` failing fails its stream only; `step` failing fails the streams
-of that step; their segments are closed either way.
+of that step; their segments are closed either way. A call that hangs past the stage's
+`engine.call_timeout_s` fails the streams of its batch (pipeline/executor.py).
 """
 
 from __future__ import annotations
@@ -170,6 +171,12 @@ class Talker:
             for opened in batch:
                 opened.cancelled = True
             raise
+        except Exception as error:  # the call hung (StageTimeout): its streams fail
+            for opened in batch:
+                # its segments stay with the abandoned call: never closed from another thread
+                opened.closed = opened.cancelled = True
+                book.fail(opened.record, error)
+            return
         outcome = timed.result
         for opened, error in outcome.open_errors:
             book.fail(opened.record, error)
