@@ -294,3 +294,11 @@ async def test_cors_is_off_by_default_and_configurable() -> None:
             headers={"origin": "https://app.example", "authorization": "Bearer k"},
         )
         assert response.headers["access-control-allow-origin"] == "https://app.example"
+
+
+@pytest.mark.parametrize("text", ["9" * 200, "$" + "9" * 150, "9" * 150 + "th", "1/" + "9" * 150])
+async def test_a_number_too_long_for_words_is_read_digit_by_digit(
+    client: httpx.AsyncClient, text: str
+) -> None:
+    response = await client.post(SPEECH, json=speech_body(text, response_format="pcm"))
+    assert response.status_code == 200, response.text
