@@ -352,9 +352,7 @@ async def soak(args: argparse.Namespace, base: str, pid: int) -> dict[str, Any]:
             "streams_cancelled": metric(metrics, "playhead_streams_total", 'state="cancelled"'),
             "streams_failed": metric(metrics, "playhead_streams_total", 'state="failed"'),
             "rejected_429": labelled_sum(metrics, "playhead_admission_rejections_total"),
-            "capacity_audio_s_per_s": metric(
-                metrics, "playhead_capacity_audio_seconds_per_second"
-            ),
+            "capacity_audio_s_per_s": metric(metrics, "playhead_capacity_audio_seconds_per_second"),
             "stalls": metric(metrics, "playhead_stalls_total"),
             "stall_s": metric(metrics, "playhead_stall_seconds_total"),
             "audio_s": metric(metrics, "playhead_audio_seconds_total"),
