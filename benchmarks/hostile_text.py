@@ -27,6 +27,12 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = {"model": "tts-1", "input": "Hello there, how are you today?", "voice": "alloy"}
+WARM_TEXT = (
+    "Once upon a time, in a small town by the sea, there lived a baker who rose before the "
+    "sun every morning, long before the fishermen, and her bread was famous for miles "
+    "around, so that people came from the neighbouring villages, on foot and by cart, just "
+    "to buy a loaf of it while it was still warm. "
+) * 4
 HOSTILE = {
     "4096 emoji after a word": "Look " + "\U0001f600" * 4091,
     "4096 CJK characters": "\u6f22" * 4096,
@@ -64,6 +70,8 @@ async def measure(base: str, pid: int, count: int, settle_s: float) -> list[tupl
     rows = []
     async with httpx.AsyncClient(base_url=base, timeout=120) as client:
         await probes(client, 2)  # warm
+        # and one ordinary long answer: the model's buffers reach their working size
+        await ttfa_s(client, {**PROBE, "input": WARM_TEXT, "response_format": "pcm"})
         await asyncio.sleep(settle_s)
         baseline_mib = rss_mib(pid)
         idle = statistics.median(await probes(client, count))
