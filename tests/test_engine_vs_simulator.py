@@ -198,7 +198,7 @@ def run_engine(
     monkeypatch.setattr(
         pipeline.engine,
         "StageExecutor",
-        lambda name, clock: VirtualStage(name, clock=clock, spent=spent),
+        lambda name, clock, **_: VirtualStage(name, clock=clock, spent=spent),
     )
     try:
         return loop.run_until_complete(_drive(loop, spent, setup, arrivals))
