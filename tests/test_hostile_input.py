@@ -302,3 +302,13 @@ async def test_a_number_too_long_for_words_is_read_digit_by_digit(
 ) -> None:
     response = await client.post(SPEECH, json=speech_body(text, response_format="pcm"))
     assert response.status_code == 200, response.text
+
+
+def test_the_envelope_is_ascii_json_whatever_the_message_holds() -> None:
+    from app.errors import InvalidRequest, error_response
+
+    message = "bad \ud800 é \n 日本"
+    response = error_response(InvalidRequest(message))
+    body = bytes(response.body)
+    body.decode("ascii")
+    assert json.loads(body)["error"]["message"] == message
