@@ -48,6 +48,11 @@ class CapacityEstimate:
         """The calibrated rate (0 until `set_baseline`)."""
         return self._baseline
 
+    def reset(self) -> None:
+        """Forget the calls in the window (the calibration's ramp-up)."""
+        self._calls.clear()
+        self._busy_s = self._audio_s = 0.0
+
     def set_baseline(self, audio_s_per_s: float, floor_fraction: float) -> None:
         """The calibrated rate: what an idle stage reports, and (times `floor_fraction`)
         the least a busy one does."""

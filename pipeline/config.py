@@ -102,7 +102,7 @@ class EngineConfig:
     initial_capacity_audio_s_per_s: float = 0.0
     # start-up calibration: both stages run internal streams until the vocoder made this
     # many calls, before the engine reports ready (0: no calibration)
-    calibration_calls: int = 8
+    calibration_calls: int = 12
     calibration_max_s: float = 5.0  # a calibration ends after this long, whatever it measured
     # the capacity estimate never falls below this share of the calibration while busy
     capacity_floor: float = 0.5

@@ -245,7 +245,20 @@ class Engine:
             book.add_text(stream.id, CALIBRATION_TEXT, final=True)
             streams.append(stream)
         readers = [asyncio.ensure_future(_read_out(stream)) for stream in streams]
+        # the first chunks of a stream are small (the ramp): a loaded server decodes
+        # steady chunks, so the turns of the ramp are run but not measured
+        window = max(1, self._scheduling.active_stream_window)
+        ramp_turns = math.ceil(count * max(1, len(self._chunking.ramp)) / window)
         try:
+            while (
+                running()
+                and self.vocoder.turns - turns_before < ramp_turns
+                and not all(reader.done() for reader in readers)
+            ):
+                await asyncio.sleep(0.005)
+            self.vocoder.rate.reset()
+            self.talker.rate.reset()
+            turns_before = self.vocoder.turns
             while (
                 running()
                 and self.vocoder.turns - turns_before < config.calibration_calls
