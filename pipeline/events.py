@@ -57,12 +57,14 @@ class GuardedEvents:
         self.muted = False
 
     def __getattr__(self, name: str) -> Callable[..., None]:
-        # a hook the events object lacks (one added since it was written) does nothing
-        hook = getattr(self._events, name, None) or _no_hook
+        events = self._events
 
         def guarded(*args: object) -> None:
             if self.muted:
                 return
+            # looked up at each call: a hook replaced on the events object after the
+            # engine started is the one called; one the object lacks does nothing
+            hook = getattr(events, name, None) or _no_hook
             try:
                 hook(*args)
             except Exception:
