@@ -10,7 +10,7 @@ TORCH := torch==2.13.0
 CHROMIUM := /usr/bin/chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install serve serve-sim test test-fast lint format bench bench-voice bench-cluster sim micro clean
+.PHONY: install serve serve-sim test test-fast lint format bench bench-voice bench-cluster sim micro soak clean
 
 install: $(STAMP)
 
@@ -57,6 +57,12 @@ bench-cluster: $(STAMP)
 
 sim: $(STAMP)
 	$(BIN)/python -m benchmarks.simulate
+
+# M minutes of mixed, hostile load on a real server (benchmarks/soak.py): make soak MINUTES=10
+MINUTES ?= 10
+SOAK_CONFIG ?= configs/default.yaml
+soak: $(STAMP)
+	$(BIN)/python -m benchmarks.soak --minutes $(MINUTES) --config $(SOAK_CONFIG)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -8,6 +8,7 @@ configs/default.yaml (the measured defaults, shipped inside the package), so an 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -19,6 +20,7 @@ from typing import Any
 import yaml
 
 from app import __version__
+from app.logs import configure_logging
 from app.settings import Settings, SettingsError, load_settings
 from configs import packaged_config
 
@@ -103,11 +105,13 @@ def settings_yaml(settings: Settings) -> str:
 
 def _serve(settings: Settings, path: Path | Traversable) -> int:
     server = settings.server
-    logging.basicConfig(format=LOG_FORMAT, level=server.log_level.upper(), force=True)
+    configure_logging(server.log_level, LOG_FORMAT)
     if settings.cluster.replicas:
         return _serve_cluster(settings)
     try:
         from app.server import create_app
+        from app.shutdown import GracefulServer
+        from app.state import find_app_state
     except ImportError as exc:
         print(f"playhead: error: cannot import app.server: {exc}", file=sys.stderr)
         return 2
@@ -120,14 +124,18 @@ def _serve(settings: Settings, path: Path | Traversable) -> int:
         settings.scheduling.policy,
         settings.scheduling.active_stream_window,
     )
-    uvicorn.run(
-        create_app(settings),
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
         host=server.host,
         port=server.port,
         log_level=server.log_level,
         log_config=None,  # uvicorn's loggers propagate to the root handler set up above
-        timeout_graceful_shutdown=5,
+        # after the drain (app/shutdown.py) only idle connections are left to close
+        timeout_graceful_shutdown=2,
     )
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: uvicorn raises it again at exit
+        GracefulServer(config, find_app_state(app)).run()
     return 0
 
 

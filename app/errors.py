@@ -30,6 +30,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from app.client_json import quote
 from pipeline.errors import (
     NotReady,
     PipelineError,
@@ -151,7 +152,11 @@ def validation_error(errors: Sequence[Mapping[str, Any]]) -> InvalidRequest:
     if not errors:
         return InvalidRequest("Invalid request body.", code="invalid_value")
     err = errors[0]
-    loc = [str(part) for part in err.get("loc", ()) if part != "body"]
+    loc = [
+        quote(part) if isinstance(part, str) and not part.isidentifier() else str(part)
+        for part in err.get("loc", ())
+        if part != "body"
+    ]
     param = ".".join(loc) or None
     kind = str(err.get("type", ""))
     value = err.get("input")
@@ -177,10 +182,33 @@ def validation_error(errors: Sequence[Mapping[str, Any]]) -> InvalidRequest:
             param=param,
             code="invalid_type",
         )
-    message = f"Invalid '{param}': {err.get('msg', 'invalid value')}"
-    if isinstance(value, int | float | str) and len(str(value)) <= 40:
+    if param is None:
+        return InvalidRequest("The request body is not a valid request.", code="invalid_value")
+    ctx = err.get("ctx") or {}
+    if kind == "float_type" and isinstance(value, int) and not isinstance(value, bool):
+        message = f"Invalid '{param}': the number is out of range"  # too large for a float
+    elif kind in _BOUND_WORDS:
+        words, key = _BOUND_WORDS[kind]
+        message = f"Invalid '{param}': it must be {words} {ctx.get(key)}"
+    elif kind == "string_too_long":
+        message = f"Invalid '{param}': it must be at most {ctx.get('max_length')} characters long"
+    elif kind == "literal_error":
+        message = f"Invalid '{param}': it must be one of {ctx.get('expected', '?')}"
+    else:
+        message = f"Invalid '{param}': the value is not accepted"
+    if isinstance(value, int | float) and not isinstance(value, bool) and len(str(value)) <= 40:
         message += f" (got {json.dumps(value)})"
+    elif isinstance(value, str):
+        message += f" (got {quote(value, 40)})"
     return InvalidRequest(message + ".", param=param, code="invalid_value")
+
+
+_BOUND_WORDS = {
+    "greater_than_equal": ("at least", "ge"),
+    "greater_than": ("greater than", "gt"),
+    "less_than_equal": ("at most", "le"),
+    "less_than": ("less than", "lt"),
+}
 
 
 def shutting_down() -> ServiceUnavailable:
@@ -200,7 +228,7 @@ def pipeline_api_error(exc: PipelineError) -> ApiError:
         )
     if isinstance(exc, UnknownVoice):
         return InvalidRequest(
-            f"Unknown voice '{exc.voice}'. Available voices: {', '.join(exc.available)} "
+            f"Unknown voice {quote(exc.voice)}. Available voices: {', '.join(exc.available)} "
             "(OpenAI voice names map to the default voice).",
             param="voice",
             code="voice_not_found",
@@ -238,8 +266,21 @@ def to_api_error(exc: Exception) -> ApiError:
     return ApiError("The server had an error while processing your request.")
 
 
+class EnvelopeResponse(JSONResponse):
+    """JSON with every non-ASCII character escaped: an envelope that echoes a client's
+    string (even a lone surrogate) always encodes."""
+
+    def render(self, content: object) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
 def error_response(exc: ApiError) -> JSONResponse:
-    return JSONResponse(exc.envelope(), status_code=exc.status_code, headers=exc.headers)
+    headers = exc.headers
+    if exc.status_code >= 500 and "Connection" not in headers:
+        # the server may be in a bad way (or going away): the client's next request opens a
+        # new connection rather than meeting a reset on this one
+        headers = {**headers, "Connection": "close"}
+    return EnvelopeResponse(exc.envelope(), status_code=exc.status_code, headers=headers)
 
 
 async def handle_error(request: Request, exc: Exception) -> JSONResponse:

@@ -118,6 +118,12 @@ class Metrics:
         self.started = Counter(
             "playhead_streams_started", "Streams submitted and admitted", registry=r
         )
+        self.stage_timeouts = Counter(
+            "playhead_stage_timeouts",
+            "Model calls that hung past engine.call_timeout_s (their streams failed)",
+            ["stage"],
+            registry=r,
+        )
 
     # EngineEvents ---------------------------------------------------------------------
 
@@ -137,6 +143,9 @@ class Metrics:
 
     def talker_call(self, seconds: float) -> None:
         self.talker_call_s.observe(seconds)
+
+    def stage_timeout(self, stage: str) -> None:
+        self.stage_timeouts.labels(stage=stage).inc()
 
     def talker_step(self, stream_ids: Sequence[str]) -> None:
         """A no-op: talker_call's histogram covers the steps; the ids are for traces."""

@@ -13,22 +13,22 @@ exceptions propagate to the one handler (app/errors.py), which maps them.
 
 from __future__ import annotations
 
-import hmac
 import logging
+import re
 from functools import partial
 from typing import Any
 
 import anyio
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 
 from app.audio import UnsupportedFormat, UnsupportedSampleRate, open_encoder
+from app.client_json import quote
 from app.errors import (
     InvalidRequest,
     NotFound,
     RequestTooLarge,
-    Unauthorized,
     pipeline_api_error,
 )
 from app.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -42,6 +42,8 @@ from pipeline.normalize import normalize_text, speakable
 logger = logging.getLogger("playhead.app")
 
 INLINE_NORMALIZE_MAX_CHARS = 100  # longer inputs are normalised in a worker thread
+# control characters other than tab, newline and carriage return (NUL is refused)
+_CONTROL = re.compile("[\x01-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
 
 def _too_large(max_bytes: int) -> RequestTooLarge:
@@ -56,7 +58,7 @@ def _too_large(max_bytes: int) -> RequestTooLarge:
 async def read_body(request: Request, max_bytes: int) -> bytes:
     """The request body, or RequestTooLarge once it is known to exceed `max_bytes`."""
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > max_bytes:
+    if declared.isascii() and declared.isdigit() and int(declared) > max_bytes:
         raise _too_large(max_bytes)
     received = bytearray()
     async for part in request.stream():
@@ -66,31 +68,7 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
     return bytes(received)
 
 
-def check_api_key(expected: str | None, authorization: str | None) -> None:
-    """Raises Unauthorized unless `authorization` is `Bearer <expected>` (or no key is set)."""
-    if expected is None:
-        return
-    scheme, _, token = (authorization or "").partition(" ")
-    if not authorization or scheme.lower() != "bearer" or not token.strip():
-        raise Unauthorized(
-            "You didn't provide an API key. Provide it in an Authorization header using "
-            "Bearer auth (Authorization: Bearer YOUR_KEY).",
-            code="missing_api_key",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
-    if not hmac.compare_digest(token.strip().encode(), expected.encode()):
-        raise Unauthorized(
-            "Incorrect API key provided.",
-            code="invalid_api_key",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
-
-
-async def require_api_key(request: Request, state: StateDep) -> None:
-    check_api_key(state.settings.server.api_key, request.headers.get("authorization"))
-
-
-v1_router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
+v1_router = APIRouter(prefix="/v1")
 open_router = APIRouter()
 
 
@@ -139,12 +117,19 @@ async def create_speech(request: Request, state: StateDep) -> Response:
     speech = parse_speech_request(await read_body(request, server.max_request_bytes))
     if not model_accepted(speech.model, server.accepted_model_ids):
         raise NotFound(
-            f"The model '{speech.model}' does not exist. Available models: "
+            f"The model {quote(speech.model)} does not exist. Available models: "
             f"{', '.join(server.accepted_model_ids)} (and any tts-1* or gpt-4o-mini-tts* id).",
             param="model",
             code="model_not_found",
         )
-    text = speech.input.strip()
+    if "\x00" in speech.input:
+        raise InvalidRequest(
+            "Invalid 'input': it contains a NUL character (U+0000), which is not text.",
+            param="input",
+            code="invalid_value",
+        )
+    # other control characters (a form feed, a bell) separate words like a space
+    text = _CONTROL.sub(" ", speech.input).strip()
     if not text:
         raise InvalidRequest(
             "Invalid 'input': it must contain at least 1 character after trimming whitespace.",
@@ -237,7 +222,7 @@ async def list_models(state: StateDep) -> dict[str, Any]:
 async def get_model(state: StateDep, model_id: str) -> dict[str, Any]:
     if not model_accepted(model_id, state.settings.server.accepted_model_ids):
         raise NotFound(
-            f"The model '{model_id}' does not exist.", param="model", code="model_not_found"
+            f"The model {quote(model_id)} does not exist.", param="model", code="model_not_found"
         )
     return _model_entry(state, model_id)
 

@@ -8,11 +8,11 @@ malformed JSON, a non-object body, an unknown field and a wrong type all become 
 
 from __future__ import annotations
 
-import json
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from app.client_json import ClientJsonError, load_client_json
 from app.errors import InvalidRequest, json_type_name, validation_error
 
 OPENAI_VOICES = (
@@ -82,12 +82,10 @@ def is_openai_voice(name: str) -> bool:
 def parse_speech_request(body: bytes) -> SpeechRequest:
     """Bytes of a request body -> SpeechRequest, or InvalidRequest naming the field."""
     try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data = load_client_json(body)
+    except ClientJsonError as exc:
         raise InvalidRequest(
-            "We could not parse the JSON body of your request: expected a JSON object "
-            f"({exc.__class__.__name__}).",
-            code="invalid_json",
+            f"We could not parse the JSON body of your request. {exc.message}", code=exc.code
         ) from None
     if not isinstance(data, dict):
         raise validation_error([{"type": "model_type", "loc": (), "input": data}])

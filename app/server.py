@@ -1,8 +1,10 @@
 """The composition root: `create_app(settings)` builds the FastAPI app.
 
 It picks the backend factory, creates the AppState (app/state.py: settings, metrics, the
-engine and the model's loading), installs the error handlers (app/errors.py) and the routes
-(app/routes.py; the WebSocket and the page at / in app/ws/). Nothing imports this module
+engine and the model's loading), installs the error handlers (app/errors.py), the
+middleware (x-request-id, CORS when configured, the shutdown drain of app/shutdown.py, the
+API key of app/security.py) and the routes (app/routes.py; the WebSocket and the page at /
+in app/ws/). Nothing imports this module
 but the command line and tests.
 """
 
@@ -11,12 +13,15 @@ from __future__ import annotations
 from functools import partial
 
 from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
 
 from app import __version__
 from app.errors import install_error_handlers
 from app.request_id import RequestIdMiddleware
 from app.routes import open_router, v1_router
+from app.security import AccessMiddleware
 from app.settings import Settings
+from app.shutdown import DrainMiddleware
 from app.state import AppState, BackendFactory, attach_state
 from app.ws.route import install as install_websocket
 from pipeline import build_backend
@@ -37,14 +42,30 @@ def create_app(settings: Settings, *, backend_factory: BackendFactory | None = N
         codec_lm=settings.codec_lm,
     )
     state = AppState(settings, factory)
+    server = settings.server
     app = FastAPI(
         title="Playhead",
         version=__version__,
         summary="Streaming text-to-speech, scheduled by playback deadline",
         lifespan=state.lifespan,
+        # /docs and /redoc would load their scripts from a CDN: never served
+        docs_url=None,
+        redoc_url=None,
+        openapi_url="/openapi.json" if server.openapi else None,
     )
     attach_state(app, state)
     install_error_handlers(app)
+    # the last added runs first: request id, CORS, drain (503), then the API key
+    app.add_middleware(AccessMiddleware, api_key=server.api_key, public_routes=server.public_routes)
+    app.add_middleware(DrainMiddleware, state=state)
+    if server.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(server.cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"],
+            expose_headers=["x-request-id", "X-Playhead-Stream-Id", "Retry-After"],
+        )
     app.add_middleware(RequestIdMiddleware)
     app.include_router(v1_router)
     app.include_router(open_router)

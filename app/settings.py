@@ -44,10 +44,12 @@ from pipeline.config import (
 )
 from scheduling import AdmissionConfig, ChunkingConfig, ConfigError, SchedulingConfig
 from scheduling.validation import (
+    check_bool,
     check_choice,
     check_int,
     check_int_in,
     check_names,
+    check_number_in,
     check_text,
 )
 
@@ -68,6 +70,9 @@ class SettingsError(ValueError):
 
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+# Routes that `server.public_routes` may open without the API key: /metrics, /openapi.json,
+# and the page at / (with its /static/ files).
+PUBLIC_ROUTES = ("metrics", "openapi", "page")
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,17 @@ class ServerConfig:
     log_level: str = "info"  # one of LOG_LEVELS, any case
     # Playhead's own model ids; OPENAI_MODEL_IDS are accepted on top of these.
     model_ids: tuple[str, ...] = ("playhead", "playhead-piper")
+    # Serve the OpenAPI schema at /openapi.json (no /docs or /redoc pages: their assets
+    # would come from a CDN).
+    openapi: bool = False
+    # With an api_key set, these stay open without it (besides /health and /ready, always
+    # open): any of PUBLIC_ROUTES.
+    public_routes: tuple[str, ...] = ()
+    # Origins allowed to call the API from a browser (CORS); empty: no CORS headers at all.
+    cors_origins: tuple[str, ...] = ()
+    # On SIGTERM: refuse new requests (503), let streams in flight finish for this long,
+    # then cancel the rest.
+    shutdown_grace_s: float = 10.0
 
     def __post_init__(self) -> None:
         check_text("host", self.host)
@@ -96,6 +112,27 @@ class ServerConfig:
         check_choice("log_level", level, LOG_LEVELS)
         object.__setattr__(self, "log_level", level)
         object.__setattr__(self, "model_ids", check_names("model_ids", self.model_ids))
+        check_bool("openapi", self.openapi)
+        public = self.public_routes
+        public = tuple(public) if isinstance(public, list | tuple) else None
+        if public is None or not all(name in PUBLIC_ROUTES for name in public):
+            raise ConfigError(
+                f"public_routes must be a list of {', '.join(PUBLIC_ROUTES)}, "
+                f"got {self.public_routes!r}"
+            )
+        object.__setattr__(self, "public_routes", public)
+        origins = self.cors_origins
+        origins = tuple(origins) if isinstance(origins, list | tuple) else None
+        if origins is None or not all(
+            isinstance(o, str) and (o == "*" or re.fullmatch(r"https?://[^/\s]+", o))
+            for o in origins
+        ):
+            raise ConfigError(
+                'cors_origins must be a list of origins like https://example.com (or "*"), '
+                f"got {self.cors_origins!r}"
+            )
+        object.__setattr__(self, "cors_origins", origins)
+        check_number_in("shutdown_grace_s", self.shutdown_grace_s, (0.0, 3600.0))
         needed = JSON_BYTES_PER_CHAR * self.max_input_chars
         if self.max_request_bytes < needed:
             raise ConfigError(

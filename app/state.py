@@ -48,6 +48,9 @@ class AppState:
         self._loaded: asyncio.Event | None = None
         # the encoders' own threads (app/streaming.py)
         self.encoder_threads = EncoderThreads(settings.encoding.encoder_threads)
+        # set by a graceful shutdown (app/shutdown.py): new requests get 503
+        self._drain_deadline_s: float | None = None
+        self._drain_now: asyncio.Event | None = None
 
     @property
     def backend(self) -> Backend | None:
@@ -58,6 +61,8 @@ class AppState:
     def ready_engine(self) -> Engine | None:
         """The engine when it is loaded and its loops run, else None: the one readiness test."""
         engine = self.engine
+        if self._drain_deadline_s is not None:
+            return None
         return engine if engine is not None and engine.ready else None
 
     @property
@@ -65,7 +70,12 @@ class AppState:
         return self.ready_engine is not None
 
     def not_ready_error(self) -> ServiceUnavailable:
-        """Why there is no engine to serve with: loading, failed to load, or stopped."""
+        """Why there is no engine to serve with: loading, failed to load, shutting down, or
+        stopped."""
+        if self._drain_deadline_s is not None:
+            from app.shutdown import shutting_down_error
+
+            return shutting_down_error(self.drain_left_s())
         if self.load_error is not None:
             return ServiceUnavailable(
                 f"The model failed to load: {self.load_error}", code="model_load_failed"
@@ -138,6 +148,51 @@ class AppState:
         finally:
             self._loaded.set()
 
+    @property
+    def draining(self) -> bool:
+        """Whether a graceful shutdown began: admission is closed."""
+        return self._drain_deadline_s is not None
+
+    def drain_left_s(self) -> float:
+        """Seconds of the shutdown grace left (0 when not draining)."""
+        if self._drain_deadline_s is None:
+            return 0.0
+        return max(0.0, self._drain_deadline_s - time.monotonic())
+
+    def end_drain_now(self) -> None:
+        """Skip what is left of the grace (a second SIGTERM)."""
+        if self._drain_now is not None:
+            self._drain_now.set()
+
+    async def drain(self, grace_s: float) -> None:
+        """Close admission, let the streams in flight end for up to `grace_s`, then cancel
+        the rest (app/shutdown.py)."""
+        self._drain_deadline_s = time.monotonic() + grace_s
+        self._drain_now = asyncio.Event()
+        engine = self.engine
+        in_flight = engine.in_flight if engine is not None else 0
+        logger.info(
+            "shutting down: admission closed, %d stream(s) in flight, grace %.1f s",
+            in_flight,
+            grace_s,
+        )
+        if engine is None:
+            return
+        engine.close_admission()
+        waited = asyncio.ensure_future(engine.wait_idle())
+        now = asyncio.ensure_future(self._drain_now.wait())
+        try:
+            await asyncio.wait({waited, now}, timeout=grace_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waited.cancel()
+            now.cancel()
+        left = engine.in_flight
+        if left:
+            logger.info("shutdown grace over: cancelling %d stream(s)", left)
+            engine.cancel_all()
+            # their responses end (an SSE error event, a cut body) before uvicorn closes
+            await asyncio.sleep(0.2)
+
     async def shutdown(self) -> None:
         self.encoder_threads.close()
         engine, self.engine = self.engine, None
@@ -167,6 +222,12 @@ def _close_built_backend(future: asyncio.Future[Backend]) -> None:
 
 def attach_state(app: FastAPI, state: AppState) -> None:
     setattr(app.state, STATE_ATTRIBUTE, state)
+
+
+def find_app_state(app: object) -> AppState | None:
+    """The AppState of an app built by app.server.create_app, else None."""
+    state = getattr(getattr(app, "state", None), STATE_ATTRIBUTE, None)
+    return state if isinstance(state, AppState) else None
 
 
 def get_state(request: Request) -> AppState:

@@ -238,6 +238,10 @@ class StreamBook:
             self._orphans.append(opened)
             self._wakes.talker()
 
+    @property
+    def has_orphans(self) -> bool:
+        return bool(self._orphans)
+
     def take_orphans(self) -> list[OpenSegment]:
         """Segments of ended streams that the talker must close."""
         orphans, self._orphans = self._orphans, []

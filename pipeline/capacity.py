@@ -9,9 +9,16 @@ The engine runs each stage in its own thread, in parallel, so the pipeline's cap
 the slower stage's rate (`pipeline_capacity`).
 
 Under light load a batched vocoder runs small batches, so the estimate is conservative
-then and rises as load fills the batches. When no call ended within the window (idle),
-the last estimate holds; before any measurement the initial value (0 = unknown) holds.
-Pure: the clock is passed in.
+then and rises as load fills the batches.
+
+The engine calibrates each stage at start-up (a short measured warm-up, Engine.calibrate)
+and gives the result to `set_baseline`. From then on the baseline anchors the estimate:
+when no call ended within the window (idle), the estimate is the baseline again, not
+whatever the last busy period measured; while busy, it never falls below
+`floor_fraction` x baseline, so a short slow patch (another process taking the CPU for a
+few seconds) cannot make admission refuse most of the real capacity. Without a baseline,
+an idle stage holds its last estimate; before any measurement the initial value
+(0 = unknown) holds. Pure: the clock is passed in.
 """
 
 from __future__ import annotations
@@ -33,6 +40,26 @@ class CapacityEstimate:
         self._audio_s = 0.0
         self._last = initial_audio_s_per_s
         self._measured = False
+        self._baseline = 0.0
+        self._floor = 0.0
+
+    @property
+    def baseline(self) -> float:
+        """The calibrated rate (0 until `set_baseline`)."""
+        return self._baseline
+
+    def reset(self) -> None:
+        """Forget the calls in the window (the calibration's ramp-up)."""
+        self._calls.clear()
+        self._busy_s = self._audio_s = 0.0
+
+    def set_baseline(self, audio_s_per_s: float, floor_fraction: float) -> None:
+        """The calibrated rate: what an idle stage reports, and (times `floor_fraction`)
+        the least a busy one does."""
+        if not audio_s_per_s >= 0 or not 0 <= floor_fraction <= 1:
+            raise ValueError(f"bad baseline {audio_s_per_s!r} or floor {floor_fraction!r}")
+        self._baseline = audio_s_per_s
+        self._floor = audio_s_per_s * floor_fraction
 
     @property
     def measured(self) -> bool:
@@ -57,8 +84,10 @@ class CapacityEstimate:
             self._audio_s -= audio_s
         if not self._calls:
             self._busy_s = self._audio_s = 0.0  # no float residue carried into the next window
+            if self._baseline > 0:
+                self._last = self._baseline
             return self._last
-        self._last = self._audio_s / self._busy_s
+        self._last = max(self._audio_s / self._busy_s, self._floor)
         return self._last
 
 

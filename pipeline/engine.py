@@ -47,6 +47,20 @@ from scheduling import (
 
 __all__ = ["Engine", "EngineEvents"]
 
+# What the calibration speaks: plain sentences of ordinary length.
+CALIBRATION_TEXT = (
+    "The morning train was late again, so we walked along the river instead. "
+    "By the time we reached the bridge, the fog had lifted and the city was awake. "
+    "Nobody seemed to mind the delay; there was coffee, and the light was lovely."
+)
+
+
+async def _read_out(stream: Stream) -> None:
+    """Read a stream's audio as fast as it comes (a calibration stream's reader)."""
+    async for _ in stream.chunks():
+        pass
+
+
 log = logging.getLogger("playhead.engine")
 
 _DEFAULT_ENGINE = EngineConfig()
@@ -84,27 +98,33 @@ class Engine:
         self._chunking = chunking
         self._supervisor: asyncio.Task[None] | None = None
         self._stopping = False
+        self._admission_closed = False
+        # the start-up calibration's result: audio s per s (0 = not calibrated)
+        self.calibrated_capacity = 0.0
+        self.calibrations = 0  # calibrations that measured something
+        self._calibration: list[Stream] | None = None  # streams of a running calibration
+        self._last_activity_s = clock()
         self._build()
 
     def _build(self) -> None:
         """Fresh stages and book (at construction, and to start again after a stop)."""
         engine, talker, scheduling = self._config, self._talker_config, self._scheduling
-        self.talker_stage = StageExecutor("talker", clock=self._clock)
+        stage = partial(
+            StageExecutor,
+            clock=self._clock,
+            call_timeout_s=engine.call_timeout_s,
+            on_timeout=self._stage_timed_out,
+        )
+        self.talker_stage = stage("talker")
         # a second talker lane where the backend's steps may run side by side
         concurrent = getattr(self._backend, "concurrent_talker_steps", False)
-        self.urgent_stage = (
-            StageExecutor("talker-urgent", clock=self._clock)
-            if talker.urgent_lane and concurrent
-            else None
-        )
-        self.vocoder_stage = StageExecutor("vocoder", clock=self._clock)
+        self.urgent_stage = stage("talker-urgent") if talker.urgent_lane and concurrent else None
+        self.vocoder_stage = stage("vocoder")
         # more vocoder workers where the backend's vocode calls may run side by side
         workers = self._vocoder_config.workers
         if not getattr(self._backend, "concurrent_vocode_calls", False):
             workers = 1
-        self.extra_vocoder_stages = [
-            StageExecutor(f"vocoder-{index}", clock=self._clock) for index in range(1, workers)
-        ]
+        self.extra_vocoder_stages = [stage(f"vocoder-{index}") for index in range(1, workers)]
         self.book = StreamBook(
             scheduler=PlaybackScheduler(scheduling),
             planner=ChunkPlanner(self._chunking),
@@ -140,6 +160,15 @@ class Engine:
             extra_stages=self.extra_vocoder_stages,
         )
 
+    def _stage_timed_out(self, stage: str, timeout_s: float) -> None:
+        log.error(
+            "a %s model call hung for more than %g s: its streams fail, the stage goes on "
+            "in a fresh thread",
+            stage,
+            timeout_s,
+        )
+        self._events.stage_timeout(stage)
+
     def _wake_talker(self) -> None:
         self.talker.wake.set()
 
@@ -159,12 +188,15 @@ class Engine:
             self._run(started), name="playhead-engine"
         )
         await started.wait()
+        await self.calibrate()
 
     async def _run(self, started: asyncio.Event) -> None:
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self.talker.run(), name="playhead-talker-loop")
                 group.create_task(self.vocoder.run(), name="playhead-vocoder-loop")
+                if self._config.calibration_calls and self._config.recalibrate_idle_s:
+                    group.create_task(self._recalibrate_when_idle(), name="playhead-calibration")
                 started.set()
         except asyncio.CancelledError:
             raise
@@ -174,6 +206,136 @@ class Engine:
             self.book.fail_all(cause)
         finally:
             started.set()
+
+    # Calibration.
+
+    async def calibrate(self) -> float:
+        """Measure the capacity: internal streams of CALIBRATION_TEXT (one per vocoder
+        batch slot, at least 2) run through both stages, at once, until the vocoder made
+        `engine.calibration_calls` calls; their events are not reported. The result
+        anchors the capacity estimate (pipeline/capacity.py) and sets the default
+        `admission.max_streams`. A stream submitted meanwhile ends the calibration at once
+        (what it measured is discarded). Returns the calibrated capacity (0: none)."""
+        config = self._config
+        if not config.calibration_calls or not self.ready or self._calibration is not None:
+            return self.calibrated_capacity
+        streams: list[Stream] = []
+        self._calibration = streams
+        self._events.muted = True
+        try:
+            measured = await self._calibrate(streams)
+        finally:
+            # a submit may have ended it already (and unmuted the events)
+            if self._calibration is streams:
+                self._calibration = None
+                self._end_calibration(streams)
+            self._last_activity_s = self._clock()
+        return measured
+
+    async def _calibrate(self, streams: list[Stream]) -> float:
+        config = self._config
+        loop = asyncio.get_running_loop()
+        book = self.book
+        voice = self.resolve_voice(self._backend.default_voice())
+        count = max(2, self._scheduling.active_stream_window, min(self._talker_config.batch, 16))
+        turns_before = self.vocoder.turns
+        for rate in (self.vocoder.rate, self.talker.rate):
+            rate.set_baseline(0.0, 0.0)  # measure afresh
+        started_s = loop.time()
+
+        def running() -> bool:
+            return (
+                self._calibration is streams and loop.time() - started_s < config.calibration_max_s
+            )
+
+        now_s = self._clock()
+        for _ in range(count):
+            stream = book.add_stream(voice, speed=1.0, now_s=now_s)
+            book.add_text(stream.id, CALIBRATION_TEXT, final=True)
+            streams.append(stream)
+        readers = [asyncio.ensure_future(_read_out(stream)) for stream in streams]
+        # the first chunks of a stream are small (the ramp): a loaded server decodes
+        # steady chunks, so the turns of the ramp are run but not measured
+        window = max(1, self._scheduling.active_stream_window)
+        ramp_turns = math.ceil(count * max(1, len(self._chunking.ramp)) / window)
+        try:
+            while (
+                running()
+                and self.vocoder.turns - turns_before < ramp_turns
+                and not all(reader.done() for reader in readers)
+            ):
+                await asyncio.sleep(0.005)
+            self.vocoder.rate.reset()
+            self.talker.rate.reset()
+            turns_before = self.vocoder.turns
+            while (
+                running()
+                and self.vocoder.turns - turns_before < config.calibration_calls
+                and not all(reader.done() for reader in readers)
+            ):
+                await asyncio.sleep(0.005)
+        finally:
+            for reader in readers:
+                reader.cancel()
+            await asyncio.gather(*readers, return_exceptions=True)
+        if self._calibration is not streams:  # a submit ended it
+            return self.calibrated_capacity
+        idle_waits = self.vocoder.idle_waits
+        for stream in streams:
+            book.cancel(stream.id)
+        # the talker closes the calibration's open segments (orphans), and the vocoder's
+        # turn in flight ends, before anything is reported again
+        while running() and (
+            book.has_orphans or self.talker.lanes_busy or self.vocoder.idle_waits == idle_waits
+        ):
+            await asyncio.sleep(0.002)
+        if self._calibration is not streams or self.vocoder.turns == turns_before:
+            return self.calibrated_capacity
+        now_s = self._clock()
+        vocoder_rate, talker_rate = self.vocoder.rate.value(now_s), self.talker.rate.value(now_s)
+        floor = config.capacity_floor
+        self.vocoder.rate.set_baseline(vocoder_rate, floor)
+        self.talker.rate.set_baseline(talker_rate, floor)
+        self.calibrated_capacity = pipeline_capacity(vocoder_rate, talker_rate)
+        self.calibrations += 1
+        log.info(
+            "calibrated in %.2f s: vocoder %.1f, talker %.1f audio s/s; capacity %.1f "
+            "streams at 1x (max_streams %s)",
+            loop.time() - started_s,
+            vocoder_rate,
+            talker_rate,
+            self.calibrated_capacity,
+            self._admission.config.max_streams or self.default_max_streams,
+        )
+        return self.calibrated_capacity
+
+    def _end_calibration(self, streams: list[Stream]) -> None:
+        """Cancel a calibration's streams (not reported) and report events again."""
+        self._events.muted = True
+        for stream in streams:
+            self.book.cancel(stream.id)
+        self._events.muted = False
+
+    async def _recalibrate_when_idle(self) -> None:
+        """Calibrate again after `engine.recalibrate_idle_s` with no stream at all."""
+        idle_s = self._config.recalibrate_idle_s
+        while True:
+            await asyncio.sleep(max(idle_s / 4, 0.01))
+            quiet_s = self._clock() - self._last_activity_s
+            if self.in_flight == 0 and quiet_s >= idle_s:
+                try:
+                    await self.calibrate()
+                except Exception:  # never a reason to stop the engine
+                    log.exception("recalibration failed")
+
+    @property
+    def default_max_streams(self) -> int:
+        """`admission.max_streams` when set to 0: the calibrated capacity times the
+        headroom, rounded down (at least 1); 0 (no cap) before any calibration."""
+        if self.calibrated_capacity <= 0:
+            return 0
+        headroom = self._admission.config.capacity_headroom
+        return max(1, math.floor(self.calibrated_capacity * headroom + 1e-9))
 
     async def stop(self) -> None:
         self._stopping = True
@@ -221,13 +383,20 @@ class Engine:
             raise ValueError(f"speed must be a finite number > 0, got {speed!r}")
         if not self.ready:
             raise NotReady("the engine is not running")
+        if self._admission_closed:
+            raise NotReady("the engine is shutting down")
+        calibration, self._calibration = self._calibration, None
+        if calibration is not None:  # a real stream ends a recalibration
+            self._end_calibration(calibration)
         now_s = self._clock()
+        self._last_activity_s = now_s
         book = self.book
         decision = self._admission.decide(
             now_s,
             book.playing_streams(now_s),
             self.capacity(now_s),
             finish_times_s=book.finish_times_s(now_s),
+            default_max_streams=self.default_max_streams,
         )
         if not decision.accept:
             self._events.rejected(decision.reason)
@@ -247,6 +416,24 @@ class Engine:
 
     def cancel(self, stream_id: str) -> None:
         self.book.cancel(stream_id)
+
+    def close_admission(self) -> None:
+        """Refuse every new stream from now on (NotReady); the streams in flight go on."""
+        self._admission_closed = True
+
+    def cancel_all(self) -> None:
+        """Cancel every stream (a shutdown whose grace ran out)."""
+        self.book.cancel_all()
+
+    @property
+    def in_flight(self) -> int:
+        """Streams not yet ended: with work left, or with audio their client has not read."""
+        return len(self.book.stream_ids())
+
+    async def wait_idle(self, poll_s: float = 0.05) -> None:
+        """Returns once no stream is in flight."""
+        while self.in_flight:
+            await asyncio.sleep(poll_s)
 
     def capacity(self, now_s: float | None = None) -> float:
         """Audio seconds per wall second the pipeline produces when busy."""

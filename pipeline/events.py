@@ -41,18 +41,30 @@ class EngineEvents(Protocol):
 
     def turn_timing(self, timing: TurnTiming) -> None: ...
 
+    def stage_timeout(self, stage: str) -> None:
+        """A model call of this stage hung past engine.call_timeout_s."""
+        ...
+
 
 class GuardedEvents:
     """An EngineEvents whose hooks never raise into the engine: a failing hook is logged.
-    The Engine wraps its events in one, so the stages call hooks directly."""
+    The Engine wraps its events in one, so the stages call hooks directly. While `muted`
+    (the engine's calibration) no hook is called."""
 
     def __init__(self, events: EngineEvents) -> None:
         self._events = events
+        # True while the engine calibrates: its internal streams are not reported
+        self.muted = False
 
     def __getattr__(self, name: str) -> Callable[..., None]:
-        hook = getattr(self._events, name)
+        events = self._events
 
         def guarded(*args: object) -> None:
+            if self.muted:
+                return
+            # looked up at each call: a hook replaced on the events object after the
+            # engine started is the one called; one the object lacks does nothing
+            hook = getattr(events, name, None) or _no_hook
             try:
                 hook(*args)
             except Exception:
@@ -60,6 +72,10 @@ class GuardedEvents:
 
         setattr(self, name, guarded)  # built once per hook
         return guarded
+
+
+def _no_hook(*args: object) -> None:
+    return None
 
 
 class NullEvents:
@@ -96,6 +112,9 @@ class NullEvents:
         pass
 
     def turn_timing(self, timing: TurnTiming) -> None:
+        pass
+
+    def stage_timeout(self, stage: str) -> None:
         pass
 
 

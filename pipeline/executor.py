@@ -9,6 +9,13 @@ model's thread-local state (ONNX Runtime sessions, a generator's frame) stays on
 
 Cancelling the awaiting task does not interrupt a call already running in the thread (a
 model call cannot be interrupted); `aclose` waits for the calls in flight to end.
+
+A call that has not returned after `call_timeout_s` raises StageTimeout in its caller
+(whose streams then fail) and the stage moves on to a fresh worker thread: the hung call
+is abandoned in its old thread (its result, if it ever comes, is dropped), so one stuck
+model call cannot stop every other stream. The backend must then accept a call from the
+new thread while the old one may still run (ONNX Runtime sessions do); `abandoned` counts
+such threads.
 """
 
 from __future__ import annotations
@@ -31,6 +38,10 @@ class StageClosed(RuntimeError):
     """A call was made on a stage executor after it was closed."""
 
 
+class StageTimeout(RuntimeError):
+    """A stage call did not return within the stage's `call_timeout_s`."""
+
+
 @dataclass(frozen=True)
 class Timed(Generic[T]):
     """A stage call's result and when it ran (clock seconds, read in the stage thread)."""
@@ -47,12 +58,23 @@ class Timed(Generic[T]):
 class StageExecutor:
     """One dedicated worker thread for one pipeline stage."""
 
-    def __init__(self, name: str, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        call_timeout_s: float = 0.0,
+        on_timeout: Callable[[str, float], None] | None = None,
+    ) -> None:
+        """`call_timeout_s` > 0: a call running longer raises StageTimeout (module doc)."""
         self.name = name
         self.thread_name = f"{THREAD_PREFIX}{name}"
         self._clock = clock
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.thread_name)
         self._closed = False
+        self.call_timeout_s = call_timeout_s
+        self.abandoned = 0  # worker threads left behind with a hung call
+        self._on_timeout = on_timeout  # (stage name, timeout) on each hung call
 
     @property
     def closed(self) -> bool:
@@ -67,7 +89,30 @@ class StageExecutor:
         if self._closed:
             raise StageClosed(f"the {self.name} stage is closed")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, functools.partial(fn, *args))
+        future = loop.run_in_executor(self._pool, functools.partial(fn, *args))
+        if self.call_timeout_s <= 0:
+            return await future
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), self.call_timeout_s)
+        except TimeoutError:
+            if future.done():  # it returned at the very end: not a hang
+                return future.result()
+            self._abandon(future)
+            raise StageTimeout(
+                f"the {self.name} model call did not return within {self.call_timeout_s:g} s"
+            ) from None
+
+    def _abandon(self, future: asyncio.Future[object]) -> None:
+        """Leave the hung call's thread behind; later calls get a fresh one."""
+        future.add_done_callback(_drop_result)
+        stuck, self._pool = (
+            self._pool,
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.thread_name),
+        )
+        stuck.shutdown(wait=False, cancel_futures=True)
+        self.abandoned += 1
+        if self._on_timeout is not None:
+            self._on_timeout(self.name, self.call_timeout_s)
 
     async def run_timed(self, fn: Callable[..., T], /, *args: object) -> Timed[T]:
         """Like `run`, and say when the call started and finished (the stage's busy time)."""
@@ -94,6 +139,11 @@ class StageExecutor:
 
 def _noop() -> None:
     return None
+
+
+def _drop_result(future: asyncio.Future[object]) -> None:
+    if not future.cancelled():
+        future.exception()  # retrieved: no "exception was never retrieved" warning
 
 
 def _cancelling() -> bool:

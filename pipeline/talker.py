@@ -26,7 +26,8 @@ audio, an ack, an unpark, a cancel), or until the first stream held back by the
 high-water mark falls under it.
 
 Errors: `open_segment` failing fails its stream only; `step` failing fails the streams
-of that step; their segments are closed either way.
+of that step; their segments are closed either way. A call that hangs past the stage's
+`engine.call_timeout_s` fails the streams of its batch (pipeline/executor.py).
 """
 
 from __future__ import annotations
@@ -102,6 +103,7 @@ class Talker:
         self.steps = 0  # talker steps run
         self.urgent_steps = 0  # of those, run by the second lane
         self.idle_waits = 0  # times the loop found nothing to do and waited
+        self.lanes_busy = 0  # talker calls running now
 
     async def run(self) -> None:
         book = self._book
@@ -117,6 +119,7 @@ class Talker:
                     plan = book.plan_talker(now_s, self._order)
                     if plan.step_ids or orphans:
                         batch = self._dispatch(plan.step_ids)
+                        self.lanes_busy += 1  # from here: its orphans are no longer listed
                         main = lanes.create_task(self._lane(self._stage, batch, orphans))
                         continue
                     retry_in_s = plan.retry_in_s
@@ -125,6 +128,7 @@ class Talker:
                     if fresh:
                         batch = self._dispatch(fresh)
                         self.urgent_steps += 1
+                        self.lanes_busy += 1
                         urgent = lanes.create_task(self._lane(self._urgent_stage, batch, []))
                         continue
                 if main is None or main.done():
@@ -156,6 +160,7 @@ class Talker:
         try:
             await self._step(stage, batch, orphans)
         finally:
+            self.lanes_busy -= 1
             for opened in batch:
                 opened.in_flight = False
             self.wake.set()  # the lane is free: plan again
@@ -170,6 +175,12 @@ class Talker:
             for opened in batch:
                 opened.cancelled = True
             raise
+        except Exception as error:  # the call hung (StageTimeout): its streams fail
+            for opened in batch:
+                # its segments stay with the abandoned call: never closed from another thread
+                opened.closed = opened.cancelled = True
+                book.fail(opened.record, error)
+            return
         outcome = timed.result
         for opened, error in outcome.open_errors:
             book.fail(opened.record, error)

@@ -16,7 +16,9 @@ from scheduling.validation import check_bool, check_fraction, check_int, require
 
 @dataclass(frozen=True)
 class AdmissionConfig:
-    max_streams: int = 0  # streams at once at most; 0 = no cap
+    # streams at once at most; 0 = the engine's calibrated capacity (no cap when the
+    # engine does not calibrate)
+    max_streams: int = 0
     # share of the measured capacity that may be committed (the measured default: the
     # estimate already includes the talker's share of the CPU, so no further margin)
     capacity_headroom: float = 1.0
@@ -57,13 +59,15 @@ class Admission:
         active_streams: int,
         capacity_audio_s_per_s: float,
         finish_times_s: Iterable[float] = (),
+        default_max_streams: int = 0,
     ) -> Decision:
         """Accept or reject one new stream, given `active_streams` already playing.
 
         `capacity_audio_s_per_s` <= 0 (or NaN) means not measured yet: only max_streams
         applies. `finish_times_s` are the active streams' estimated finish times (monotonic
-        s); non-finite ones are ignored. Reject when max_streams is reached, or when the
-        streams that would be playing (active + this one) exceed capacity * headroom.
+        s); non-finite ones are ignored. Reject when max_streams (when 0:
+        `default_max_streams`, 0 = no cap) is reached, or when the streams that would be
+        playing (active + this one) exceed capacity * headroom.
         """
         config = self._config
         if not config.enabled:
@@ -71,7 +75,8 @@ class Admission:
         require_finite_time("now_s", now_s)
         if active_streams < 0:
             raise ValueError(f"active_streams must be >= 0, got {active_streams!r}")
-        if config.max_streams and active_streams >= config.max_streams:
+        max_streams = config.max_streams or default_max_streams
+        if max_streams and active_streams >= max_streams:
             reason = "max_streams"
         elif (
             capacity_audio_s_per_s > 0

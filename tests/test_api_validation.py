@@ -177,7 +177,7 @@ async def test_listings(client: httpx.AsyncClient) -> None:
     assert (await client.get("/ready")).status_code == 200
 
 
-async def test_api_key_guards_v1_only() -> None:
+async def test_api_key_guards_every_route_but_health_and_ready() -> None:
     async with asgi_client(sim_settings("server.api_key=s3cret")) as client:
         for method, path in (("GET", "/v1/models"), ("GET", "/v1/audio/voices"), ("POST", SPEECH)):
             response = await client.request(method, path, json=speech_body("Ok."))
@@ -191,8 +191,10 @@ async def test_api_key_guards_v1_only() -> None:
             assert response.status_code == 200
         response = await client.post(SPEECH, headers={"authorization": "Basic s3cret"}, json={})
         assert_error(response, 401, code="missing_api_key")
-        for path in ("/health", "/ready", "/metrics"):
+        for path in ("/health", "/ready"):
             assert (await client.get(path)).status_code == 200
+        for path in ("/metrics", "/", "/static/app.js", "/nothing", "/openapi.json"):
+            assert_error(await client.get(path), 401, code="missing_api_key")
 
 
 async def test_no_key_configured_accepts_any_authorization(client: httpx.AsyncClient) -> None:

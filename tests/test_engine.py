@@ -59,9 +59,9 @@ async def _assert_empty(engine: Engine, streams: Sequence[Stream]) -> None:
     stats = engine.stats()
     assert (stats.active_streams, stats.parked_streams, stats.queued_frames) == (0, 0, 0)
     assert len(engine.book.scheduler) == 0
-    if isinstance(engine.backend, SimBackend):  # every talker segment was closed
-        # (an orphan taken off the book is closed by the talker's next call, in its thread)
-        backend = engine.backend
+    backend = engine.backend
+    if isinstance(backend, SimBackend):  # every talker segment is closed (an orphan taken
+        # from the book's list is closed by the talker call that took it, a moment later)
         await until(lambda: backend.open_segments == 0)
 
 
@@ -220,10 +220,11 @@ async def test_admission_rejects_beyond_the_measured_capacity(make_engine: Engin
     engine = await make_engine(
         SimBackend(sim),
         chunking=ChunkingConfig(chunk_frames=2),
-        admission=AdmissionConfig(enabled=True, capacity_headroom=0.9),
+        # a fixed cap above the capacity: the capacity rule refuses first
+        admission=AdmissionConfig(enabled=True, capacity_headroom=0.9, max_streams=10),
         events=Events(),
     )
-    first = engine.submit(TEXTS[0], voice="sim")  # nothing measured yet: admitted
+    first = engine.submit(TEXTS[0], voice="sim")  # 1 stream <= 2 x 0.9 (calibrated)
     chunks = aiter(first.chunks())
     await anext(chunks)  # one vocoder call measured; the stream stays active
     assert 1.0 < engine.stats().capacity_audio_s_per_s < 2.5
@@ -240,6 +241,7 @@ async def test_admission_counts_a_stream_until_its_player_runs_dry() -> None:
     offset_s = 0.0
     engine = Engine(
         SimBackend(FAST_SIM),
+        engine=EngineConfig(calibration_calls=0),  # no start-up calibration here
         scheduling=SchedulingConfig(policy="edf", active_stream_window=2),
         chunking=ChunkingConfig(chunk_frames=8),
         admission=AdmissionConfig(enabled=True, max_streams=1),
@@ -303,9 +305,12 @@ async def test_a_backend_error_fails_only_its_stream(
     engine = await make_engine(backend, window=1)
     texts = [TEXTS[0], TEXTS[2] + f" {stage.upper()}-BOOM, it fails here.", TEXTS[3]]
     if stage == "vocoder":
-        backend.bad_tag = 2  # the second stream submitted
         texts[1] = TEXTS[2]
     streams = [engine.submit(text, voice="sim") for text in texts]
+    if stage == "vocoder":  # the second stream submitted (before the vocoder ran at all)
+        record = engine.book.record(streams[1].id)
+        assert record is not None
+        backend.bad_tag = record.tag
     results = await asyncio.gather(*(read_all(s) for s in streams), return_exceptions=True)
     assert isinstance(results[1], StreamFailed)
     assert str(results[1].cause) == f"{stage} exploded"
@@ -350,9 +355,11 @@ async def test_model_calls_run_in_their_stage_threads(make_engine: EngineFactory
 
 async def test_idle_loops_wait_on_events_not_polls(make_engine: EngineFactory) -> None:
     engine = await make_engine()
+    await asyncio.sleep(0.01)  # the calibration's last wakes are handled
+    after_start = (engine.talker.idle_waits, engine.vocoder.idle_waits)
     await asyncio.sleep(0.05)
-    # each loop checked once, then waits for an event
-    assert (engine.talker.idle_waits, engine.vocoder.idle_waits) == (1, 1)
+    # each loop waits for an event: no polling while idle
+    assert (engine.talker.idle_waits, engine.vocoder.idle_waits) == after_start
     await read_all(engine.submit(TEXTS[1], voice="sim"))
     await asyncio.sleep(0.05)  # both loops settle
 

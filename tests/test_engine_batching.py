@@ -21,7 +21,7 @@ from conftest import TEST_CHUNKING, EngineFactory, read_all, until
 from pipeline import Engine, StreamCancelled, StreamState
 from pipeline.backend import TalkRequest, TalkStep
 from pipeline.backends.sim import SimBackend, SimSegment, decode_sim_signal, expected_frames
-from pipeline.config import SimConfig, TalkerConfig
+from pipeline.config import EngineConfig, SimConfig, TalkerConfig
 from scheduling import AdmissionConfig, SchedulingConfig
 
 # A batched codec LM's shape: two frames per segment per step, one long segment per stream.
@@ -142,6 +142,7 @@ async def test_a_stream_above_the_high_water_mark_sits_out_and_keeps_its_segment
     clock = _Clock(frozen_at_s=1000.0)
     engine = Engine(
         backend,
+        engine=EngineConfig(calibration_calls=0),  # no start-up calibration here
         scheduling=SchedulingConfig(policy="edf", active_stream_window=2),
         chunking=TEST_CHUNKING,
         admission=AdmissionConfig(enabled=False),
@@ -237,6 +238,7 @@ def test_a_shared_cache_backend_gets_one_talker_lane() -> None:
     """The sim (one batched model, like a codec LM) declares no concurrent steps."""
     engine = Engine(
         SimBackend(STEPPED),
+        engine=EngineConfig(calibration_calls=0),  # no start-up calibration here
         scheduling=SchedulingConfig(policy="edf", active_stream_window=2),
         chunking=TEST_CHUNKING,
         admission=AdmissionConfig(enabled=False),

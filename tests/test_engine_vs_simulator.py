@@ -56,7 +56,7 @@ SETUP = sim_replica.EngineSetup(
         vocoder_base_ms=7.3,
         vocoder_per_frame_ms=6.1,
     ),
-    engine=EngineConfig(capacity_window_s=2.0),
+    engine=EngineConfig(capacity_window_s=2.0, calibration_calls=0),
 )
 
 
@@ -198,7 +198,7 @@ def run_engine(
     monkeypatch.setattr(
         pipeline.engine,
         "StageExecutor",
-        lambda name, clock: VirtualStage(name, clock=clock, spent=spent),
+        lambda name, clock, **_: VirtualStage(name, clock=clock, spent=spent),
     )
     try:
         return loop.run_until_complete(_drive(loop, spent, setup, arrivals))

@@ -259,7 +259,14 @@ def playhead_url() -> Iterator[str]:
     from app.settings import load_settings
 
     settings = load_settings("configs/sim.yaml", ["server.log_level=warning"])
-    yield from _serve(create_app(settings))
+    served = _serve(create_app(settings))
+    url = next(served)
+    deadline = time.monotonic() + 20  # the engine calibrates before it is ready
+    while httpx.get(f"{url}/ready", timeout=5).status_code != 200:
+        assert time.monotonic() < deadline, "the server did not become ready"
+        time.sleep(0.05)
+    yield url
+    served.close()
 
 
 async def test_playhead_sim_streams_arrive_whole(playhead_url: str) -> None:

@@ -8,13 +8,13 @@ ends the session, the close code.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from app.client_json import ClientJsonError, load_client_json, quote
 from app.errors import json_type_name, validation_error
 
 # Close codes (RFC 6455).
@@ -139,16 +139,17 @@ def _no_extra(data: dict[str, Any], allowed: tuple[str, ...]) -> None:
     extra = sorted(set(data) - {"type", *allowed})
     if extra:
         raise ProtocolError(
-            f"Unknown parameter: '{extra[0]}'.", code="unknown_parameter", param=extra[0]
+            f"Unknown parameter: {quote(extra[0])}.", code="unknown_parameter", param=extra[0]
         )
 
 
 def parse_message(raw: str) -> ClientMessage:
     """One client text message, or ProtocolError (never a close: the caller decides)."""
     try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise ProtocolError(f"The message is not valid JSON: {exc}.", code="invalid_json") from exc
+        data = load_client_json(raw)
+    except ClientJsonError as exc:
+        message = f"The message is not valid JSON. {exc.message}"
+        raise ProtocolError(message, code=exc.code) from None
     if not isinstance(data, dict):
         raise ProtocolError(
             f"A message must be a JSON object, but got {json_type_name(data)}.",

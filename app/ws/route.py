@@ -13,7 +13,7 @@ from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
 from app.errors import ApiError
-from app.routes import check_api_key
+from app.security import check_api_key
 from app.ws.protocol import CLOSE_POLICY, CLOSE_SERVER_ERROR, error_event
 from app.ws.session import Session
 

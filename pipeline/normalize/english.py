@@ -27,17 +27,30 @@ def _plain(words: str) -> str:
     return words.replace(",", "")
 
 
+# Longer whole numbers are read digit by digit (num2words stops below 10^30; nobody says
+# a 20-digit number as one).
+MAX_CARDINAL_DIGITS = 15
+
+
+def _whole(number: str) -> str:
+    if len(number.lstrip("0")) > MAX_CARDINAL_DIGITS:
+        return digits(number)
+    return _plain(num2words(int(number or "0")))
+
+
 def cardinal(number: str) -> str:
     """'1,234.5' -> 'one thousand two hundred and thirty-four point five'."""
     number = number.replace(",", "")
     if "." in number:
         whole, _, fraction = number.partition(".")
-        digits = " ".join(tables.DIGIT_WORDS[int(d)] for d in fraction)
-        return f"{_plain(num2words(int(whole or '0')))} point {digits}"
-    return _plain(num2words(int(number)))
+        fraction_digits = " ".join(tables.DIGIT_WORDS[int(d)] for d in fraction)
+        return f"{_whole(whole)} point {fraction_digits}"
+    return _whole(number)
 
 
 def ordinal(number: int) -> str:
+    if number >= 10**MAX_CARDINAL_DIGITS:
+        return digits(str(number))
     return _plain(num2words(number, to="ordinal"))
 
 
