@@ -9,7 +9,8 @@ is the engine's scheduling/ and pipeline/ code, and the costs are the sim backen
 (pipeline/config.py SimConfig, the only cost model):
 
 - talker: each step runs up to `talker.batch` open segments chosen by the book's
-  scheduling.TalkerQueue (the indexed plan_talker_step), as in the engine; each gets `talker_frames_per_step` frames; a step costs
+  scheduling.TalkerQueue (the indexed plan_talker_step), as in the engine; each gets
+  `talker_frames_per_step` frames; a step costs
   `talker_step_base_ms + talker_step_per_stream_ms * segments`;
 - vocoder: each turn decodes the chunks PlaybackScheduler.select picks, for
   `vocoder_base_ms + vocoder_per_frame_ms * frames` (context included; base once per
