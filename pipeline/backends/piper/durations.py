@@ -11,9 +11,10 @@ The rewrite rounds where the speed-1 voice rounds, then scales: the utterance ge
 at least one frame (a dropped phoneme is a lost sound: at speed 2 exact scaling alone
 dropped the one-frame ones), the pads between phonemes excepted; the frames left are
 shared out in proportion to what each phoneme has above one frame, turned into whole
-frames by rounding their running sum so that the error never accumulates. The total is then within half a frame of L times the
-speed-1 length (unless the speed is so high that one frame a phoneme is already more). At
-length scale 1 the durations are exactly the original ones.
+frames by rounding their running sum so that the error never accumulates. The total is
+then within half a frame of L times the speed-1 length (unless the speed is so high that
+one frame a phoneme is already more). At length scale 1 the durations are exactly the
+original ones.
 
     w = Exp(logw) * mask;  d = Ceil(w * L)                                   (Piper)
     c = Ceil(w);  f = Min(c, 1) * (input != pad);  a = c - f
