@@ -79,6 +79,7 @@ LONG_TOKENS = {
     "e_acute_4096": "é" * 4096,
 }
 EMOJI_4096 = "🎉" * 4096
+PCM_RATE_HZ = 24000  # server.default_sample_rate_hz: pcm is s16le mono at this rate
 READ_AUDIO_S = 12.0  # audio read from each long stream before hanging up
 # The fault these tests guard against stalled for 12.6 s; a loaded machine (other
 # processes on both cores) has cost a few milliseconds of CPU starvation, not a stall.
@@ -189,9 +190,9 @@ def first_audio_then_hang_up(server: LiveServer, text: str) -> tuple[str, float]
         stream_id = response.headers["x-request-id"]
         for piece in response.iter_raw():
             read += len(piece)
-            if read >= READ_AUDIO_S * 2 * 24000:
+            if read >= READ_AUDIO_S * 2 * PCM_RATE_HZ:
                 break
-    return stream_id, read / 2 / 24000
+    return stream_id, read / 2 / PCM_RATE_HZ
 
 
 @pytest.mark.parametrize("name", list(LONG_TOKENS))
@@ -282,7 +283,7 @@ def spoken_seconds(server: LiveServer, text: str, speed: float) -> float:
         timeout=120,
     )
     assert response.status_code == 200, response.text[:300]
-    return len(response.content) / 2 / 22050  # 16-bit mono at the voice's 22.05 kHz
+    return len(response.content) / 2 / PCM_RATE_HZ
 
 
 @pytest.fixture(scope="module")
