@@ -435,7 +435,10 @@ def test_a_client_that_stops_reading_does_not_slow_the_others() -> None:
                 assert len(data) == round(expected_audio_s(live.settings, TEXT) * 24000) * 2
             metrics = live.metrics()
             assert metric_value(metrics, "playhead_streams_total", 'state="done"') == 4
-            assert metric_value(metrics, "playhead_stalls_total") == 0
+            # A send blocked on the stuck socket would hold the others for seconds (or for
+            # ever); allow only scheduling jitter from a busy CI machine (it measured one
+            # stall of a few ms there).
+            assert metric_value(metrics, "playhead_stall_seconds_total") < 0.1
             assert metric_value(metrics, "playhead_parked_streams") == 1
         finally:
             stuck.close()
