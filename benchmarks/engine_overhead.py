@@ -10,11 +10,16 @@ very fast, so what is left of a turn is the engine's own cost. Per decoding turn
   whatever else the event loop ran meanwhile (consumers, talker pieces);
 - engine_sync: the engine's own synchronous work alone (re-plan the streams that changed +
   select + build before the call, bookkeeping after it);
-- talker_plan: the talker's choice of the next step's streams (the book's TalkerQueue).
+- talker_plan: the talker's choice of the next step's streams (the book's TalkerQueue);
+- engine ms/turn: engine_sync and talker_plan summed over the run, per decoding turn, in
+  wall time and in the event loop thread's CPU time (`time.thread_time`). Wall time also
+  counts whatever preempted the thread (the other stage threads, other processes on a
+  shared machine, which moved it by up to 1.7x between identical runs here); CPU time is
+  the engine's own work alone.
 
     python -m benchmarks.engine_overhead [--streams 10 100] [--window 16] [--seconds 3]
 
-Target: engine work (engine_sync, talker_plan) at most 1 ms per turn at 10,000 streams.
+Target: engine work (engine_sync + talker_plan) at most 1 ms per turn at 10,000 streams.
 """
 
 from __future__ import annotations
@@ -77,13 +82,15 @@ async def measure(streams: int, window: int, seconds: float, warmup_s: float = 1
         events=recorder,
     )
     plans: list[float] = []
+    plans_cpu: list[float] = []
     plan_talker = engine.book.plan_talker
 
     def timed_plan(now_s: float, order: TalkerOrderConfig) -> TalkerPlan:
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.thread_time()
         plan = plan_talker(now_s, order)
         if recorder.turns is not None:
             plans.append(time.perf_counter() - started)
+            plans_cpu.append(time.thread_time() - started_cpu)
         return plan
 
     engine.book.plan_talker = timed_plan  # type: ignore[method-assign]
@@ -128,6 +135,9 @@ async def measure(streams: int, window: int, seconds: float, warmup_s: float = 1
         "talker_plans": len(plans),
         # all of the engine's synchronous work (turns and talker plans) over the turns
         "engine_ms_per_turn": 1000.0 * (sum(sync) + sum(plans)) / len(turns),
+        "engine_cpu_ms_per_turn": 1000.0
+        * (sum(t.engine_cpu_s for t in turns) + sum(plans_cpu))
+        / len(turns),
         "talker_plan_ms_p50": _quantile_ms(plans, 0.5) if plans else None,
         "talker_plan_ms_p95": _quantile_ms(plans, 0.95) if plans else None,
     }
@@ -146,7 +156,7 @@ def main() -> None:
         return
     print(
         "streams  K  turns/s  batch  outside-model ms p50/p95  engine-sync ms p50/p95"
-        "  talker-plan ms p50/p95  plans/turn  engine ms/turn"
+        "  talker-plan ms p50/p95  plans/turn  engine ms/turn wall / cpu"
     )
     for r in results:
         print(
@@ -155,6 +165,7 @@ def main() -> None:
             f"  {r['engine_sync_ms_p50']:12.3f} / {r['engine_sync_ms_p95']:.3f}"
             f"  {r['talker_plan_ms_p50'] or 0:12.3f} / {r['talker_plan_ms_p95'] or 0:.3f}"
             f"  {r['talker_plans'] / r['turns']:10.2f}  {r['engine_ms_per_turn']:14.3f}"
+            f" / {r['engine_cpu_ms_per_turn']:.3f}"
         )
 
 

@@ -136,3 +136,4 @@ class TurnTiming:
     wall_s: float  # from the turn's scan to the end of its bookkeeping
     model_s: float  # inside backend.vocode (engine clock, read in the vocoder thread)
     engine_s: float  # the engine's own synchronous work: scan, select, build, bookkeeping
+    engine_cpu_s: float = 0.0  # the same work in the event loop thread's CPU time

@@ -92,8 +92,13 @@ class StageExecutor:
         future = loop.run_in_executor(self._pool, functools.partial(fn, *args))
         if self.call_timeout_s <= 0:
             return await future
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns the result when a
+        # cancel arrives just as the call ends, swallowing the cancel (the stage loop then
+        # waited for ever and Engine.stop hung); timeout() only turns its own expiry into
+        # TimeoutError and lets every outside cancel through.
         try:
-            return await asyncio.wait_for(asyncio.shield(future), self.call_timeout_s)
+            async with asyncio.timeout(self.call_timeout_s):
+                return await asyncio.shield(future)
         except TimeoutError:
             if future.done():  # it returned at the very end: not a hang
                 return future.result()

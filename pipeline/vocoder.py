@@ -84,6 +84,7 @@ class Vocoder:
         while True:
             self.wake.clear()
             started_perf_s = time.perf_counter()
+            started_cpu_s = time.thread_time()
             book.refresh()
             ready = book.ready_ids
             started_s = self._clock()
@@ -93,10 +94,15 @@ class Vocoder:
                 self.idle_waits += 1
                 await self.wake.wait()
                 continue
-            await self._turn(stage, selected, started_s, started_perf_s)
+            await self._turn(stage, selected, started_s, started_perf_s, started_cpu_s)
 
     async def _turn(
-        self, stage: StageExecutor, selected: list[str], started_s: float, started_perf_s: float
+        self,
+        stage: StageExecutor,
+        selected: list[str],
+        started_s: float,
+        started_perf_s: float,
+        started_cpu_s: float,
     ) -> None:
         book = self._book
         self._events.vocoder_selection(selected)
@@ -121,6 +127,7 @@ class Vocoder:
             )
         assert self._window <= 0 or len(batch) <= self._window
         sent_perf_s = time.perf_counter()
+        sent_cpu_s = time.thread_time()
         try:
             timed = await stage.run_timed(self._backend.vocode, items)
         except Exception as error:  # CancelledError (a BaseException) passes through
@@ -129,6 +136,7 @@ class Vocoder:
             return
         emitted_at_s = self._clock()
         returned_perf_s = time.perf_counter()
+        returned_cpu_s = time.thread_time()
         pcms = timed.result
         if len(pcms) != len(batch):
             error = BackendError(f"vocode returned {len(pcms)} results for {len(batch)} items")
@@ -156,6 +164,7 @@ class Vocoder:
         busy_s = self._busy.add(timed.started_s, timed.finished_s)
         self.rate.record(timed.finished_s - busy_s, timed.finished_s, audio_s)
         ended_perf_s = time.perf_counter()
+        ended_cpu_s = time.thread_time()
         self._events.vocoder_turn(len(batch), self._clock() - started_s)
         if self._capacity is not None:
             self._events.capacity(self._capacity(emitted_at_s))
@@ -165,6 +174,7 @@ class Vocoder:
                 wall_s=ended_perf_s - started_perf_s,
                 model_s=timed.seconds,
                 engine_s=(sent_perf_s - started_perf_s) + (ended_perf_s - returned_perf_s),
+                engine_cpu_s=(sent_cpu_s - started_cpu_s) + (ended_cpu_s - returned_cpu_s),
             ),
         )
 

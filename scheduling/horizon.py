@@ -14,9 +14,10 @@ every ready stream at every turn.
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
-from collections.abc import Collection, Iterable, Sequence, Set
+from collections.abc import Collection, Iterable, Set
 from dataclasses import dataclass
+
+from scheduling.sortedlist import SortedBlockList
 
 Key = tuple[float, float]  # (deadline_s, first_seen_s)
 
@@ -41,12 +42,12 @@ class KeyIndex:
     __slots__ = ("_groups", "_keys", "_size")
 
     def __init__(self) -> None:
-        self._keys: list[Key] = []  # distinct keys, ascending
+        self._keys: SortedBlockList[Key] = SortedBlockList()  # distinct keys, ascending
         self._groups: dict[Key, set[str]] = {}
         self._size = 0
 
     @property
-    def keys(self) -> Sequence[Key]:
+    def keys(self) -> SortedBlockList[Key]:
         return self._keys
 
     def members(self, key: Key) -> Set[str]:
@@ -60,7 +61,7 @@ class KeyIndex:
         group = groups.get(key)
         if group is None:
             groups[key] = {stream_id}
-            insort(self._keys, key)
+            self._keys.add(key)
         else:
             group.add(stream_id)
         self._size += 1
@@ -72,8 +73,7 @@ class KeyIndex:
         self._size -= 1
         if not group:
             del groups[key]
-            keys = self._keys
-            del keys[bisect_left(keys, key)]
+            self._keys.remove(key)
 
     def items(self) -> Iterable[tuple[Key, Set[str]]]:
         return ((key, self._groups[key]) for key in self._keys)

@@ -8,10 +8,9 @@ unseen streams before it asks. Only fifo keeps state of its own (its sticky slot
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_right
 from collections.abc import Collection, Iterator, Set
 from enum import StrEnum
-from itertools import islice
+from itertools import chain, islice
 from typing import Protocol
 
 from scheduling.horizon import StreamTable
@@ -117,13 +116,17 @@ class EdfPolicy:
         """Groups of streams with equal (deadline_s, first_seen_s), most urgent first."""
         margin_s = self._safety_margin_s
         audio, fresh = table.audio, table.fresh
-        audio_keys = audio.keys
+        audio_keys = iter(audio.keys)
         # Protection is monotone in the horizon: the protected keys are a prefix.
-        first_unprotected = bisect_right(audio_keys, margin_s, key=lambda key: key[0] - now_s)
-        yield from map(audio.members, islice(audio_keys, first_unprotected))
+        unprotected: tuple[tuple[float, float], ...] = ()
+        for key in audio_keys:
+            if key[0] - now_s > margin_s:
+                unprotected = (key,)  # the first of the rest
+                break
+            yield audio.members(key)
         # Then every other stream by deadline: unprotected audio keys merged with the fresh
         # ones. A key in both indexes comes out twice in a row; its groups form one tie.
-        merged = heapq.merge(islice(audio_keys, first_unprotected, None), fresh.keys)
+        merged = heapq.merge(chain(unprotected, audio_keys), fresh.keys)
         previous: tuple[float, float] | None = None
         for key in merged:
             if key == previous:

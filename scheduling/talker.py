@@ -35,13 +35,13 @@ Pure: plain numbers in, a `TalkerPlan` out; the clock is passed in.
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
+from scheduling.sortedlist import SortedBlockList
 from scheduling.validation import check_bool, check_int, check_non_negative, check_positive
 
 # A timer set for the high-water mark may fire a hair early; within this it counts as under.
@@ -132,6 +132,9 @@ def _run_ahead_s(
     return horizon_s + candidate.queued_audio_s
 
 
+_Index = SortedBlockList[tuple[float, int, str]]
+
+
 def _never(stream_id: str) -> bool:
     return False
 
@@ -158,10 +161,10 @@ class TalkerQueue:
     def __init__(self, first_chunk_s: float) -> None:
         self._first_chunk_s = first_chunk_s
         self._entries: dict[str, TalkerCandidate] = {}
-        self._fresh: list[tuple[float, int, str]] = []  # (deadline, order, id)
-        self._queued: list[tuple[float, int, str]] = []  # no horizon: (queued, order, id)
-        self._by_run_out: list[tuple[float, int, str]] = []  # (horizon + queued, order, id)
-        self._by_queue: list[tuple[float, int, str]] = []  # horizon known: (queued, order, id)
+        self._fresh: _Index = SortedBlockList()  # (deadline, order, id)
+        self._queued: _Index = SortedBlockList()  # no horizon: (queued, order, id)
+        self._by_run_out: _Index = SortedBlockList()  # (horizon + queued, order, id)
+        self._by_queue: _Index = SortedBlockList()  # horizon known: (queued, order, id)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -172,11 +175,18 @@ class TalkerQueue:
     def update(self, candidate: TalkerCandidate) -> None:
         """Add a candidate, or replace what is known of it."""
         old = self._entries.get(candidate.stream_id)
-        if old == candidate:
-            return
-        if old is not None:
-            self._unindex(old)
         self._entries[candidate.stream_id] = candidate
+        if old is None:
+            self._index(candidate)
+            return
+        old_keys, new_keys = self._keys(old), self._keys(candidate)
+        if len(old_keys) == len(new_keys):  # the same lists: move only the keys that changed
+            for (index, old_key), (new_index, new_key) in zip(old_keys, new_keys, strict=True):
+                if old_key != new_key or index is not new_index:
+                    index.remove(old_key)
+                    new_index.add(new_key)
+            return
+        self._unindex(old)
         self._index(candidate)
 
     def remove(self, stream_id: str) -> None:
@@ -271,33 +281,47 @@ class TalkerQueue:
         """(now + queued, order, id) of the streams with frames but no audio, in order:
         queued amounts that differ can round to the same run-out time, which then ties
         and goes by arrival order, as in plan_talker_step."""
-        for _, group in itertools.groupby(
-            ((now_s + q, order, sid) for q, order, sid in self._queued), key=lambda i: i[0]
-        ):
+        queued = self._queued
+        pending = iter(queued)
+        item = next(pending, None)
+        while item is not None:
+            queued_s = item[0]
+            run_out_s = now_s + queued_s
+            larger = next(queued.iter_from((queued_s, math.inf)), None)  # next larger amount
+            if larger is None or now_s + larger[0] != run_out_s:
+                # the usual case: this run of equal amounts is the whole tie, stored in
+                # arrival order already, so it streams out without reading further
+                while item is not None and item[0] == queued_s:
+                    yield (run_out_s, item[1], item[2])
+                    item = next(pending, None)
+                continue
+            group: list[tuple[float, int, str]] = []
+            while item is not None and now_s + item[0] == run_out_s:
+                group.append((run_out_s, item[1], item[2]))
+                item = next(pending, None)
             yield from sorted(group)
 
     def _walk_with_horizon(self, now_s: float) -> Iterator[tuple[float, int, str]]:
         """(run-out time, order, id) of the streams with a horizon, in exact order."""
-        by_run_out, by_queue = self._by_run_out, self._by_queue
+        by_run_out, by_queue = iter(self._by_run_out), iter(self._by_queue)
         seen: set[str] = set()
         found: list[tuple[float, int, str]] = []  # exact keys of streams read so far
-        a = b = 0
+        next_run_out, next_queue = next(by_run_out, None), next(by_queue, None)
         threshold_s = -math.inf
         while True:
-            while found and (
-                found[0][0] < threshold_s or (a == len(by_run_out) and b == len(by_queue))
-            ):
+            exhausted = next_run_out is None and next_queue is None
+            while found and (found[0][0] < threshold_s or exhausted):
                 yield heapq.heappop(found)
-            if a == len(by_run_out) and b == len(by_queue):
+            if exhausted:
                 return
-            if a < len(by_run_out):
-                s_value, _, stream_id = by_run_out[a]
-                a += 1
+            if next_run_out is not None:
+                s_value, _, stream_id = next_run_out
+                next_run_out = next(by_run_out, None)
                 self._read(stream_id, now_s, seen, found)
                 threshold_s = max(threshold_s, s_value)
-            if b < len(by_queue):
-                q_value, _, stream_id = by_queue[b]
-                b += 1
+            if next_queue is not None:
+                q_value, _, stream_id = next_queue
+                next_queue = next(by_queue, None)
                 self._read(stream_id, now_s, seen, found)
                 threshold_s = max(threshold_s, now_s + q_value)
 
@@ -313,17 +337,13 @@ class TalkerQueue:
 
     def _index(self, c: TalkerCandidate) -> None:
         for index, key in self._keys(c):
-            bisect.insort(index, key)
+            index.add(key)
 
     def _unindex(self, c: TalkerCandidate) -> None:
         for index, key in self._keys(c):
-            position = bisect.bisect_left(index, key)
-            assert index[position] == key, "the talker queue's index lost an entry"
-            del index[position]
+            index.remove(key)  # ValueError: the talker queue's index lost an entry
 
-    def _keys(
-        self, c: TalkerCandidate
-    ) -> list[tuple[list[tuple[float, int, str]], tuple[float, int, str]]]:
+    def _keys(self, c: TalkerCandidate) -> list[tuple[_Index, tuple[float, int, str]]]:
         if c.horizon_s is None:
             if c.queued_audio_s <= 0:
                 deadline_s = c.first_seen_s + self._first_chunk_s

@@ -84,3 +84,31 @@ async def test_aclose_waits_for_the_call_in_flight_even_when_its_caller_is_cance
     assert finished == [True]
     with pytest.raises(StageClosed):
         await stage.run(print)
+
+
+@pytest.mark.parametrize("call_timeout_s", [0.0, 30.0])
+async def test_a_cancel_as_the_call_returns_is_never_swallowed(call_timeout_s: float) -> None:
+    """A task cancelled while it still runs must end cancelled, never with the result:
+    a stage loop that swallowed its cancel (asyncio.wait_for on Python 3.11 did, when the
+    call ended in the same loop pass) waited for ever and Engine.stop hung. The cancel
+    is sent at every loop pass from the call's start to its return, many times over."""
+    stage = StageExecutor("vocoder", call_timeout_s=call_timeout_s)
+    swallowed = 0
+    try:
+        for delay_passes in range(12):
+            for _ in range(40):
+                task = asyncio.create_task(stage.run(int, 7))
+                for _ in range(delay_passes):
+                    await asyncio.sleep(0)
+                if task.done():
+                    assert task.result() == 7
+                    continue
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    continue
+                swallowed += 1
+    finally:
+        await stage.aclose()
+    assert swallowed == 0
