@@ -71,7 +71,11 @@ async def test_the_engine_is_calibrated_before_start_returns(make_engine: Engine
 
 
 async def test_max_streams_defaults_to_the_calibrated_capacity(make_engine: EngineFactory) -> None:
-    engine = await make_engine(engine=CALIBRATE, admission=AdmissionConfig(capacity_headroom=1.0))
+    engine = await make_engine(
+        engine=CALIBRATE,
+        # the start-phase limit off: this test is about max_streams alone
+        admission=AdmissionConfig(capacity_headroom=1.0, max_starting_streams=0),
+    )
     # a calibration of 3.4 streams: 3 admitted, the 4th refused (not every request)
     engine.calibrated_capacity = 3.4
     long_text = "A long sentence that keeps its stream busy for a while. " * 20
@@ -83,6 +87,78 @@ async def test_max_streams_defaults_to_the_calibrated_capacity(make_engine: Engi
     assert caught.value.decision.reason == "max_streams"
     assert caught.value.decision.retry_after_s >= 1
     for stream in streams:
+        engine.cancel(stream.id)
+
+
+async def test_a_reservation_holds_its_slot_until_submit_or_release(
+    make_engine: EngineFactory,
+) -> None:
+    """A request's admission is decided before its text is prepared: slots reserved by a
+    burst count before any of its streams exist, and each turns into one stream."""
+    from pipeline.errors import Rejected
+
+    engine = await make_engine(
+        engine=CALIBRATE, admission=AdmissionConfig(max_streams=3, max_starting_streams=0)
+    )
+    held = [engine.reserve() for _ in range(3)]
+    with pytest.raises(Rejected) as caught:
+        engine.reserve()
+    assert caught.value.decision.reason == "max_streams"
+    held[0].release()
+    held[0].release()  # idempotent: one slot back, not two
+    held[0] = engine.reserve()
+    with pytest.raises(Rejected):
+        engine.submit("Hello there.", voice="sim")  # no reservation: the slots are full
+    long_text = "A long sentence that keeps its stream busy for a while. " * 20
+    streams = [engine.submit(long_text, voice="sim", reservation=r) for r in held]
+    assert engine.in_flight == 3
+    # a used reservation neither admits again nor frees a slot
+    held[0].release()
+    with pytest.raises(Rejected):
+        engine.reserve()
+    for stream in streams:
+        engine.cancel(stream.id)
+    engine.reserve().release()  # free again
+
+
+async def test_streams_in_their_start_phase_are_limited(make_engine: EngineFactory) -> None:
+    """At most max_starting_streams streams start at once; a stream stops counting once
+    it has sent start_phase_chunks chunks (or ends)."""
+    from pipeline.errors import Rejected
+
+    engine = await make_engine(
+        engine=CALIBRATE,
+        admission=AdmissionConfig(
+            max_streams=10, max_starting_streams=2, start_phase_chunks=2, start_retry_after_s=1
+        ),
+    )
+    long_text = "A long sentence that keeps its stream busy for a while. " * 20
+    first = [engine.submit(long_text, voice="sim") for _ in range(2)]
+    with pytest.raises(Rejected) as caught:
+        engine.submit(long_text, voice="sim")
+    assert caught.value.decision.reason == "starting"
+    assert caught.value.decision.retry_after_s == 1
+    # a reservation counts as starting too
+    engine.cancel(first[1].id)  # an ended stream leaves the start phase
+    held = engine.reserve()
+    with pytest.raises(Rejected):
+        engine.reserve()
+    held.release()
+
+    async def read(stream):
+        async for _ in stream.chunks():
+            pass
+
+    reader = asyncio.ensure_future(read(first[0]))
+    try:
+        await until(lambda: first[0].stats.chunks >= 2)
+        assert engine.book.starting_streams() == 0
+        more = [engine.submit(long_text, voice="sim") for _ in range(2)]
+        with pytest.raises(Rejected):
+            engine.submit(long_text, voice="sim")
+    finally:
+        reader.cancel()
+    for stream in [first[0], *more]:
         engine.cancel(stream.id)
 
 
