@@ -24,6 +24,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 
+from app.admission_gate import RESERVATION_KEY
 from app.audio import UnsupportedFormat, UnsupportedSampleRate, open_encoder
 from app.client_json import quote
 from app.errors import (
@@ -119,7 +120,7 @@ async def create_speech(request: Request, state: StateDep) -> Response:
     try:
         return await _create_speech(request, state)
     except Rejected:
-        # how long a refusal took in here (benchmarks/startup_burst.py reads it)
+        # how long a refusal took in here (app/admission_gate.py refuses most earlier)
         state.metrics.rejection_s.observe(time.perf_counter() - started_s)
         raise
 
@@ -156,10 +157,11 @@ async def _create_speech(request: Request, state: StateDep) -> Response:
         )
     engine = state.require_engine()
     voice = resolve_voice(engine, speech.voice_id)
-    # Admission is decided here, before the slow part (normalising in a thread, opening
-    # the encoder): a refused request costs only its parsing, and a burst cannot pass
-    # the check before any of its streams exist (the slot is held until submit).
-    reservation = engine.reserve()
+    # Admission was decided before the slow part (normalising in a thread, opening the
+    # encoder), by app/admission_gate.py, which holds the slot in the scope until submit
+    # (so a burst cannot pass the check before any of its streams exist); an app
+    # without the gate reserves here.
+    reservation = request.scope.get(RESERVATION_KEY) or engine.reserve()
     try:
         return await _admitted_speech(request, state, engine, speech, text, voice, reservation)
     finally:

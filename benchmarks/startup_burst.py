@@ -13,7 +13,8 @@ TCP set-up is not in the figures), the requests are pre-built raw HTTP/1.1 bytes
 one after the other, and responses are parsed by hand (no httpx in the burst). A 429's
 client-side time runs from its request's write to its status line and headers being read,
 so it still includes this process's own scheduling of 40 sockets. The server-side time is
-`playhead_rejection_seconds` (the speech route, from its start to the 429), read from the
+`playhead_rejection_seconds` (app/admission_gate.py: from its admission check to the 429
+sent; uvicorn's parsing and the middleware before it are not in it), read from the
 histogram's buckets, so its p50 and max are bucket bounds.
 
     python -m benchmarks.startup_burst [--config configs/default.yaml] [--requests 40]
@@ -190,7 +191,7 @@ def main() -> None:
         buckets, total, count = _histogram(metrics, "playhead_rejection_seconds")
         if count:
             print(
-                f"429s, server side (speech route): mean {1000 * total / count:.2f} ms, "
+                f"429s, server side (admission gate -> 429 sent): mean {1000 * total / count:.2f} ms, "
                 f"p50 <= {1000 * _bucket_quantile(buckets, count, 0.5):g} ms, "
                 f"max <= {1000 * _bucket_quantile(buckets, count, 1.0):g} ms "
                 f"({count:.0f} refusals)"
