@@ -191,7 +191,8 @@ def main() -> None:
         buckets, total, count = _histogram(metrics, "playhead_rejection_seconds")
         if count:
             print(
-                f"429s, server side (admission gate -> 429 sent): mean {1000 * total / count:.2f} ms, "
+                f"429s, server side (admission gate -> 429 sent): mean "
+                f"{1000 * total / count:.2f} ms, "
                 f"p50 <= {1000 * _bucket_quantile(buckets, count, 0.5):g} ms, "
                 f"max <= {1000 * _bucket_quantile(buckets, count, 1.0):g} ms "
                 f"({count:.0f} refusals)"

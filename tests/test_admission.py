@@ -122,9 +122,12 @@ def test_starting_streams_are_limited_with_a_short_retry_after():
     decision = a.decide(100.0, 5, 10.0, [130.0], starting_streams=2)
     assert decision == Decision(accept=False, retry_after_s=1, reason="starting")
     # the Retry-After is the start's, not the nearest finish (30 s away)
-    assert admission(max_starting_streams=2, start_retry_after_s=3).decide(
-        100.0, 2, 10.0, [130.0], starting_streams=4
-    ).retry_after_s == 3
+    assert (
+        admission(max_starting_streams=2, start_retry_after_s=3)
+        .decide(100.0, 2, 10.0, [130.0], starting_streams=4)
+        .retry_after_s
+        == 3
+    )
 
 
 def test_a_full_server_is_refused_for_its_capacity_not_its_starts():
