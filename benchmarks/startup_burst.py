@@ -18,6 +18,7 @@ sent; uvicorn's parsing and the middleware before it are not in it), read from t
 histogram's buckets, so its p50 and max are bucket bounds.
 
     python -m benchmarks.startup_burst [--config configs/default.yaml] [--requests 40]
+        [--set admission.max_starting_streams=0]
 """
 
 from __future__ import annotations
@@ -148,10 +149,15 @@ def main() -> None:
     parser.add_argument("--config", default="configs/default.yaml")
     parser.add_argument("--requests", type=int, default=40)
     parser.add_argument("--port", type=int, default=8470)
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+        help="a server setting (playhead serve --set), e.g. admission.max_starting_streams=0",
+    )  # fmt: skip
     args = parser.parse_args()
     server = subprocess.Popen(
         [sys.executable, "-m", "app.cli", "serve", "--config", args.config,
-         "--host", "127.0.0.1", "--port", str(args.port)],
+         "--host", "127.0.0.1", "--port", str(args.port),
+         *(f"--set={override}" for override in args.overrides)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     base_url = f"http://127.0.0.1:{args.port}"
