@@ -37,6 +37,7 @@ _LATENCY_BUCKETS_S = (
     5.0,
     10.0,
 )
+_REJECTION_BUCKETS_S = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5)
 _TURN_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
 _BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
 
@@ -102,6 +103,12 @@ class Metrics:
             "playhead_admission_rejections",
             "Requests rejected by admission control (429)",
             ["reason"],
+            registry=r,
+        )
+        self.rejection_s = Histogram(
+            "playhead_rejection_seconds",
+            "Time from admission's check to its 429 sent (app/admission_gate.py, else the route)",
+            buckets=_REJECTION_BUCKETS_S,
             registry=r,
         )
         self.capacity_gauge = Gauge(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from functools import partial
 from typing import Any
 
@@ -23,6 +24,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 
+from app.admission_gate import RESERVATION_KEY
 from app.audio import UnsupportedFormat, UnsupportedSampleRate, open_encoder
 from app.client_json import quote
 from app.errors import (
@@ -33,10 +35,11 @@ from app.errors import (
 )
 from app.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from app.request_id import REQUEST_ID_HEADER
-from app.schemas import is_openai_voice, model_accepted, parse_speech_request
+from app.schemas import SpeechRequest, is_openai_voice, model_accepted, parse_speech_request
 from app.state import AppState, StateDep
 from app.streaming import SSE_CONTENT_TYPE, SpeechBody, SpeechResponse
-from pipeline import Engine, StreamFailed, UnknownVoice, Voice
+from pipeline import Engine, Rejected, StreamFailed, UnknownVoice, Voice
+from pipeline.engine import Reservation
 from pipeline.normalize import normalize_text, speakable
 
 logger = logging.getLogger("playhead.app")
@@ -113,6 +116,16 @@ async def start_unless_client_gone(request: Request, body: SpeechBody) -> None:
 
 @v1_router.post("/audio/speech", response_model=None)
 async def create_speech(request: Request, state: StateDep) -> Response:
+    started_s = time.perf_counter()
+    try:
+        return await _create_speech(request, state)
+    except Rejected:
+        # how long a refusal took in here (app/admission_gate.py refuses most earlier)
+        state.metrics.rejection_s.observe(time.perf_counter() - started_s)
+        raise
+
+
+async def _create_speech(request: Request, state: StateDep) -> Response:
     server = state.settings.server
     speech = parse_speech_request(await read_body(request, server.max_request_bytes))
     if not model_accepted(speech.model, server.accepted_model_ids):
@@ -144,6 +157,27 @@ async def create_speech(request: Request, state: StateDep) -> Response:
         )
     engine = state.require_engine()
     voice = resolve_voice(engine, speech.voice_id)
+    # Admission was decided before the slow part (normalising in a thread, opening the
+    # encoder), by app/admission_gate.py, which holds the slot in the scope until submit
+    # (so a burst cannot pass the check before any of its streams exist); an app
+    # without the gate reserves here.
+    reservation = request.scope.get(RESERVATION_KEY) or engine.reserve()
+    try:
+        return await _admitted_speech(request, state, engine, speech, text, voice, reservation)
+    finally:
+        reservation.release()  # a no-op once submit used it
+
+
+async def _admitted_speech(
+    request: Request,
+    state: AppState,
+    engine: Engine,
+    speech: SpeechRequest,
+    text: str,
+    voice: Voice,
+    reservation: Reservation,
+) -> Response:
+    server = state.settings.server
     # numbers, dates, symbols... -> words, by the voice's language (pipeline/normalize).
     # ~10 us a character: a long input is normalised off the event loop (which runs the
     # engine's loops too)
@@ -173,7 +207,7 @@ async def create_speech(request: Request, state: StateDep) -> Response:
         raise InvalidRequest(str(exc), param="sample_rate", code="invalid_value") from exc
     try:
         # Rejected (429) and NotReady (503) propagate to the error handler
-        stream = engine.submit(spoken, voice=voice.id, speed=speech.speed)
+        stream = engine.submit(spoken, voice=voice.id, speed=speech.speed, reservation=reservation)
     except BaseException:
         encoder.close()
         raise

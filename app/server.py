@@ -3,8 +3,8 @@
 It picks the backend factory, creates the AppState (app/state.py: settings, metrics, the
 engine and the model's loading), installs the error handlers (app/errors.py), the
 middleware (x-request-id, CORS when configured, the shutdown drain of app/shutdown.py, the
-API key of app/security.py) and the routes (app/routes.py; the WebSocket and the page at /
-in app/ws/). Nothing imports this module
+API key of app/security.py, the speech route's admission of app/admission_gate.py) and the
+routes (app/routes.py; the WebSocket and the page at / in app/ws/). Nothing imports this module
 but the command line and tests.
 """
 
@@ -16,6 +16,7 @@ from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
 from app import __version__
+from app.admission_gate import AdmissionGate
 from app.errors import install_error_handlers
 from app.request_id import RequestIdMiddleware
 from app.routes import open_router, v1_router
@@ -55,7 +56,9 @@ def create_app(settings: Settings, *, backend_factory: BackendFactory | None = N
     )
     attach_state(app, state)
     install_error_handlers(app)
-    # the last added runs first: request id, CORS, drain (503), then the API key
+    # the last added runs first: request id, CORS, drain (503), the API key, then
+    # admission for the speech route (app/admission_gate.py: 429 before FastAPI's work)
+    app.add_middleware(AdmissionGate, state=state)
     app.add_middleware(AccessMiddleware, api_key=server.api_key, public_routes=server.public_routes)
     app.add_middleware(DrainMiddleware, state=state)
     if server.cors_origins:

@@ -118,6 +118,7 @@ class StreamBook:
         clock: Callable[[], float],
         events: EngineEvents,
         wakes: Wakes,
+        start_phase_chunks: int = 0,
     ) -> None:
         self.scheduler = scheduler
         self.planner = planner
@@ -138,6 +139,10 @@ class StreamBook:
         self._orphans: list[OpenSegment] = []  # segments of ended streams, to close
         self._talker_waits_on_vocoder = False  # the talker's last plan was empty
         self._paced_order: tuple[TalkerOrderConfig, TalkerOrderConfig] | None = None
+        # streams in their start phase: fewer than `start_phase_chunks` chunks sent yet
+        # (0: not tracked); for admission's max_starting_streams
+        self._start_phase_chunks = start_phase_chunks
+        self._starting: dict[str, None] = {}
         self._submitted = 0
         self._talked_chars = 0
         self._talked_audio_s = 0.0  # at speed 1
@@ -217,6 +222,10 @@ class StreamBook:
         """Streams a player listens to: those with work left, and those whose audio is
         all sent but whose estimated playback has not ended (the ledger)."""
         return len(self._records) + self.ledger.count(now_s)
+
+    def starting_streams(self) -> int:
+        """Streams with work left that have sent fewer than `start_phase_chunks` chunks."""
+        return len(self._starting)
 
     def finish_times_s(self, now_s: float) -> Iterator[float]:
         """When each playing stream's playback is estimated to end (for Retry-After)."""
@@ -304,6 +313,8 @@ class StreamBook:
             order=self._submitted,
             segmenter=self._new_segmenter(),
         )
+        if self._start_phase_chunks:
+            self._starting[stream_id] = None
         self.scheduler.admit(stream_id, now_s)  # its first-chunk deadline counts from now
         self._events.stream_started(stream_id)
         return stream
@@ -430,6 +441,8 @@ class StreamBook:
             self._wakes.talker()  # its playback starts: the high-water mark now moves
         stats.audio_s += pcm.size / stream.sample_rate_hz
         stats.chunks += 1
+        if stats.chunks == self._start_phase_chunks:
+            self._starting.pop(stream.id, None)
         record.sender.send(pcm)
         self._commit(record, chunk)
         if self.is_live(record):
@@ -564,6 +577,7 @@ class StreamBook:
         """Free every trace of a stream's work."""
         stream_id = record.stream.id
         del self._records[stream_id]
+        self._starting.pop(stream_id, None)
         self.talker_queue.remove(stream_id)
         self._dirty.pop(stream_id, None)
         self._ready.pop(stream_id, None)

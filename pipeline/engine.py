@@ -45,7 +45,7 @@ from scheduling import (
     warn_if_first_chunk_too_short,
 )
 
-__all__ = ["Engine", "EngineEvents"]
+__all__ = ["Engine", "EngineEvents", "Reservation"]
 
 # What the calibration speaks: plain sentences of ordinary length.
 CALIBRATION_TEXT = (
@@ -62,6 +62,29 @@ async def _read_out(stream: Stream) -> None:
 
 
 log = logging.getLogger("playhead.engine")
+
+
+class Reservation:
+    """An admitted slot of `Engine.reserve`, for one `submit` or one `release`."""
+
+    __slots__ = ("_engine",)
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine: Engine | None = engine
+
+    def take(self, engine: Engine) -> bool:
+        """Use the slot up (True), or False if it was used or released already."""
+        if self._engine is not engine:
+            return False
+        self._engine = None
+        return True
+
+    def release(self) -> None:
+        """Give the slot back unused (idempotent)."""
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine._release()
+
 
 _DEFAULT_ENGINE = EngineConfig()
 _DEFAULT_TALKER = TalkerConfig()
@@ -103,6 +126,7 @@ class Engine:
         self.calibrated_capacity = 0.0
         self.calibrations = 0  # calibrations that measured something
         self._calibration: list[Stream] | None = None  # streams of a running calibration
+        self._reserved = 0  # admitted by reserve(), not yet submitted or released
         self._last_activity_s = clock()
         self._build()
 
@@ -135,6 +159,7 @@ class Engine:
             clock=self._clock,
             events=self._events,
             wakes=Wakes(talker=self._wake_talker, vocoder=self._wake_vocoder),
+            start_phase_chunks=self._admission.config.start_phase_chunks,
         )
         self.talker = Talker(
             self.book,
@@ -376,11 +401,22 @@ class Engine:
                 return candidate
         raise UnknownVoice(voice, [v.id for v in self._voices])
 
-    def submit(self, text: str, *, voice: str, speed: float = 1.0, final: bool = True) -> Stream:
-        """Admit a stream for `text`. With final=False more text follows (`append_text`)."""
-        resolved = self.resolve_voice(voice)
-        if not (math.isfinite(speed) and speed > 0):
-            raise ValueError(f"speed must be a finite number > 0, got {speed!r}")
+    def reserve(self) -> Reservation:
+        """Admission decided now, before a request's slower preparation (its text
+        normalised in a worker thread): NotReady or Rejected at once, else a Reservation
+        that counts as a playing (and starting) stream until `submit(...,
+        reservation=it)` turns it into the stream or `release()` gives it back. Without
+        it a burst would pass the check before any of its streams exist."""
+        now_s = self._admit_check()
+        self._reserved += 1
+        self._last_activity_s = now_s
+        return Reservation(self)
+
+    def _release(self) -> None:
+        self._reserved -= 1
+
+    def _admit_check(self) -> float:
+        """NotReady or Rejected (counted), or the admission's clock reading."""
         if not self.ready:
             raise NotReady("the engine is not running")
         if self._admission_closed:
@@ -391,16 +427,55 @@ class Engine:
         now_s = self._clock()
         self._last_activity_s = now_s
         book = self.book
+        reserved = self._reserved
         decision = self._admission.decide(
             now_s,
-            book.playing_streams(now_s),
+            book.playing_streams(now_s) + reserved,
             self.capacity(now_s),
             finish_times_s=book.finish_times_s(now_s),
             default_max_streams=self.default_max_streams,
+            # the start-phase limit, like the default max_streams, needs a calibration
+            starting_streams=book.starting_streams() + reserved
+            if self.calibrated_capacity > 0
+            else 0,
         )
         if not decision.accept:
             self._events.rejected(decision.reason)
             raise Rejected(decision)
+        return now_s
+
+    def submit(
+        self,
+        text: str,
+        *,
+        voice: str,
+        speed: float = 1.0,
+        final: bool = True,
+        reservation: Reservation | None = None,
+    ) -> Stream:
+        """Admit a stream for `text`. With final=False more text follows (`append_text`).
+        With a live `reservation` (from `reserve`) admission was decided already: it is
+        used up (also when this raises)."""
+        held = reservation is not None and reservation.take(self)
+        try:
+            resolved = self.resolve_voice(voice)
+            if not (math.isfinite(speed) and speed > 0):
+                raise ValueError(f"speed must be a finite number > 0, got {speed!r}")
+        except BaseException:
+            if held:
+                self._release()
+            raise
+        if held:
+            self._release()
+            if not self.ready:
+                raise NotReady("the engine is not running")
+            if self._admission_closed:
+                raise NotReady("the engine is shutting down")
+            now_s = self._clock()
+            self._last_activity_s = now_s
+        else:
+            now_s = self._admit_check()
+        book = self.book
         stream = book.add_stream(resolved, speed=speed, now_s=now_s)
         book.add_text(stream.id, text, final=final)
         return stream

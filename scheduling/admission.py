@@ -26,19 +26,31 @@ class AdmissionConfig:
     # Retry-After when no active stream has a finish estimate: a 429 costs the client one
     # round trip, and the next answer carries a real estimate, so retrying soon is cheap.
     fallback_retry_after_s: int = 1
+    # Streams that may be in their start phase at once (0 = no limit). A stream's start
+    # costs more than its steady state (its first sentence through the talker, the small
+    # chunks of the ramp), so streams that all start together overrun the vocoder although
+    # their steady state fits: the excess gets a 429 with `start_retry_after_s`. Applies
+    # only to an engine that calibrated its capacity (as the default max_streams does).
+    max_starting_streams: int = 2
+    # a stream is in its start phase until it has sent this many chunks
+    start_phase_chunks: int = 2
+    start_retry_after_s: int = 1  # Retry-After of a 429 for "starting": a start ends soon
 
     def __post_init__(self) -> None:
         check_int("max_streams", self.max_streams, 0)
         check_fraction("capacity_headroom", self.capacity_headroom)
         check_bool("enabled", self.enabled)
         check_int("fallback_retry_after_s", self.fallback_retry_after_s, 1)
+        check_int("max_starting_streams", self.max_starting_streams, 0)
+        check_int("start_phase_chunks", self.start_phase_chunks, 1)
+        check_int("start_retry_after_s", self.start_retry_after_s, 1)
 
 
 @dataclass(frozen=True, slots=True)
 class Decision:
     accept: bool
     retry_after_s: int | None  # whole seconds >= 1 when rejected; None when accepted
-    reason: str  # "ok", "disabled", "max_streams" or "capacity"
+    reason: str  # "ok", "disabled", "max_streams", "capacity" or "starting"
 
 
 _ACCEPT = Decision(accept=True, retry_after_s=None, reason="ok")
@@ -60,6 +72,7 @@ class Admission:
         capacity_audio_s_per_s: float,
         finish_times_s: Iterable[float] = (),
         default_max_streams: int = 0,
+        starting_streams: int = 0,
     ) -> Decision:
         """Accept or reject one new stream, given `active_streams` already playing.
 
@@ -67,14 +80,20 @@ class Admission:
         applies. `finish_times_s` are the active streams' estimated finish times (monotonic
         s); non-finite ones are ignored. Reject when max_streams (when 0:
         `default_max_streams`, 0 = no cap) is reached, or when the streams that would be
-        playing (active + this one) exceed capacity * headroom.
+        playing (active + this one) exceed capacity * headroom; else when
+        `starting_streams` (those of the active ones still in their start phase) reached
+        `max_starting_streams` (0 = no limit): reason "starting", Retry-After
+        `start_retry_after_s`.
         """
         config = self._config
         if not config.enabled:
             return _ACCEPT_DISABLED
         require_finite_time("now_s", now_s)
-        if active_streams < 0:
-            raise ValueError(f"active_streams must be >= 0, got {active_streams!r}")
+        if active_streams < 0 or starting_streams < 0:
+            raise ValueError(
+                f"active_streams and starting_streams must be >= 0, got {active_streams!r}, "
+                f"{starting_streams!r}"
+            )
         max_streams = config.max_streams or default_max_streams
         if max_streams and active_streams >= max_streams:
             reason = "max_streams"
@@ -83,6 +102,8 @@ class Admission:
             and active_streams + 1 > capacity_audio_s_per_s * config.capacity_headroom
         ):
             reason = "capacity"
+        elif config.max_starting_streams and starting_streams >= config.max_starting_streams:
+            return Decision(False, config.start_retry_after_s, "starting")
         else:
             return _ACCEPT
         return Decision(False, self._retry_after_s(now_s, finish_times_s), reason)

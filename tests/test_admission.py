@@ -110,3 +110,46 @@ def test_decision_rules(max_streams, headroom, enabled, now_s, active, capacity,
             assert decision.retry_after_s == max(1, math.ceil(nearest_s - now_s))
             # the client retries no earlier than the nearest finish (to the second)
             assert now_s + decision.retry_after_s >= nearest_s
+
+
+# --- the start phase: how many streams may be starting at once ---------------------------
+
+
+def test_starting_streams_are_limited_with_a_short_retry_after():
+    a = admission(max_starting_streams=2, start_retry_after_s=1)
+    assert a.decide(100.0, 5, 10.0, [130.0], starting_streams=1).accept
+    # 2 streams in their start phase: a third waits, although capacity has room
+    decision = a.decide(100.0, 5, 10.0, [130.0], starting_streams=2)
+    assert decision == Decision(accept=False, retry_after_s=1, reason="starting")
+    # the Retry-After is the start's, not the nearest finish (30 s away)
+    assert (
+        admission(max_starting_streams=2, start_retry_after_s=3)
+        .decide(100.0, 2, 10.0, [130.0], starting_streams=4)
+        .retry_after_s
+        == 3
+    )
+
+
+def test_a_full_server_is_refused_for_its_capacity_not_its_starts():
+    a = admission(max_streams=3, max_starting_streams=2)
+    assert a.decide(100.0, 3, 10.0, [104.5], starting_streams=2).reason == "max_streams"
+    uncapped = admission(max_starting_streams=2)
+    assert uncapped.decide(100.0, 10, 10.0, starting_streams=2).reason == "capacity"
+
+
+def test_zero_max_starting_streams_means_no_start_limit():
+    assert admission(max_starting_streams=0).decide(100.0, 1, 10.0, starting_streams=99).accept
+
+
+def test_negative_starting_streams_are_refused():
+    with pytest.raises(ValueError, match="starting_streams"):
+        admission().decide(100.0, 1, 1.0, starting_streams=-1)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("max_starting_streams", -1), ("start_phase_chunks", 0), ("start_retry_after_s", 0)],
+)
+def test_start_phase_knobs_are_validated(field, value):
+    with pytest.raises(ValueError, match=field):
+        AdmissionConfig(**{field: value})

@@ -219,6 +219,27 @@ async def test_admission_reject_is_a_429_with_an_integer_retry_after() -> None:
         assert response.status_code == 200
 
 
+async def test_admission_is_decided_before_the_body_and_a_slot_is_never_leaked() -> None:
+    """app/admission_gate.py: a full server refuses a speech request before reading its
+    body (a bad body gets 429, not 400), and a slot reserved for a request that then
+    fails (400) or is served is given back."""
+    async with asgi_client(sim_settings("admission.max_streams=1")) as client:
+        engine = client.app.state.playhead.engine  # type: ignore[attr-defined]
+        for _ in range(3):  # each 400 gives its reservation back
+            response = await client.post(SPEECH, content=b"{not json")
+            assert response.status_code == 400
+        # the only slot is free (else this raises Rejected)
+        held = engine.submit("A stream that holds the only slot. " * 3, voice="sim")
+        try:
+            response = await client.post(SPEECH, content=b"{not json")
+            assert_error(response, 429, type_="rate_limit_error", code="rate_limit_exceeded")
+        finally:
+            engine.cancel(held.id)
+        response = await client.post(SPEECH, json=speech_body("Ok."))
+        assert response.status_code == 200
+        assert engine._reserved == 0
+
+
 async def test_503_while_the_model_loads_then_ready() -> None:
     release = threading.Event()
     settings = sim_settings()

@@ -103,6 +103,16 @@ def test_the_phoneme_proxy_bounds_symbols_and_other_letters() -> None:
     assert "".join(segments) == "é" * 4096
 
 
+def test_ideographs_and_kana_cost_what_an_english_voice_says_for_them() -> None:
+    """The bundled English voice reads a CJK ideograph or a kana by its name (15-16
+    phonemes each): a run of them is cut so that a talker call stays within the bound."""
+    assert estimated_phonemes("漢") == estimated_phonemes("カ") == 16
+    assert estimated_phonemes("한") == 3  # hangul is read as sounds
+    segments = split_text("漢" * 4096, first_fragment_words=0)
+    assert all(len(s) <= 400 // 16 for s in segments)
+    assert "".join(segments) == "漢" * 4096
+
+
 def test_the_first_segment_of_a_stream_is_short_even_for_one_long_token() -> None:
     token = "é" * 1000
     segments = split_text(f"{token} then.", first_fragment_words=6, first_segment_chars=40)
