@@ -103,6 +103,16 @@ class StreamRecord:
         return self.text_closed and not self.text and self.talking is None
 
 
+def _waits_for_text(record: StreamRecord) -> bool:
+    """Nothing to talk or vocode until the client sends more text."""
+    return (
+        not record.text_closed
+        and not record.text
+        and record.talking is None
+        and record.frames.queued_frames == 0
+    )
+
+
 class StreamBook:
     """See the module doc. Built by the Engine; one per engine."""
 
@@ -224,8 +234,14 @@ class StreamBook:
         return len(self._records) + self.ledger.count(now_s)
 
     def starting_streams(self) -> int:
-        """Streams with work left that have sent fewer than `start_phase_chunks` chunks."""
-        return len(self._starting)
+        """Streams with work left that have sent fewer than `start_phase_chunks` chunks,
+        less those waiting for their client's text (a live-text session between two
+        messages costs the stages nothing, however long the client takes)."""
+        records = self._records
+        return sum(
+            not _waits_for_text(records[stream_id])
+            for stream_id in self._starting  # a few: admission bounds them
+        )
 
     def finish_times_s(self, now_s: float) -> Iterator[float]:
         """When each playing stream's playback is estimated to end (for Retry-After)."""

@@ -121,6 +121,31 @@ async def test_a_reservation_holds_its_slot_until_submit_or_release(
     engine.reserve().release()  # free again
 
 
+async def test_a_live_text_stream_waiting_for_text_is_not_starting(
+    make_engine: EngineFactory,
+) -> None:
+    """A WebSocket-style stream (final=False) counts as starting only while it has text to
+    talk or audio to make: two sessions idle between messages must not refuse everyone."""
+    from pipeline.errors import Rejected
+
+    engine = await make_engine(
+        engine=CALIBRATE,
+        admission=AdmissionConfig(max_streams=10, max_starting_streams=2, start_phase_chunks=2),
+    )
+    idle = [engine.submit("Hello", voice="sim", final=False) for _ in range(2)]
+    # "Hello" has no sentence end: the segmenter holds it, nothing to talk yet
+    await until(lambda: engine.book.starting_streams() == 0)
+    newcomer = engine.submit("A request of its own.", voice="sim")
+    assert engine.book.starting_streams() == 1
+    engine.append_text(idle[0].id, " there, how are you today? I", final=False)
+    assert engine.book.starting_streams() == 2  # it has a sentence to talk now
+    with pytest.raises(Rejected) as caught:
+        engine.submit("One too many.", voice="sim")
+    assert caught.value.decision.reason == "starting"
+    for stream in (*idle, newcomer):
+        engine.cancel(stream.id)
+
+
 async def test_streams_in_their_start_phase_are_limited(make_engine: EngineFactory) -> None:
     """At most max_starting_streams streams start at once; a stream stops counting once
     it has sent start_phase_chunks chunks (or ends)."""
