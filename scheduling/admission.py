@@ -31,7 +31,8 @@ class AdmissionConfig:
     # chunks of the ramp), so streams that all start together overrun the vocoder although
     # their steady state fits: the excess gets a 429 with `start_retry_after_s`. Applies
     # only to an engine that calibrated its capacity (as the default max_streams does).
-    max_starting_streams: int = 2
+    # Off by default: a limit refuses a few simultaneous requests even on an idle server.
+    max_starting_streams: int = 0
     # a stream is in its start phase until it has sent this many chunks
     start_phase_chunks: int = 2
     start_retry_after_s: int = 1  # Retry-After of a 429 for "starting": a start ends soon
