@@ -73,10 +73,12 @@ class Reservation:
         self._engine: Engine | None = engine
 
     def take(self, engine: Engine) -> bool:
-        """Use the slot up (True), or False if it was used or released already."""
+        """Use the slot up for a stream `engine.submit` creates at once, without
+        yielding (True), or False if it was used or released already."""
         if self._engine is not engine:
             return False
         self._engine = None
+        engine._release()  # the stream, created in the same step, counts from now on
         return True
 
     def release(self) -> None:
@@ -407,20 +409,22 @@ class Engine:
         that counts as a playing (and starting) stream until `submit(...,
         reservation=it)` turns it into the stream or `release()` gives it back. Without
         it a burst would pass the check before any of its streams exist."""
-        now_s = self._admit_check()
+        self._admit_check()
         self._reserved += 1
-        self._last_activity_s = now_s
         return Reservation(self)
 
     def _release(self) -> None:
         self._reserved -= 1
 
-    def _admit_check(self) -> float:
-        """NotReady or Rejected (counted), or the admission's clock reading."""
+    def _check_open(self) -> None:
         if not self.ready:
             raise NotReady("the engine is not running")
         if self._admission_closed:
             raise NotReady("the engine is shutting down")
+
+    def _admit_check(self) -> float:
+        """NotReady or Rejected (counted), or the admission's clock reading."""
+        self._check_open()
         calibration, self._calibration = self._calibration, None
         if calibration is not None:  # a real stream ends a recalibration
             self._end_calibration(calibration)
@@ -457,20 +461,11 @@ class Engine:
         With a live `reservation` (from `reserve`) admission was decided already: it is
         used up (also when this raises)."""
         held = reservation is not None and reservation.take(self)
-        try:
-            resolved = self.resolve_voice(voice)
-            if not (math.isfinite(speed) and speed > 0):
-                raise ValueError(f"speed must be a finite number > 0, got {speed!r}")
-        except BaseException:
-            if held:
-                self._release()
-            raise
+        resolved = self.resolve_voice(voice)
+        if not (math.isfinite(speed) and speed > 0):
+            raise ValueError(f"speed must be a finite number > 0, got {speed!r}")
         if held:
-            self._release()
-            if not self.ready:
-                raise NotReady("the engine is not running")
-            if self._admission_closed:
-                raise NotReady("the engine is shutting down")
+            self._check_open()
             now_s = self._clock()
             self._last_activity_s = now_s
         else:
