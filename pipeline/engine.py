@@ -416,6 +416,11 @@ class Engine:
     def _release(self) -> None:
         self._reserved -= 1
 
+    def admitted_streams(self, now_s: float) -> int:
+        """What admission counts as taken: the playing streams (`StreamBook.
+        playing_streams`) plus the reservations not yet turned into streams."""
+        return self.book.playing_streams(now_s) + self._reserved
+
     def _check_open(self) -> None:
         if not self.ready:
             raise NotReady("the engine is not running")
@@ -434,7 +439,7 @@ class Engine:
         reserved = self._reserved
         decision = self._admission.decide(
             now_s,
-            book.playing_streams(now_s) + reserved,
+            self.admitted_streams(now_s),
             self.capacity(now_s),
             finish_times_s=book.finish_times_s(now_s),
             default_max_streams=self.default_max_streams,

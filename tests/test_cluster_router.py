@@ -148,6 +148,11 @@ async def test_a_replica_reports_its_engine(make_engine) -> None:
     assert stats["ready"] and stats["received"] == 7
     assert stats["streams"] == 2
     assert stats["free_streams"] == 3  # max_streams 5, 2 playing
+    # a request admitted whose stream does not exist yet takes its slot in the report
+    held = engine.reserve()
+    reserved = routing_stats(engine, Admission(admission), now_s, first_chunk_s=0.1, received=8)
+    assert reserved["free_streams"] == 2
+    held.release()
     horizon_s = engine.book.scheduler.horizon_s(streams[0].id)
     assert horizon_s is not None
     assert stats["slack_min_s"] <= horizon_s - now_s

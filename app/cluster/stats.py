@@ -38,8 +38,10 @@ def live_streams(engine: Any) -> list[Any]:
 
 
 def playing_streams(engine: Any, now_s: float) -> int:
-    """Streams admission counts: work left, or a player still playing what was sent."""
-    return int(engine.book.playing_streams(now_s))
+    """Streams admission counts: work left, a player still playing what was sent, or a
+    request admitted whose stream does not exist yet (Engine.admitted_streams): a report
+    taken in that moment must not offer its slot again."""
+    return int(engine.admitted_streams(now_s))
 
 
 def stream_slack_s(
