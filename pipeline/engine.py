@@ -161,7 +161,11 @@ class Engine:
             clock=self._clock,
             events=self._events,
             wakes=Wakes(talker=self._wake_talker, vocoder=self._wake_vocoder),
-            start_phase_chunks=self._admission.config.start_phase_chunks,
+            # tracked only where the start-phase limit applies: nothing else bounds the set,
+            # and admission reads it at every request
+            start_phase_chunks=self._admission.config.start_phase_chunks
+            if self._admission.config.enabled and self._admission.config.max_starting_streams
+            else 0,
         )
         self.talker = Talker(
             self.book,
