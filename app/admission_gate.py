@@ -31,7 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.errors import error_response, pipeline_api_error
 from app.state import AppState
-from pipeline import NotReady, Rejected
+from pipeline import NotReady, PipelineError, Rejected
 from pipeline.engine import Reservation
 
 SPEECH_PATH = "/v1/audio/speech"
@@ -65,28 +65,29 @@ class AdmissionGate:
             return
         try:
             if reservation.queued:
-                try:
-                    waited = await _wait_start(reservation, receive)
-                except Rejected as exc:  # waited start_queue_timeout_s: 429 "starting"
-                    await error_response(pipeline_api_error(exc))(scope, receive, send)
-                    return
-                except NotReady:  # stopping or draining meanwhile: the route answers 503
-                    reservation.release()
-                    await self.app(scope, receive, send)
-                    return
+                waited, refusal = await _wait_start(reservation, receive)
                 if waited is None:  # the client left while waiting: nothing to answer
                     return
-                receive = waited
+                receive = waited  # with the messages read while waiting
+                if isinstance(refusal, Rejected):  # waited start_queue_timeout_s: 429
+                    await error_response(pipeline_api_error(refusal))(scope, receive, send)
+                    return
+                if refusal is not None:  # NotReady: stopping or draining meanwhile
+                    reservation.release()
+                    await self.app(scope, receive, send)  # the route answers 503
+                    return
             scope[RESERVATION_KEY] = reservation
             await self.app(scope, receive, send)
         finally:
             reservation.release()  # a no-op once the route's submit used it
 
 
-async def _wait_start(reservation: Reservation, receive: Receive) -> Receive | None:
+async def _wait_start(
+    reservation: Reservation, receive: Receive
+) -> tuple[Receive | None, PipelineError | None]:
     """Wait for the reservation's start slot while watching for the client's disconnect.
     Returns the request's `receive` (the messages read meanwhile first), None if the
-    client left; raises the wait's Rejected or NotReady."""
+    client left, and the wait's refusal (Rejected or NotReady) if any."""
     read: list[Message] = []
     gone = False
 
@@ -108,10 +109,12 @@ async def _wait_start(reservation: Reservation, receive: Receive) -> Receive | N
         waiter.cancel()
         await asyncio.gather(watcher, waiter, return_exceptions=True)
     if gone or (watcher.done() and not watcher.cancelled() and watcher.exception()):
-        return None
-    waiter.result()  # its Rejected or NotReady
+        return None, None
+    refusal = None if waiter.cancelled() else waiter.exception()
+    if refusal is not None and not isinstance(refusal, PipelineError):
+        raise refusal
 
     async def replay() -> Message:
         return read.pop(0) if read else await receive()
 
-    return replay
+    return replay, refusal
