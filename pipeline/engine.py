@@ -475,6 +475,7 @@ class Engine:
         reservation._start = loop.create_future()
         reservation._timer = loop.call_later(timeout_s, self._start_timed_out, reservation)
         self._start_queue.append(reservation)
+        self._wake_starts()  # a slot that freed unannounced is not left idle
         return reservation
 
     def _start_limit(self) -> int:
@@ -519,6 +520,7 @@ class Engine:
 
     def _start_timed_out(self, reservation: Reservation) -> None:
         reservation._timer = None
+        self._grant_starts()  # a slot free now goes to the queue's first, maybe this one
         future = reservation._start
         try:
             self._start_queue.remove(reservation)

@@ -30,7 +30,12 @@ QUEUE = (
     "admission.max_streams=10",
     "admission.max_starting_streams=2",
 )
-HELD_START = (*QUEUE, "admission.start_phase_chunks=100000")
+# (a queue timeout far beyond the tests' own bounds: a slot must come from the wake)
+HELD_START = (
+    *QUEUE,
+    "admission.start_phase_chunks=100000",
+    "admission.start_queue_timeout_s=600",
+)
 
 
 def fill_start_phase(engine: Engine) -> list[str]:
@@ -83,7 +88,7 @@ async def test_a_queued_request_starts_when_a_start_slot_frees() -> None:
         await asyncio.sleep(0.05)
         assert not request.done()  # waiting, not refused
         engine.cancel(held[0])  # a start slot frees
-        response = await asyncio.wait_for(request, 10)
+        response = await asyncio.wait_for(request, 5)
         assert response.status_code == 200 and len(response.content) > 0
         engine.cancel(held[1])
         assert nothing_held(engine)
