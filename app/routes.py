@@ -160,9 +160,10 @@ async def _create_speech(request: Request, state: StateDep) -> Response:
     # Admission was decided before the slow part (normalising in a thread, opening the
     # encoder), by app/admission_gate.py, which holds the slot in the scope until submit
     # (so a burst cannot pass the check before any of its streams exist); an app
-    # without the gate reserves here.
+    # without the gate reserves (and waits for a start slot) here.
     reservation = request.scope.get(RESERVATION_KEY) or engine.reserve()
     try:
+        await reservation.wait_start()  # at once: the gate waited already
         return await _admitted_speech(request, state, engine, speech, text, voice, reservation)
     finally:
         reservation.release()  # a no-op once submit used it

@@ -83,20 +83,26 @@ async def _one(
                 "retry_after": headers.get("retry-after"),
             }
         player = Player()
+        first_audio_s = None
         if headers.get("transfer-encoding", "").lower() == "chunked":
             while True:
                 size = int((await reader.readline()).split(b";")[0], 16)
                 if size == 0:
                     break
                 piece = await reader.readexactly(size + 2)
-                player.feed(time.monotonic(), (len(piece) - 2) / BYTES_PER_SECOND)
+                now_s = time.monotonic()
+                first_audio_s = first_audio_s or now_s - sent_s
+                player.feed(now_s, (len(piece) - 2) / BYTES_PER_SECOND)
         else:
             while piece := await reader.read(65536):
-                player.feed(time.monotonic(), len(piece) / BYTES_PER_SECOND)
+                now_s = time.monotonic()
+                first_audio_s = first_audio_s or now_s - sent_s
+                player.feed(now_s, len(piece) / BYTES_PER_SECOND)
         playback = player.result()
         return {
             "status": 200,
             "answered_s": answered_s,
+            "first_audio_s": first_audio_s,
             "stalls": playback.stall_count(),
             "stall_s": sum(playback.stalls_s),
         }
@@ -209,6 +215,15 @@ def main() -> None:
         f"admitted streams with a stall >= 10 ms (client players): {len(stalled)}/{len(admitted)}"
         f"; most stall time in one stream {worst_ms:.0f} ms"
     )
+    first_audio = sorted(
+        1000 * float(r["first_audio_s"]) for r in admitted if r["first_audio_s"] is not None
+    )
+    if first_audio:
+        # the streams beyond admission.max_starting_streams waited for a start slot
+        print(
+            "admitted streams' first audio (client side, write -> first audio bytes), ms: "
+            + ", ".join(f"{ms:.0f}" for ms in first_audio)
+        )
     stalls = _metric(metrics, "playhead_stalls_total")
     stall_ms = 1000 * _metric(metrics, "playhead_stall_seconds_total")
     print(f"server-side stalls (playhead_stalls_total): {stalls:.0f}, {stall_ms:.0f} ms in all")

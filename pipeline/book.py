@@ -59,6 +59,10 @@ class Wakes:
 
     talker: Callable[[], None]
     vocoder: Callable[[], None]
+    # a start-phase slot freed: a stream left its start phase (sent its
+    # start_phase_chunks-th chunk, ended, failed, was cancelled, or now waits for its
+    # client's text); the engine's start queue (admission.max_starting_streams) may go on
+    start: Callable[[], None] = lambda: None
 
 
 class OpenSegment:
@@ -457,13 +461,18 @@ class StreamBook:
             self._wakes.talker()  # its playback starts: the high-water mark now moves
         stats.audio_s += pcm.size / stream.sample_rate_hz
         stats.chunks += 1
-        if stats.chunks == self._start_phase_chunks:
-            self._starting.pop(stream.id, None)
+        left_start = stats.chunks == self._start_phase_chunks
+        if left_start:
+            left_start = self._starting.pop(stream.id, False) is None
         record.sender.send(pcm)
         self._commit(record, chunk)
         if self.is_live(record):
             self._update_candidate(record)
             self._wake_idle_talker()  # frames waiting for the vocoder went down
+            # a live-text stream that sent all it had stops counting as starting
+            left_start = left_start or (stream.id in self._starting and _waits_for_text(record))
+        if left_start:
+            self._wakes.start()
 
     def is_live(self, record: StreamRecord) -> bool:
         return self._records.get(record.stream.id) is record
@@ -593,7 +602,7 @@ class StreamBook:
         """Free every trace of a stream's work."""
         stream_id = record.stream.id
         del self._records[stream_id]
-        self._starting.pop(stream_id, None)
+        left_start = self._starting.pop(stream_id, False) is None
         self.talker_queue.remove(stream_id)
         self._dirty.pop(stream_id, None)
         self._ready.pop(stream_id, None)
@@ -609,6 +618,8 @@ class StreamBook:
         self.scheduler.forget(stream_id)
         self.planner.forget(stream_id)
         self._wakes.vocoder()  # under fifo its slot is free now
+        if left_start:
+            self._wakes.start()
 
     def _finalize(self, stream: Stream) -> None:
         stats = stream.stats

@@ -21,6 +21,7 @@ import asyncio
 import logging
 import math
 import time
+from collections import deque
 from collections.abc import Callable
 from functools import partial
 
@@ -65,12 +66,34 @@ log = logging.getLogger("playhead.engine")
 
 
 class Reservation:
-    """An admitted slot of `Engine.reserve`, for one `submit` or one `release`."""
+    """An admitted slot of `Engine.reserve`, for one `submit` or one `release`.
 
-    __slots__ = ("_engine",)
+    It may also have to wait for a start slot (admission.max_starting_streams):
+    `await wait_start()` before `submit`. A reservation holds its start slot (or its
+    place in the engine's start queue) until it is used or released."""
+
+    __slots__ = ("_engine", "_start", "_timer", "starting")
 
     def __init__(self, engine: Engine) -> None:
         self._engine: Engine | None = engine
+        self.starting = False  # holds a start slot (counts as a starting stream)
+        # while queued for a start slot: resolved when granted (None), refused at the
+        # queue timeout (Rejected) or when the engine stops taking streams (NotReady)
+        self._start: asyncio.Future[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    @property
+    def queued(self) -> bool:
+        """Waiting for a start slot (not granted, not refused yet)."""
+        return self._start is not None and not self._start.done()
+
+    async def wait_start(self) -> None:
+        """Returns once this reservation holds a start slot (at once when it was free, or
+        when the start-phase limit is off); raises Rejected (reason "starting") after
+        `admission.start_queue_timeout_s`, NotReady when the engine stops or drains
+        meanwhile. Cancelled (its client gone), it keeps its reservation: `release` it."""
+        if self._start is not None:
+            await self._start
 
     def take(self, engine: Engine) -> bool:
         """Use the slot up for a stream `engine.submit` creates at once, without
@@ -78,14 +101,14 @@ class Reservation:
         if self._engine is not engine:
             return False
         self._engine = None
-        engine._release()  # the stream, created in the same step, counts from now on
+        engine._release(self)  # the stream, created in the same step, counts from now on
         return True
 
     def release(self) -> None:
         """Give the slot back unused (idempotent)."""
         engine, self._engine = self._engine, None
         if engine is not None:
-            engine._release()
+            engine._release(self)
 
 
 _DEFAULT_ENGINE = EngineConfig()
@@ -129,6 +152,10 @@ class Engine:
         self.calibrations = 0  # calibrations that measured something
         self._calibration: list[Stream] | None = None  # streams of a running calibration
         self._reserved = 0  # admitted by reserve(), not yet submitted or released
+        self._reserved_starting = 0  # of those, the ones holding a start slot
+        # reservations waiting for a start slot, first come first served
+        self._start_queue: deque[Reservation] = deque()
+        self._grant_pending = False  # a _grant_starts is scheduled on the event loop
         self._last_activity_s = clock()
         self._build()
 
@@ -160,7 +187,9 @@ class Engine:
             first_chunk_s=scheduling.first_chunk_ms / 1000.0,
             clock=self._clock,
             events=self._events,
-            wakes=Wakes(talker=self._wake_talker, vocoder=self._wake_vocoder),
+            wakes=Wakes(
+                talker=self._wake_talker, vocoder=self._wake_vocoder, start=self._wake_starts
+            ),
             # tracked only where the start-phase limit applies: nothing else bounds the set,
             # and admission reads it at every request
             start_phase_chunks=self._admission.config.start_phase_chunks
@@ -206,6 +235,19 @@ class Engine:
     def _wake_vocoder(self) -> None:
         self.vocoder.wake.set()
 
+    def _wake_starts(self) -> None:
+        """A start slot may be free: the start queue goes on, from the event loop (not
+        from inside the book's transition)."""
+        if self._grant_pending or not self._start_queue:
+            return
+        self._grant_pending = True
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a book driven by hand): at once
+            self._grant_starts()
+        else:
+            loop.call_soon(self._grant_starts)
+
     # Lifecycle.
 
     async def start(self) -> None:
@@ -234,6 +276,7 @@ class Engine:
         except BaseException as error:  # a loop died: the group stopped the other one
             cause = error.exceptions[0] if isinstance(error, BaseExceptionGroup) else error
             log.error("an engine loop died; failing every stream", exc_info=cause)
+            self._refuse_start_queue("the engine stopped")
             self.book.fail_all(cause)
         finally:
             started.set()
@@ -370,6 +413,7 @@ class Engine:
 
     async def stop(self) -> None:
         self._stopping = True
+        self._refuse_start_queue("the engine is stopping")
         self.book.cancel_all()
         supervisor, self._supervisor = self._supervisor, None
         if supervisor is not None:
@@ -410,15 +454,109 @@ class Engine:
     def reserve(self) -> Reservation:
         """Admission decided now, before a request's slower preparation (its text
         normalised in a worker thread): NotReady or Rejected at once, else a Reservation
-        that counts as a playing (and starting) stream until `submit(...,
-        reservation=it)` turns it into the stream or `release()` gives it back. Without
-        it a burst would pass the check before any of its streams exist."""
+        that counts as a playing stream until `submit(..., reservation=it)` turns it into
+        the stream or `release()` gives it back. Without it a burst would pass the check
+        before any of its streams exist.
+
+        The start-phase limit (admission.max_starting_streams, once calibrated): the
+        reservation takes a start slot at once when one is free and nobody waits for
+        one; else it joins the start queue (`Reservation.wait_start`), where it counts
+        as starting for later arrivals. Slots go in arrival order as starting streams
+        leave their start phase."""
         self._admit_check()
         self._reserved += 1
-        return Reservation(self)
+        reservation = Reservation(self)
+        if not self._start_queue and self._start_slot_free():
+            reservation.starting = True
+            self._reserved_starting += 1
+            return reservation
+        timeout_s = self._admission.config.start_queue_timeout_s
+        if timeout_s <= 0:  # no queue: the 429 at once
+            self._reserved -= 1
+            reservation._engine = None
+            raise self._refuse_start()
+        loop = asyncio.get_running_loop()
+        reservation._start = loop.create_future()
+        reservation._timer = loop.call_later(timeout_s, self._start_timed_out, reservation)
+        self._start_queue.append(reservation)
+        self._wake_starts()  # a slot that freed unannounced is not left idle
+        return reservation
 
-    def _release(self) -> None:
+    def _start_limit(self) -> int:
+        # the start-phase limit, like the default max_streams, needs a calibration
+        config = self._admission.config
+        if not config.enabled or self.calibrated_capacity <= 0:
+            return 0
+        return config.max_starting_streams
+
+    def starting_streams(self) -> int:
+        """Streams in their start phase (`StreamBook.starting_streams`), reservations
+        holding a start slot, and reservations waiting for one."""
+        return self.book.starting_streams() + self._reserved_starting + len(self._start_queue)
+
+    def _start_slot_free(self) -> bool:
+        limit = self._start_limit()
+        return not limit or self.book.starting_streams() + self._reserved_starting < limit
+
+    def _refuse_start(self) -> Rejected:
+        decision = self._admission.starting()
+        self._events.rejected(decision.reason)
+        return Rejected(decision)
+
+    def _grant_starts(self) -> None:
+        """Give free start slots to the queue's first reservations, in order."""
+        self._grant_pending = False
+        queue = self._start_queue
+        while queue and self._start_slot_free():
+            reservation = queue.popleft()
+            self._end_wait(reservation)
+            future = reservation._start
+            if future is None or future.done():  # its waiter was cancelled
+                continue
+            reservation.starting = True
+            self._reserved_starting += 1
+            future.set_result(None)
+
+    def _end_wait(self, reservation: Reservation) -> None:
+        timer, reservation._timer = reservation._timer, None
+        if timer is not None:
+            timer.cancel()
+
+    def _start_timed_out(self, reservation: Reservation) -> None:
+        reservation._timer = None
+        self._grant_starts()  # a slot free now goes to the queue's first, maybe this one
+        future = reservation._start
+        try:
+            self._start_queue.remove(reservation)
+        except ValueError:
+            return
+        if future is not None and not future.done():
+            future.set_exception(self._refuse_start())
+
+    def _refuse_start_queue(self, why: str) -> None:
+        """The engine takes no more streams: every waiter gets NotReady (a 503)."""
+        queue, self._start_queue = self._start_queue, deque()
+        for reservation in queue:
+            self._end_wait(reservation)
+            future = reservation._start
+            if future is not None and not future.done():
+                future.set_exception(NotReady(why))
+
+    def _release(self, reservation: Reservation) -> None:
         self._reserved -= 1
+        if reservation.starting:
+            reservation.starting = False
+            self._reserved_starting -= 1
+        future = reservation._start
+        if future is not None:
+            if not future.done():
+                future.cancel()
+            elif not future.cancelled():
+                future.exception()  # retrieved: a refusal nobody awaited is no error
+            self._end_wait(reservation)
+            if reservation in self._start_queue:  # a few: the queue holds at most a burst
+                self._start_queue.remove(reservation)
+        self._wake_starts()  # a slot (or a place in the queue) is free
 
     def admitted_streams(self, now_s: float) -> int:
         """What admission counts as taken: the playing streams (`StreamBook.
@@ -439,18 +577,13 @@ class Engine:
             self._end_calibration(calibration)
         now_s = self._clock()
         self._last_activity_s = now_s
-        book = self.book
-        reserved = self._reserved
+        # capacity only: the start-phase limit is the start queue's (reserve)
         decision = self._admission.decide(
             now_s,
             self.admitted_streams(now_s),
             self.capacity(now_s),
-            finish_times_s=book.finish_times_s(now_s),
+            finish_times_s=self.book.finish_times_s(now_s),
             default_max_streams=self.default_max_streams,
-            # the start-phase limit, like the default max_streams, needs a calibration
-            starting_streams=book.starting_streams() + reserved
-            if self.calibrated_capacity > 0
-            else 0,
         )
         if not decision.accept:
             self._events.rejected(decision.reason)
@@ -467,8 +600,10 @@ class Engine:
         reservation: Reservation | None = None,
     ) -> Stream:
         """Admit a stream for `text`. With final=False more text follows (`append_text`).
-        With a live `reservation` (from `reserve`) admission was decided already: it is
-        used up (also when this raises)."""
+        With a live `reservation` (from `reserve`, waited with `wait_start`) admission was
+        decided already: it is used up (also when this raises). Without one only the
+        capacity is checked, not the start-phase limit (a synchronous caller cannot wait
+        for a start slot): the stream counts as starting from now on all the same."""
         held = reservation is not None and reservation.take(self)
         resolved = self.resolve_voice(voice)
         if not (math.isfinite(speed) and speed > 0):
@@ -499,6 +634,7 @@ class Engine:
     def close_admission(self) -> None:
         """Refuse every new stream from now on (NotReady); the streams in flight go on."""
         self._admission_closed = True
+        self._refuse_start_queue("the engine is shutting down")
 
     def cancel_all(self) -> None:
         """Cancel every stream (a shutdown whose grace ran out)."""

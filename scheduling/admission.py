@@ -11,7 +11,13 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from scheduling.validation import check_bool, check_fraction, check_int, require_finite_time
+from scheduling.validation import (
+    check_bool,
+    check_fraction,
+    check_int,
+    check_non_negative,
+    require_finite_time,
+)
 
 
 @dataclass(frozen=True)
@@ -29,13 +35,18 @@ class AdmissionConfig:
     # Streams that may be in their start phase at once (0 = no limit). A stream's start
     # costs more than its steady state (its first sentence through the talker, the small
     # chunks of the ramp), so streams that all start together overrun the vocoder although
-    # their steady state fits: the excess gets a 429 with `start_retry_after_s`. Applies
-    # only to an engine that calibrated its capacity (as the default max_streams does).
-    # Off by default: a limit refuses a few simultaneous requests even on an idle server.
-    max_starting_streams: int = 0
+    # their steady state fits. A request admitted (by capacity) while the start phase is
+    # full waits for a start slot, first come first served, holding its slot; it gets a
+    # 429 "starting" with `start_retry_after_s` only after `start_queue_timeout_s`.
+    # Applies only to an engine that calibrated its capacity (as the default max_streams
+    # does).
+    max_starting_streams: int = 2
     # a stream is in its start phase until it has sent this many chunks
     start_phase_chunks: int = 2
     start_retry_after_s: int = 1  # Retry-After of a 429 for "starting": a start ends soon
+    # how long an admitted request waits for a start slot before its 429 "starting"
+    # (0: no wait, the 429 at once)
+    start_queue_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
         check_int("max_streams", self.max_streams, 0)
@@ -45,6 +56,7 @@ class AdmissionConfig:
         check_int("max_starting_streams", self.max_starting_streams, 0)
         check_int("start_phase_chunks", self.start_phase_chunks, 1)
         check_int("start_retry_after_s", self.start_retry_after_s, 1)
+        check_non_negative("start_queue_timeout_s", self.start_queue_timeout_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,3 +126,8 @@ class Admission:
         if nearest_s is None:
             return self._config.fallback_retry_after_s
         return max(1, math.ceil(nearest_s - now_s))
+
+    def starting(self) -> Decision:
+        """The refusal of a request that found the start phase full (and, with
+        `start_queue_timeout_s` > 0, waited that long for a start slot)."""
+        return Decision(False, self._config.start_retry_after_s, "starting")

@@ -126,7 +126,6 @@ async def test_a_live_text_stream_waiting_for_text_is_not_starting(
 ) -> None:
     """A WebSocket-style stream (final=False) counts as starting only while it has text to
     talk or audio to make: two sessions idle between messages must not refuse everyone."""
-    from pipeline.errors import Rejected
 
     engine = await make_engine(
         engine=CALIBRATE,
@@ -139,52 +138,180 @@ async def test_a_live_text_stream_waiting_for_text_is_not_starting(
     assert engine.book.starting_streams() == 1
     engine.append_text(idle[0].id, " there, how are you today? I", final=False)
     assert engine.book.starting_streams() == 2  # it has a sentence to talk now
-    with pytest.raises(Rejected) as caught:
-        engine.submit("One too many.", voice="sim")
-    assert caught.value.decision.reason == "starting"
+    waiting = engine.reserve()
+    assert waiting.queued and not waiting.starting  # the start phase is full
+    waiting.release()
     for stream in (*idle, newcomer):
         engine.cancel(stream.id)
 
 
-async def test_streams_in_their_start_phase_are_limited(make_engine: EngineFactory) -> None:
-    """At most max_starting_streams streams start at once; a stream stops counting once
-    it has sent start_phase_chunks chunks (or ends)."""
+LONG = "A long sentence that keeps its stream busy for a while. " * 20
+
+
+def start_queue_config(**overrides: object) -> AdmissionConfig:
+    config = {"max_streams": 10, "max_starting_streams": 2, "start_phase_chunks": 2}
+    return AdmissionConfig(**(config | overrides))  # type: ignore[arg-type]
+
+
+def assert_nothing_held(engine) -> None:
+    """Every reservation given back or used: no slot, start slot or queue place left."""
+    assert engine._reserved == 0 and engine._reserved_starting == 0
+    assert not engine._start_queue
+
+
+async def read_out(stream) -> None:
+    async for _ in stream.chunks():
+        pass
+
+
+async def test_streams_beyond_the_start_limit_wait_for_a_start_slot_in_order(
+    make_engine: EngineFactory,
+) -> None:
+    """At most max_starting_streams streams start at once; a request admitted beyond it
+    waits (holding its slot) and gets a start slot, first come first served, when a
+    starting stream leaves its start phase (here: when it ends)."""
+    # a start phase longer than these streams: only an ending frees a start slot
+    engine = await make_engine(
+        engine=CALIBRATE, admission=start_queue_config(start_phase_chunks=10_000)
+    )
+    first = [engine.submit(LONG, voice="sim", reservation=engine.reserve()) for _ in range(2)]
+    queued = [engine.reserve() for _ in range(3)]
+    assert all(r.queued and not r.starting for r in queued)
+    # a waiting reservation counts as starting for later arrivals (and as playing)
+    assert engine.starting_streams() == 5 and engine.admitted_streams(engine._clock()) == 5
+    granted: list[int] = []
+
+    async def wait(index: int) -> None:
+        await queued[index].wait_start()
+        granted.append(index)
+
+    # waited for in the reverse order: the slots still go in arrival order
+    waiters = [asyncio.ensure_future(wait(index)) for index in (2, 1, 0)]
+    await asyncio.sleep(0.05)
+    assert granted == []
+    engine.cancel(first[1].id)  # an ended stream leaves the start phase
+    await until(lambda: granted == [0])
+    second = engine.submit(LONG, voice="sim", reservation=queued[0])
+    await asyncio.sleep(0.05)
+    assert granted == [0] and queued[1].queued  # 2 starting again: the others wait
+    engine.cancel(first[0].id)
+    await until(lambda: granted == [0, 1])
+    queued[1].release()  # a granted slot given back unused frees it too
+    await until(lambda: granted == [0, 1, 2])
+    await asyncio.gather(*waiters)
+    queued[2].release()
+    engine.cancel(second.id)
+    assert_nothing_held(engine)
+
+
+async def test_a_stream_that_sent_its_start_chunks_frees_a_start_slot(
+    make_engine: EngineFactory,
+) -> None:
+    engine = await make_engine(engine=CALIBRATE, admission=start_queue_config())
+    first = [engine.submit(LONG, voice="sim", reservation=engine.reserve()) for _ in range(2)]
+    waiting = engine.reserve()
+    await asyncio.wait_for(waiting.wait_start(), 2)
+    # granted while both first streams still play: one of them sent its start chunks
+    assert any(s.stats.chunks >= 2 for s in first)
+    assert not any(s.state.terminal for s in first)
+    waiting.release()
+    for stream in first:
+        engine.cancel(stream.id)
+    assert_nothing_held(engine)
+
+
+async def test_a_few_simultaneous_requests_on_an_idle_engine_all_start(
+    make_engine: EngineFactory,
+) -> None:
+    """A voice agent sends 3 at once: none is refused, the 3rd waits for a start slot."""
+    engine = await make_engine(engine=CALIBRATE, admission=start_queue_config())
+    held = [engine.reserve() for _ in range(3)]
+    await asyncio.wait_for(asyncio.gather(*(r.wait_start() for r in held[:2])), 1)
+    streams = [engine.submit("Hello there.", voice="sim", reservation=r) for r in held[:2]]
+    await held[2].wait_start()  # the first two start, then it goes
+    streams.append(engine.submit("Hello there.", voice="sim", reservation=held[2]))
+    audio = await asyncio.gather(*(read_all(stream) for stream in streams))
+    assert all(pcm.size > 0 for pcm in audio)
+    assert_nothing_held(engine)
+
+
+async def test_a_start_wait_times_out_with_a_429_starting(make_engine: EngineFactory) -> None:
     from pipeline.errors import Rejected
 
     engine = await make_engine(
         engine=CALIBRATE,
-        admission=AdmissionConfig(
-            max_streams=10, max_starting_streams=2, start_phase_chunks=2, start_retry_after_s=1
+        admission=start_queue_config(
+            start_retry_after_s=3, start_queue_timeout_s=0.05, start_phase_chunks=10_000
         ),
     )
-    long_text = "A long sentence that keeps its stream busy for a while. " * 20
-    first = [engine.submit(long_text, voice="sim") for _ in range(2)]
+    first = [engine.submit(LONG, voice="sim", reservation=engine.reserve()) for _ in range(2)]
+    late = engine.reserve()
     with pytest.raises(Rejected) as caught:
-        engine.submit(long_text, voice="sim")
+        await late.wait_start()
+    assert caught.value.decision == caught.value.decision.__class__(False, 3, "starting")
+    late.release()
+    # no wait at all: the 429 at once
+    no_queue = await make_engine(
+        engine=CALIBRATE,
+        admission=start_queue_config(start_queue_timeout_s=0, start_phase_chunks=10_000),
+    )
+    held = [no_queue.reserve() for _ in range(2)]
+    with pytest.raises(Rejected) as caught:
+        no_queue.reserve()
     assert caught.value.decision.reason == "starting"
-    assert caught.value.decision.retry_after_s == 1
-    # a reservation counts as starting too
-    engine.cancel(first[1].id)  # an ended stream leaves the start phase
-    held = engine.reserve()
-    with pytest.raises(Rejected):
-        engine.reserve()
-    held.release()
-
-    async def read(stream):
-        async for _ in stream.chunks():
-            pass
-
-    reader = asyncio.ensure_future(read(first[0]))
-    try:
-        await until(lambda: first[0].stats.chunks >= 2)
-        assert engine.book.starting_streams() == 0
-        more = [engine.submit(long_text, voice="sim") for _ in range(2)]
-        with pytest.raises(Rejected):
-            engine.submit(long_text, voice="sim")
-    finally:
-        reader.cancel()
-    for stream in [first[0], *more]:
+    for reservation in held:
+        reservation.release()
+    for stream in first:
         engine.cancel(stream.id)
+    assert_nothing_held(engine)
+    assert_nothing_held(no_queue)
+
+
+async def test_a_cancelled_waiter_gives_its_place_back(make_engine: EngineFactory) -> None:
+    """A waiter whose client left: its slot and its place in the queue are free again,
+    and the one behind it gets the start slot."""
+    engine = await make_engine(
+        engine=CALIBRATE, admission=start_queue_config(start_phase_chunks=10_000)
+    )
+    first = [engine.submit(LONG, voice="sim", reservation=engine.reserve()) for _ in range(2)]
+    gone, behind = engine.reserve(), engine.reserve()
+    waiter = asyncio.ensure_future(gone.wait_start())
+    await asyncio.sleep(0)
+    waiter.cancel()
+    await asyncio.gather(waiter, return_exceptions=True)
+    gone.release()
+    assert engine.starting_streams() == 3 and engine._reserved == 1
+    engine.cancel(first[0].id)
+    await asyncio.wait_for(behind.wait_start(), 1)
+    assert behind.starting
+    behind.release()
+    engine.cancel(first[1].id)
+    assert_nothing_held(engine)
+
+
+async def test_a_waiter_gets_not_ready_when_the_engine_stops_or_drains(
+    make_engine: EngineFactory,
+) -> None:
+    from pipeline.errors import NotReady
+
+    for stop in ("close_admission", "stop"):
+        engine = await make_engine(
+            engine=CALIBRATE, admission=start_queue_config(start_phase_chunks=10_000)
+        )
+        first = [engine.submit(LONG, voice="sim", reservation=engine.reserve()) for _ in range(2)]
+        waiting = engine.reserve()
+        waiter = asyncio.ensure_future(waiting.wait_start())
+        await asyncio.sleep(0)
+        if stop == "stop":
+            await engine.stop()
+        else:
+            engine.close_admission()
+        with pytest.raises(NotReady):
+            await waiter
+        waiting.release()
+        for stream in first:
+            engine.cancel(stream.id)
+        assert_nothing_held(engine)
 
 
 async def test_without_calibration_the_cap_is_off(make_engine: EngineFactory) -> None:
@@ -239,7 +366,8 @@ async def test_idle_engine_recalibrates_and_a_request_ends_it(make_engine: Engin
 # configs/sim.yaml as it is: a vocoder at 80 / 9 = ~8.9 streams at 1x (K = 4 batched
 # calls). Without the start-phase limit (admission.max_starting_streams=0) the 8 streams
 # this admits all start at once and every one of them stalls (its ramp chunks queue
-# behind the others'): that override makes this test fail.
+# behind the others'): that override makes this test fail. With it, the streams beyond
+# the limit wait for a start slot (in arrival order) instead of being refused.
 BURST_OVERRIDES = ("engine.recalibrate_idle_s=0",)
 BURST = 40
 LONG_TEXT = "Every word of this request is here to make a long answer for the burst. " * 3
@@ -255,6 +383,25 @@ def test_a_burst_at_start_up_admits_at_most_the_capacity() -> None:
         capacity = engine.calibrated_capacity
         cap = engine.default_max_streams
         assert capacity > 0 and cap == math.floor(capacity)
+        # the order reservations were made in, and the order the queued ones got their
+        # start slots in (the engine's own futures, resolved on its event loop)
+        reserved: list[object] = []
+        granted: list[object] = []
+        reserve = engine.reserve
+
+        def recording_reserve():
+            reservation = reserve()
+            reserved.append(reservation)
+            if reservation.queued:
+
+                def done(future: asyncio.Future[None], reservation=reservation) -> None:
+                    if not future.cancelled() and future.exception() is None:
+                        granted.append(reservation)
+
+                reservation._start.add_done_callback(done)
+            return reservation
+
+        engine.reserve = recording_reserve
 
         async def burst() -> list[tuple[int, dict[str, str], bytes, float]]:
             limits = httpx.Limits(max_connections=BURST + 5)
@@ -284,19 +431,23 @@ def test_a_burst_at_start_up_admits_at_most_the_capacity() -> None:
 
         results = asyncio.run(burst())
         metrics = server.metrics()
+        held = (engine._reserved, engine._reserved_starting, len(engine._start_queue))
 
     admitted = [r for r in results if r[0] == 200]
     refused = [r for r in results if r[0] != 200]
     # every admitted stream never interrupted (the server's 1x playback clock)
     assert metric_value(metrics, "playhead_stalls_total") == 0
-    assert 1 <= len(admitted) <= min(cap, settings.admission.max_starting_streams)
+    # the capacity admitted, more than the start limit: the others waited to start
+    limit = settings.admission.max_starting_streams
+    assert limit < len(admitted) <= cap
+    assert len(granted) >= len(admitted) - limit
+    # the queued ones got their start slots first come first served
+    assert granted == [r for r in reserved if r in granted]
     assert all(status == 429 for status, *_ in refused)
     assert all(int(headers["retry-after"]) >= 1 for _, headers, _, _ in refused)
-    # the excess of a burst is refused for the start phase: a short Retry-After
-    assert metric_value(metrics, "playhead_admission_rejections_total", 'reason="starting"') > 0
-    assert {int(headers["retry-after"]) for _, headers, _, _ in refused} == {
-        settings.admission.start_retry_after_s
-    }
+    # refused for the capacity, at once; none waited out the start queue
+    assert metric_value(metrics, "playhead_admission_rejections_total", 'reason="starting"') == 0
+    assert held == (0, 0, 0)
     # every admitted stream whole
     sizes = {len(body) for _, _, body, _ in admitted}
     assert len(sizes) == 1 and sizes.pop() > 0
