@@ -99,10 +99,15 @@ class VocoderConfig:
     # vocoder turns decoded side by side, each in its own thread, where the backend's vocode
     # calls may overlap (`concurrent_vocode_calls`: Piper; the sim and codec LM run one)
     workers: int = 2
+    # a worker that finds no stream ready decodes the next chunk of a stream already being
+    # decoded (its frames exist: the talker runs ahead), so a lone request uses every worker;
+    # chunks still leave in order (false: one chunk of a stream at a time)
+    work_ahead: bool = True
 
     def __post_init__(self) -> None:
         check_int("intra_op_threads", self.intra_op_threads, 1)
         check_int("workers", self.workers, 1)
+        check_bool("work_ahead", self.work_ahead)
 
 
 @dataclass(frozen=True)
