@@ -1,0 +1,127 @@
+"""Single-request RTF and TTFA, A/B, interleaved request by request, beside piper's server.
+
+    python -m benchmarks.rtf_ab [--rounds 4] [--a vocoder.work_ahead=false]
+                                [--b vocoder.work_ahead=true] [--no-peer]
+
+Two Playhead servers (configs/default.yaml plus the --a and --b settings; idle
+recalibration off, so that neither calibrates while the other is measured) and
+`python -m piper.http_server` run side by side, idle but for the one request in flight.
+Each round sends every text of benchmarks/voice.py's single-stream sets to each server in
+turn (the order rotates every text), one request at a time, read as fast as possible: RTF
+= (last byte - request sent) / audio, TTFA = first audio - request sent (the client's
+clock, as benchmarks/voice.py). Prints p50 per server and the per-text paired ratio B/A.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from benchmarks.bench import serve
+from benchmarks.loadgen import Clock, request_once
+from benchmarks.voice import CONFIG, LONG_FIRST, SHORT_FIRST, _voice_options
+from benchmarks.voice_peer import piper_server
+from pipeline.backends.piper import bundled_model_path
+
+BASE = ("server.log_level=warning", "engine.recalibrate_idle_s=0")
+TEXTS = (*SHORT_FIRST, *LONG_FIRST)
+
+
+def _p50(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+async def _measure(urls: dict[str, str], rounds: int, peer: str | None) -> dict[str, Any]:
+    options = {name: await _voice_options(url) for name, url in urls.items() if name != peer}
+    samples: dict[str, dict[str, list[float]]] = {n: {"rtf": [], "ttfa": []} for n in urls}
+    paired: list[float] = []  # b / a per text and round
+    names = list(urls)
+    async with httpx.AsyncClient(timeout=120.0) as client:
+        for name, url in urls.items():  # warm each once
+            await _one(client, name, url, TEXTS[0], options, peer)
+        turn = 0
+        for _ in range(rounds):
+            for text in TEXTS:
+                order = names[turn % len(names) :] + names[: turn % len(names)]
+                turn += 1
+                rtfs: dict[str, float] = {}
+                for name in order:
+                    rtf, ttfa = await _one(client, name, urls[name], text, options, peer)
+                    if rtf is not None:
+                        samples[name]["rtf"].append(rtf)
+                        rtfs[name] = rtf
+                    if ttfa is not None:
+                        samples[name]["ttfa"].append(ttfa)
+                if "a" in rtfs and "b" in rtfs:
+                    paired.append(rtfs["b"] / rtfs["a"])
+    return {
+        "servers": {
+            name: {
+                "requests": len(s["rtf"]),
+                "rtf_p50": _p50(s["rtf"]),
+                "ttfa_p50_ms": None if not s["ttfa"] else 1000 * statistics.median(s["ttfa"]),
+            }
+            for name, s in samples.items()
+        },
+        "paired_b_over_a_p50": _p50(paired),
+        "samples": samples,
+    }
+
+
+async def _one(
+    client: httpx.AsyncClient,
+    name: str,
+    url: str,
+    text: str,
+    options: dict[str, Any],
+    peer: str | None,
+) -> tuple[float | None, float | None]:
+    if name == peer:
+        from benchmarks.voice_peer import PEER_OPTIONS, peer_request
+
+        result = await peer_request(client, url, text, PEER_OPTIONS, Clock())
+    else:
+        result = await request_once(client, url, text, options[name], Clock())
+    return result.record.rtf, result.record.ttfa_s
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.rtf_ab", description=__doc__)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--a", action="append", default=[], help="A's --set (repeatable)")
+    parser.add_argument("--b", action="append", default=[], help="B's --set (repeatable)")
+    parser.add_argument("--no-peer", action="store_true")
+    parser.add_argument("--logs", default="/tmp/rtf_ab")
+    parser.add_argument("--json", default=None, help="write the result here too")
+    args = parser.parse_args(argv)
+    logs = Path(args.logs)
+    logs.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        urls = {
+            "a": stack.enter_context(serve(CONFIG, [*BASE, *args.a], logs / "a.log")),
+            "b": stack.enter_context(serve(CONFIG, [*BASE, *args.b], logs / "b.log")),
+        }
+        peer = None
+        if not args.no_peer:
+            peer = "piper-http"
+            urls[peer] = stack.enter_context(piper_server(bundled_model_path(), logs / "p.log"))
+        result = asyncio.run(_measure(urls, args.rounds, peer))
+    result["a"], result["b"] = args.a, args.b
+    summary = {k: v for k, v in result.items() if k != "samples"}
+    print(json.dumps(summary, indent=2))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
