@@ -8,8 +8,8 @@ continuous. Frame numbers in a Chunk are relative to its segment.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from scheduling.policies import PolicyName
