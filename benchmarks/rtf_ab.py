@@ -10,6 +10,11 @@ Each round sends every text of benchmarks/voice.py's single-stream sets to each 
 turn (the order rotates every text), one request at a time, read as fast as possible: RTF
 = (last byte - request sent) / audio, TTFA = first audio - request sent (the client's
 clock, as benchmarks/voice.py). Prints p50 per server and the per-text paired ratio B/A.
+
+`--load 8,12`: then, for each N, closed loops of N listeners (each sends its next
+request when it has heard the last, as benchmarks/voice.py's N sweep) against A, B, B, A
+(`--load-duration` s each after a 2 s warm-up), and one saturated loop of the largest N
+(next request at the last byte: throughput, as C) against A, B, B, A.
 """
 
 from __future__ import annotations
@@ -20,14 +25,15 @@ import contextlib
 import json
 import statistics
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from benchmarks.bench import serve
-from benchmarks.loadgen import Clock, request_once
+from benchmarks.bench import LoadPlan, number_list, run_load, serve
+from benchmarks.loadgen import Clock, load_corpus, request_once
 from benchmarks.voice import CONFIG, LONG_FIRST, SHORT_FIRST, _voice_options
 from benchmarks.voice_peer import piper_server
 from pipeline.backends.piper import bundled_model_path
@@ -94,6 +100,38 @@ async def _one(
     return result.record.rtf, result.record.ttfa_s
 
 
+def _load(urls: dict[str, str], counts: Sequence[int], duration_s: float) -> dict[str, Any]:
+    options = asyncio.run(_voice_options(urls["a"]))
+    plan = LoadPlan(
+        texts=tuple(t for t in load_corpus() if len(t) <= 400),
+        options=options,
+        duration_s=duration_s,
+        capacity_duration_s=duration_s,
+    )
+    out: dict[str, Any] = {}
+    points = [(n, False) for n in counts] + [(max(counts), True)]
+    for n, saturated in points:
+        key = f"{'saturated' if saturated else 'listeners'}-{n}"
+        out[key] = {"a": [], "b": []}
+        for name in ("a", "b", "b", "a"):
+            result = run_load(urls[name], n, plan, capacity=saturated)
+            summary = result.summary.as_dict()
+            figures = {
+                "xrt": summary["xrt"],
+                "throughput": result.burst_throughput() if saturated else None,
+                "stall_ratio": summary["stall_ratio"],
+                "stall_free": sum(1 for r in result.records if r.playback.stall_free()),
+                "streams_ok": summary["streams_ok"],
+                "ttfa_p50_ms": summary["ttfa_p50_ms"],
+                "ttfa_p99_ms": summary.get("ttfa_p99_ms"),
+                "rejected": summary["rejected"],
+            }
+            out[key][name].append(figures)
+            print(key, name, json.dumps(figures), file=sys.stderr, flush=True)
+            time.sleep(1.0)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.rtf_ab", description=__doc__)
     parser.add_argument("--rounds", type=int, default=3)
@@ -102,6 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-peer", action="store_true")
     parser.add_argument("--logs", default="/tmp/rtf_ab")
     parser.add_argument("--json", default=None, help="write the result here too")
+    parser.add_argument("--load", default="", help="N of the listener loops, e.g. 8,12")
+    parser.add_argument("--load-duration", type=float, default=10.0)
     args = parser.parse_args(argv)
     logs = Path(args.logs)
     logs.mkdir(parents=True, exist_ok=True)
@@ -114,7 +154,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.no_peer:
             peer = "piper-http"
             urls[peer] = stack.enter_context(piper_server(bundled_model_path(), logs / "p.log"))
-        result = asyncio.run(_measure(urls, args.rounds, peer))
+        result = asyncio.run(_measure(urls, args.rounds, peer)) if args.rounds else {}
+        if args.load:
+            result["load"] = _load(urls, number_list(args.load, int), args.load_duration)
     result["a"], result["b"] = args.a, args.b
     summary = {k: v for k, v in result.items() if k != "samples"}
     print(json.dumps(summary, indent=2))

@@ -15,8 +15,9 @@ Two sets are kept incrementally, so that no turn scans every stream:
   are marked dirty and re-planned by `refresh` at the start of a vocoder turn.
 - `ahead_ids` (with `max_in_flight` > 1): streams whose chunk a worker is decoding and
   whose NEXT chunk is planned (the talker ran ahead: its frames exist), with fewer than
-  `max_in_flight` chunks in flight. A worker takes one of these only when `ready_ids`
-  is empty (work-conserving: no other stream waits for it). A stream's chunks are
+  `max_in_flight` chunks in flight, once the stream's first chunk was sent (that one
+  decodes alone: TTFA). A worker takes one of these only when `ready_ids` is empty
+  (work-conserving: no other stream waits for it). A stream's chunks are
   emitted strictly in order: a chunk decoded before an earlier one is held on its
   record (`StreamRecord.in_flight`) until the earlier one is emitted.
 - the talker's candidates: streams with text waiting or a segment open.
@@ -471,7 +472,12 @@ class StreamBook:
         """A stream with chunks in flight: plan the chunk after them, for `ahead_ids`."""
         stream_id = record.stream.id
         chunk = None
-        if len(record.in_flight) < self._max_in_flight and not record.sender.parked:
+        if (
+            len(record.in_flight) < self._max_in_flight
+            and not record.sender.parked
+            # not before its first audio: the first chunk gets a core to itself (TTFA)
+            and record.stream.stats.chunks > 0
+        ):
             chunk = self._plan(record)
         record.chunk = chunk
         if chunk is None or chunk.empty:  # an empty terminal waits for the ones in flight
