@@ -1,7 +1,7 @@
 """Single-request RTF and TTFA, A/B, interleaved request by request, beside piper's server.
 
-    python -m benchmarks.rtf_ab [--rounds 4] [--a vocoder.work_ahead=false]
-                                [--b vocoder.work_ahead=true] [--no-peer]
+    python -m benchmarks.rtf_ab [--rounds 4] [--a vocoder.work_ahead_streams=0]
+                                [--b vocoder.work_ahead_streams=1] [--no-peer]
 
 Two Playhead servers (configs/default.yaml plus the --a and --b settings; idle
 recalibration off, so that neither calibrates while the other is measured) and
@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import statistics
 import sys
 import time
@@ -100,6 +101,32 @@ async def _one(
     return result.record.rtf, result.record.ttfa_s
 
 
+_HZ = os.sysconf("SC_CLK_TCK")
+
+
+def _busy_s() -> float:
+    """CPU seconds every process on the host has used (/proc/stat)."""
+    with open("/proc/stat", encoding="ascii") as stat:
+        values = [int(v) for v in stat.readline().split()[1:]]
+    return (sum(values) - values[3] - values[4]) / _HZ
+
+
+def _children_cpu_s() -> float:
+    """CPU seconds of this process and its children (the servers), from /proc."""
+    me, total = os.getpid(), 0.0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(entry) == me or int(fields[1]) == me:  # fields[1]: the parent's pid
+            total += (int(fields[11]) + int(fields[12])) / _HZ
+    return total
+
+
 def _load(urls: dict[str, str], counts: Sequence[int], duration_s: float) -> dict[str, Any]:
     options = asyncio.run(_voice_options(urls["a"]))
     plan = LoadPlan(
@@ -114,7 +141,11 @@ def _load(urls: dict[str, str], counts: Sequence[int], duration_s: float) -> dic
         key = f"{'saturated' if saturated else 'listeners'}-{n}"
         out[key] = {"a": [], "b": []}
         for name in ("a", "b", "b", "a"):
+            busy0, ours0, started = _busy_s(), _children_cpu_s(), time.perf_counter()
             result = run_load(urls[name], n, plan, capacity=saturated)
+            wall_s = time.perf_counter() - started
+            ours_s = _children_cpu_s() - ours0
+            foreign = max(0.0, _busy_s() - busy0 - ours_s) / wall_s
             summary = result.summary.as_dict()
             figures = {
                 "xrt": summary["xrt"],
@@ -125,6 +156,7 @@ def _load(urls: dict[str, str], counts: Sequence[int], duration_s: float) -> dic
                 "ttfa_p50_ms": summary["ttfa_p50_ms"],
                 "ttfa_p99_ms": summary.get("ttfa_p99_ms"),
                 "rejected": summary["rejected"],
+                "foreign_cores": round(foreign, 3),  # other processes' CPU meanwhile
             }
             out[key][name].append(figures)
             print(key, name, json.dumps(figures), file=sys.stderr, flush=True)

@@ -16,10 +16,11 @@ Two sets are kept incrementally, so that no turn scans every stream:
 - `ahead_ids` (with `max_in_flight` > 1): streams whose chunk a worker is decoding and
   whose NEXT chunk is planned (the talker ran ahead: its frames exist), with fewer than
   `max_in_flight` chunks in flight, once the stream's first chunk was sent (that one
-  decodes alone: TTFA). A worker takes one of these only when `ready_ids` is empty
-  (work-conserving: no other stream waits for it). A stream's chunks are
-  emitted strictly in order: a chunk decoded before an earlier one is held on its
-  record (`StreamRecord.in_flight`) until the earlier one is emitted.
+  decodes alone: TTFA), while at most `work_ahead_streams` streams have work left. A
+  worker takes one of these only when `ready_ids` is empty (work-conserving: no other
+  stream waits for it). A stream's chunks are emitted strictly in order: a chunk decoded
+  before an earlier one is held on its record (`StreamRecord.in_flight`) until the
+  earlier one is emitted.
 - the talker's candidates: streams with text waiting or a segment open.
 
 A stream's talker segment (`OpenSegment`) is opened, stepped and closed in the talker
@@ -148,9 +149,11 @@ class StreamBook:
         wakes: Wakes,
         start_phase_chunks: int = 0,
         max_in_flight: int = 1,
+        work_ahead_streams: int = 1,
     ) -> None:
         """`max_in_flight`: most chunks of one stream decoded at once (the vocoder's
-        workers); more than 1 only while no other stream has a chunk ready."""
+        workers); more than 1 only while no other stream has a chunk ready and at most
+        `work_ahead_streams` streams have work left."""
         self.scheduler = scheduler
         self.planner = planner
         self.ledger = PlayingLedger()
@@ -170,6 +173,7 @@ class StreamBook:
         # in _vocoding, next chunk planned, fewer than max_in_flight in flight
         self._ahead: dict[str, None] = {}
         self._max_in_flight = max(1, max_in_flight)
+        self._work_ahead_streams = work_ahead_streams
         self._orphans: list[OpenSegment] = []  # segments of ended streams, to close
         self._talker_waits_on_vocoder = False  # the talker's last plan was empty
         self._paced_order: tuple[TalkerOrderConfig, TalkerOrderConfig] | None = None
@@ -211,7 +215,11 @@ class StreamBook:
     def ahead_ids(self) -> KeysView[str]:
         """Streams whose chunk a worker is decoding and whose next chunk is planned (valid
         after `refresh`), fewer than `max_in_flight` in flight: for a worker that finds
-        `ready_ids` empty."""
+        `ready_ids` empty. Empty while more than `work_ahead_streams` streams have work
+        left: the CPU is then busy with their talker work, which a chunk decoded ahead
+        would only slow down."""
+        if len(self._records) > self._work_ahead_streams:
+            return {}.keys()
         return self._ahead.keys()
 
     def talker_candidates(self) -> Iterator[TalkerCandidate]:

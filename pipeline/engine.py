@@ -162,7 +162,8 @@ class Engine:
             events=self._events,
             wakes=Wakes(talker=self._wake_talker, vocoder=self._wake_vocoder),
             start_phase_chunks=self._admission.config.start_phase_chunks,
-            max_in_flight=workers if self._vocoder_config.work_ahead else 1,
+            max_in_flight=workers if self._vocoder_config.work_ahead_streams else 1,
+            work_ahead_streams=self._vocoder_config.work_ahead_streams,
         )
         self.talker = Talker(
             self.book,

@@ -15,9 +15,10 @@ that takes a turn marks its streams as being decoded (`StreamBook.start_vocoding
 book leaves them out of the ready ids until their chunk is committed, so the next
 worker's selection is the next most urgent streams. A worker that finds no stream ready
 takes the NEXT chunk of a stream already being decoded (`StreamBook.ahead_ids`, at most
-`workers` chunks of a stream in flight, with `vocoder.work_ahead`): a lone request uses
-every worker. One stream's chunks still leave in order: the book holds a chunk decoded
-before an earlier one until that one is emitted. The rate (the capacity estimate) is
+`workers` chunks of a stream in flight, while at most `vocoder.work_ahead_streams`
+streams have work left): a lone request uses every worker. One stream's chunks still
+leave in order: the book holds a chunk decoded before an earlier one until that one is
+emitted. The rate (the capacity estimate) is
 audio per second of the time any worker was busy.
 """
 

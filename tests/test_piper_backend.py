@@ -298,7 +298,7 @@ ENGINE_TEXT = (
 
 
 async def _engine_pcm(
-    make_engine: EngineFactory, backend: PiperBackend, *, workers: int, work_ahead: bool
+    make_engine: EngineFactory, backend: PiperBackend, *, workers: int, work_ahead_streams: int
 ) -> tuple[np.ndarray, int]:
     """One lone stream through the engine: its PCM, and the chunks taken while another
     chunk of it was in flight."""
@@ -308,7 +308,7 @@ async def _engine_pcm(
         chunking=ChunkingConfig(
             chunk_frames=64, ramp=(8, 16, 32), left_context_frames=8, right_context_frames=8
         ),
-        vocoder=VocoderConfig(workers=workers, work_ahead=work_ahead),
+        vocoder=VocoderConfig(workers=workers, work_ahead_streams=work_ahead_streams),
     )
     book, ahead = engine.book, 0
     start_vocoding = book.start_vocoding
@@ -330,8 +330,8 @@ async def test_a_lone_stream_decoded_two_chunks_at_once_is_bit_identical(
 ) -> None:
     """Two vocoder workers decode a lone stream's consecutive chunks at once; its PCM is
     complete, in order and the same, sample for sample, as one chunk at a time."""
-    ahead_pcm, ahead = await _engine_pcm(make_engine, backend, workers=2, work_ahead=True)
-    one_pcm, none = await _engine_pcm(make_engine, backend, workers=2, work_ahead=False)
+    ahead_pcm, ahead = await _engine_pcm(make_engine, backend, workers=2, work_ahead_streams=1)
+    one_pcm, none = await _engine_pcm(make_engine, backend, workers=2, work_ahead_streams=0)
     assert ahead > 0 and none == 0
     assert ahead_pcm.size == one_pcm.size > 0
     assert np.array_equal(ahead_pcm, one_pcm)

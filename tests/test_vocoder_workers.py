@@ -1,5 +1,6 @@
 """Several vocoder workers (`vocoder.workers`): turns run side by side; one stream's
-chunks run side by side only while no other stream has a chunk ready (`work_ahead`); and
+chunks run side by side only while no other stream has a chunk ready and few streams have
+work (`work_ahead_streams`); and
 every frame still arrives once, in order.
 
 The backend is the sim backend told that its vocode calls may overlap (as Piper's may);
@@ -82,14 +83,19 @@ def _check(pcm: np.ndarray, text: str) -> None:
     assert len({tag for tag, _ in pairs}) == 1
 
 
-def _watch_takes(engine: Engine) -> list[tuple[int, int]]:
-    """(chunks of the stream already in flight, other streams ready) at every take."""
+LONE = [" ".join(TEXTS[:4])]
+
+
+def _watch_takes(engine: Engine) -> list[tuple[int, int, int]]:
+    """(chunks of the stream already in flight, other streams ready, streams with work)
+    at every take."""
     book = engine.book
-    takes: list[tuple[int, int]] = []
+    takes: list[tuple[int, int, int]] = []
     start_vocoding = book.start_vocoding
 
     def watched(record: StreamRecord) -> None:
-        takes.append((len(record.in_flight), len(book.ready_ids)))
+        others = [stream_id for stream_id in book.ready_ids if stream_id != record.stream.id]
+        takes.append((len(record.in_flight), len(others), len(book)))
         start_vocoding(record)
 
     book.start_vocoding = watched  # type: ignore[method-assign]
@@ -101,14 +107,14 @@ async def _run(
     workers: int,
     texts: Sequence[str] = TEXTS,
     *,
-    work_ahead: bool = True,
+    work_ahead_streams: int = 1,
     backend: OverlappingSim | None = None,
-) -> tuple[OverlappingSim, list[np.ndarray], list[tuple[int, int]]]:
+) -> tuple[OverlappingSim, list[np.ndarray], list[tuple[int, int, int]]]:
     backend = backend or OverlappingSim(SLOW_VOCODER)
     engine = await make_engine(
         backend,
         window=1,
-        vocoder=VocoderConfig(workers=workers, work_ahead=work_ahead),
+        vocoder=VocoderConfig(workers=workers, work_ahead_streams=work_ahead_streams),
         talker=TalkerConfig(high_water_s=3600.0, batch=8),
     )
     assert len(engine.extra_vocoder_stages) == workers - 1
@@ -130,18 +136,25 @@ async def test_two_workers_decode_side_by_side(make_engine: EngineFactory) -> No
 async def test_a_second_chunk_of_a_stream_only_when_no_other_stream_is_ready(
     make_engine: EngineFactory,
 ) -> None:
-    _, _, takes = await _run(make_engine, workers=2)
+    """One long stream among short ones: alone at the end, it gets both workers."""
+    texts = [LONE[0], *TEXTS[:5]]
+    _, _, takes = await _run(make_engine, workers=2, texts=texts, work_ahead_streams=len(texts))
+    assert any(take[0] == 1 for take in takes)  # it happened
     assert [take for take in takes if take[0] > 0 and take[1] > 0] == []
-    assert all(in_flight < 2 for in_flight, _ in takes)  # at most `workers` in flight
+    assert all(take[0] < 2 for take in takes)  # at most `workers` in flight
+
+
+async def test_work_ahead_only_while_few_streams_have_work(make_engine: EngineFactory) -> None:
+    texts = [LONE[0], *TEXTS[:5]]
+    _, _, takes = await _run(make_engine, workers=2, texts=texts, work_ahead_streams=1)
+    ahead = [take for take in takes if take[0] > 0]
+    assert ahead and all(streams == 1 for _, _, streams in ahead)
 
 
 async def test_without_work_ahead_never_one_stream_twice(make_engine: EngineFactory) -> None:
-    backend, _, takes = await _run(make_engine, workers=2, work_ahead=False)
+    backend, _, takes = await _run(make_engine, workers=2, work_ahead_streams=0)
     assert backend.same_stream_twice == 0
-    assert all(in_flight == 0 for in_flight, _ in takes)
-
-
-LONE = [" ".join(TEXTS[:4])]
+    assert all(take[0] == 0 for take in takes)
 
 
 async def test_a_lone_stream_gets_both_workers_and_the_same_pcm(
@@ -151,8 +164,8 @@ async def test_a_lone_stream_gets_both_workers_and_the_same_pcm(
     and bit-identical to one chunk at a time."""
     backend, ahead, takes = await _run(make_engine, workers=2, texts=LONE)
     assert backend.same_stream_twice > 0
-    assert any(in_flight == 1 for in_flight, _ in takes)
-    _, one_at_a_time, _ = await _run(make_engine, workers=2, texts=LONE, work_ahead=False)
+    assert any(take[0] == 1 for take in takes)
+    _, one_at_a_time, _ = await _run(make_engine, workers=2, texts=LONE, work_ahead_streams=0)
     _, one_worker, _ = await _run(make_engine, workers=1, texts=LONE)
     assert np.array_equal(ahead[0], one_at_a_time[0])
     assert np.array_equal(ahead[0], one_worker[0])
