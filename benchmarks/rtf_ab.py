@@ -98,7 +98,10 @@ async def _one(
         result = await peer_request(client, url, text, PEER_OPTIONS, Clock())
     else:
         result = await request_once(client, url, text, options[name], Clock())
-    return result.record.rtf, result.record.ttfa_s
+    record = result.record
+    if record.rtf is None:
+        print(f"{name}: no audio ({record.outcome}, {record.http_status}, {record.error})")
+    return record.rtf, record.ttfa_s
 
 
 _HZ = os.sysconf("SC_CLK_TCK")

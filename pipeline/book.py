@@ -218,9 +218,14 @@ class StreamBook:
         `ready_ids` empty. Empty while more than `work_ahead_streams` streams have work
         left: the CPU is then busy with their talker work, which a chunk decoded ahead
         would only slow down."""
-        if len(self._records) > self._work_ahead_streams:
+        if not self._may_work_ahead():
             return {}.keys()
         return self._ahead.keys()
+
+    def _may_work_ahead(self) -> bool:
+        """A stream may have more than one chunk in flight now (work-ahead): with many
+        streams the book behaves as if it were off, at no extra cost."""
+        return self._max_in_flight > 1 and len(self._records) <= self._work_ahead_streams
 
     def talker_candidates(self) -> Iterator[TalkerCandidate]:
         """Streams that want talker work (parked ones left out)."""
@@ -462,7 +467,7 @@ class StreamBook:
         while dirty:
             stream_id, record = dirty.popitem()
             if stream_id in self._vocoding:
-                if self._max_in_flight > 1:
+                if self._may_work_ahead():
                     self._plan_ahead(record)
                 continue  # otherwise re-planned once its chunk is committed
             chunk = self._plan(record)
@@ -506,7 +511,7 @@ class StreamBook:
         record.chunk = None
         self._vocoding.add(stream_id)
         self._ahead.pop(stream_id, None)
-        if self._max_in_flight > 1:
+        if self._may_work_ahead():
             self._mark_dirty(record)  # its next chunk may be decoded beside this one
         self._wake_idle_talker()  # it may have been the last chunk waiting
 
