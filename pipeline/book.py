@@ -77,6 +77,8 @@ class InFlight:
     chunk: Chunk
     pcm: np.ndarray | None = None
     emitted_at_s: float = 0.0
+    # ends the vocode call decoding it (a call of this stream alone), where the backend can
+    abort: Callable[[], None] | None = None
 
 
 class OpenSegment:
@@ -700,6 +702,9 @@ class StreamBook:
         self._ready.pop(stream_id, None)
         self._vocoding.discard(stream_id)
         self._ahead.pop(stream_id, None)
+        for entry in record.in_flight:  # its decodes in flight are of no use now
+            if entry.abort is not None and entry.pcm is None:
+                entry.abort()
         record.in_flight.clear()
         opened = record.talking
         if opened is not None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import numpy as np
 
@@ -133,10 +134,18 @@ class Vocoder:
                 )
             )
         assert self._window <= 0 or len(batch) <= self._window
+        vocode: Callable[..., list[np.ndarray]] = self._backend.vocode
+        new_abort = getattr(self._backend, "vocode_abort", None)
+        if new_abort is not None and len(batch) == 1:
+            # a call for one stream ends early when the stream ends (a barge-in's next
+            # request then finds the worker free)
+            abort = new_abort()
+            batch[0][0].in_flight[-1].abort = abort
+            vocode = partial(vocode, abort=abort)
         sent_perf_s = time.perf_counter()
         sent_cpu_s = time.thread_time()
         try:
-            timed = await stage.run_timed(self._backend.vocode, items)
+            timed = await stage.run_timed(vocode, items)
         except Exception as error:  # CancelledError (a BaseException) passes through
             for record, _ in batch:
                 book.fail(record, error)

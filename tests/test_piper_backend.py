@@ -335,3 +335,14 @@ async def test_a_lone_stream_decoded_two_chunks_at_once_is_bit_identical(
     assert ahead > 0 and none == 0
     assert ahead_pcm.size == one_pcm.size > 0
     assert np.array_equal(ahead_pcm, one_pcm)
+
+
+def test_an_aborted_vocode_call_raises_and_the_session_goes_on(backend: PiperBackend) -> None:
+    frames = talk(backend, TEXT)[:40]
+    item = VocodeItem(VOICE, frames, 0, len(frames))
+    abort = backend.vocode_abort()
+    abort()
+    with pytest.raises(Exception, match=r"(?i)terminate"):
+        backend.vocode([item], abort=abort)
+    (pcm,) = backend.vocode([item], abort=backend.vocode_abort())  # not aborted
+    assert np.array_equal(pcm, decode_whole(backend, frames))

@@ -180,8 +180,14 @@ class GatedSim(OverlappingSim):
         self.gate = threading.Event()
         self.fail_second = fail_second
         self.failed = 0
+        self.aborted = 0  # calls the engine ended early (vocode_abort)
 
-    def vocode(self, items: Sequence[VocodeItem]) -> list[np.ndarray]:
+    def vocode_abort(self) -> threading.Event:
+        return _Abort()
+
+    def vocode(
+        self, items: Sequence[VocodeItem], abort: threading.Event | None = None
+    ) -> list[np.ndarray]:
         tags = {int(item.frames[0, 0]) for item in items if len(item.frames)}
         with self._lock:
             second = any(self._in_flight.get(tag, 0) >= 1 for tag in tags)
@@ -191,7 +197,16 @@ class GatedSim(OverlappingSim):
         pcms = super().vocode(items)
         if self.same_stream_twice:
             self.gate.wait(5.0)
+        if abort is not None and abort.is_set():
+            with self._lock:
+                self.aborted += 1
+            raise RuntimeError("aborted")
         return pcms
+
+
+class _Abort(threading.Event):
+    def __call__(self) -> None:
+        self.set()
 
 
 async def test_a_cancel_with_two_chunks_in_flight_leaks_nothing(
@@ -222,6 +237,7 @@ async def test_a_cancel_with_two_chunks_in_flight_leaks_nothing(
     await until(lambda: backend._running == 0)
     await asyncio.sleep(0.05)  # the workers' turns after the calls returned
     assert engine.traces(stream.id) == [] and len(engine.book) == 0
+    assert backend.aborted == 2  # both calls were told to end early
     if received:
         pairs = decode_sim_signal(np.concatenate(received), FAST_SIM.samples_per_frame)
         assert [index for _, index in pairs] == list(range(len(pairs)))  # a prefix, in order
