@@ -13,6 +13,14 @@ Two sets are kept incrementally, so that no turn scans every stream:
   vocoder's candidates, in the order they became ready), less those whose chunk a
   vocoder worker is decoding (`start_vocoding`). Records whose frames or state changed
   are marked dirty and re-planned by `refresh` at the start of a vocoder turn.
+- `ahead_ids` (with `max_in_flight` > 1): streams whose chunk a worker is decoding and
+  whose NEXT chunk is planned (the talker ran ahead: its frames exist), with fewer than
+  `max_in_flight` chunks in flight, once the stream's first chunk was sent (that one
+  decodes alone: TTFA), while at most `work_ahead_streams` streams have work left. A
+  worker takes one of these only when `ready_ids` is empty (work-conserving: no other
+  stream waits for it). A stream's chunks are emitted strictly in order: a chunk decoded
+  before an earlier one is held on its record (`StreamRecord.in_flight`) until the
+  earlier one is emitted.
 - the talker's candidates: streams with text waiting or a segment open.
 
 A stream's talker segment (`OpenSegment`) is opened, stepped and closed in the talker
@@ -65,6 +73,18 @@ class Wakes:
     start: Callable[[], None] = lambda: None
 
 
+@dataclass(slots=True, eq=False)
+class InFlight:
+    """A chunk a vocoder worker took, and its PCM once decoded (held until the chunks
+    taken before it are emitted)."""
+
+    chunk: Chunk
+    pcm: np.ndarray | None = None
+    emitted_at_s: float = 0.0
+    # ends the vocode call decoding it (a call of this stream alone), where the backend can
+    abort: Callable[[], None] | None = None
+
+
 class OpenSegment:
     """One stream's talker segment from its opening to its close.
 
@@ -100,6 +120,7 @@ class StreamRecord:
     next_segment: int = 0
     talking: OpenSegment | None = None  # the talker segment open for this stream
     chunk: Chunk | None = None  # the planner's answer, valid while the record is clean
+    in_flight: deque[InFlight] = field(default_factory=deque)  # taken chunks, in order
 
     @property
     def talked_all(self) -> bool:
@@ -133,7 +154,12 @@ class StreamBook:
         events: EngineEvents,
         wakes: Wakes,
         start_phase_chunks: int = 0,
+        max_in_flight: int = 1,
+        work_ahead_streams: int = 1,
     ) -> None:
+        """`max_in_flight`: most chunks of one stream decoded at once (the vocoder's
+        workers); more than 1 only while no other stream has a chunk ready and at most
+        `work_ahead_streams` streams have work left."""
         self.scheduler = scheduler
         self.planner = planner
         self.ledger = PlayingLedger()
@@ -150,6 +176,10 @@ class StreamBook:
         self._dirty: dict[str, StreamRecord] = {}  # chunk plan out of date
         self._ready: dict[str, None] = {}  # a non-empty chunk planned, not parked
         self._vocoding: set[str] = set()  # their chunk is being decoded (start_vocoding)
+        # in _vocoding, next chunk planned, fewer than max_in_flight in flight
+        self._ahead: dict[str, None] = {}
+        self._max_in_flight = max(1, max_in_flight)
+        self._work_ahead_streams = work_ahead_streams
         self._orphans: list[OpenSegment] = []  # segments of ended streams, to close
         self._talker_waits_on_vocoder = False  # the talker's last plan was empty
         self._paced_order: tuple[TalkerOrderConfig, TalkerOrderConfig] | None = None
@@ -186,6 +216,22 @@ class StreamBook:
             return self._ready.keys()
         vocoding = self._vocoding
         return [stream_id for stream_id in self._ready if stream_id not in vocoding]
+
+    @property
+    def ahead_ids(self) -> KeysView[str]:
+        """Streams whose chunk a worker is decoding and whose next chunk is planned (valid
+        after `refresh`), fewer than `max_in_flight` in flight: for a worker that finds
+        `ready_ids` empty. Empty while more than `work_ahead_streams` streams have work
+        left: the CPU is then busy with their talker work, which a chunk decoded ahead
+        would only slow down."""
+        if not self._may_work_ahead():
+            return {}.keys()
+        return self._ahead.keys()
+
+    def _may_work_ahead(self) -> bool:
+        """A stream may have more than one chunk in flight now (work-ahead): with many
+        streams the book behaves as if it were off, at no extra cost."""
+        return self._max_in_flight > 1 and len(self._records) <= self._work_ahead_streams
 
     def talker_candidates(self) -> Iterator[TalkerCandidate]:
         """Streams that want talker work (parked ones left out)."""
@@ -295,6 +341,8 @@ class StreamBook:
         record = self._records.get(stream_id)
         if record is not None:
             places.append("record")
+            if record.in_flight:
+                places.append("in-flight")
             if record.frames.held_frames or record.frames.segment_count:
                 places.append("frames")
             if record.talking is not None:
@@ -304,6 +352,7 @@ class StreamBook:
             ("dirty", self._dirty),
             ("ready", self._ready),
             ("vocoding", self._vocoding),
+            ("ahead", self._ahead),
         ):
             if stream_id in index:
                 places.append(name)
@@ -423,8 +472,10 @@ class StreamBook:
         dirty = self._dirty
         while dirty:
             stream_id, record = dirty.popitem()
-            if stream_id in self._vocoding:  # re-planned once its chunk is committed
-                continue
+            if stream_id in self._vocoding:
+                if self._may_work_ahead():
+                    self._plan_ahead(record)
+                continue  # otherwise re-planned once its chunk is committed
             chunk = self._plan(record)
             record.chunk = chunk
             if chunk is None or record.sender.parked:
@@ -436,16 +487,62 @@ class StreamBook:
                 self._ready[stream_id] = None
         self._wake_idle_talker()  # the vocoder may have nothing waiting now
 
+    def _plan_ahead(self, record: StreamRecord) -> None:
+        """A stream with chunks in flight: plan the chunk after them, for `ahead_ids`."""
+        stream_id = record.stream.id
+        chunk = None
+        if (
+            len(record.in_flight) < self._max_in_flight
+            and not record.sender.parked
+            # not before its first audio: the first chunk gets a core to itself (TTFA)
+            and record.stream.stats.chunks > 0
+        ):
+            chunk = self._plan(record)
+        record.chunk = chunk
+        if chunk is None or chunk.empty:  # an empty terminal waits for the ones in flight
+            self._ahead.pop(stream_id, None)
+        else:
+            self._ahead[stream_id] = None
+
     def start_vocoding(self, record: StreamRecord) -> None:
-        """A vocoder worker took the stream's chunk: no worker takes the stream again until
-        the chunk is committed (`emit`) or the stream ends."""
-        self._vocoding.add(record.stream.id)
+        """A vocoder worker took the stream's planned chunk (`record.chunk`): it is in
+        flight until emitted (`emit`) or the stream ends. With `max_in_flight` 1 no
+        worker takes the stream again until then; with more, the chunk after it is
+        planned and offered in `ahead_ids`."""
+        chunk = record.chunk
+        assert chunk is not None and not chunk.empty, chunk
+        stream_id = record.stream.id
+        self.planner.take(stream_id, chunk)
+        record.in_flight.append(InFlight(chunk))
+        record.chunk = None
+        self._vocoding.add(stream_id)
+        self._ahead.pop(stream_id, None)
+        if self._may_work_ahead():
+            self._mark_dirty(record)  # its next chunk may be decoded beside this one
         self._wake_idle_talker()  # it may have been the last chunk waiting
 
     def emit(
         self, record: StreamRecord, chunk: Chunk, pcm: np.ndarray, emitted_at_s: float
     ) -> None:
-        """One chunk's PCM left the vocoder: account for it, send it, commit the chunk."""
+        """One taken chunk's PCM left the vocoder. Sent at once when every chunk taken
+        before it is sent; otherwise held until they are, then sent after them."""
+        for entry in record.in_flight:
+            if entry.chunk is chunk:
+                entry.pcm, entry.emitted_at_s = pcm, emitted_at_s
+                break
+        else:
+            raise ValueError(f"emit of a chunk not in flight for {record.stream.id}: {chunk}")
+        in_flight = record.in_flight
+        while in_flight and in_flight[0].pcm is not None and self.is_live(record):
+            entry = in_flight.popleft()
+            assert entry.pcm is not None
+            # a held chunk leaves with the one it waited for
+            self._send_chunk(record, entry.chunk, entry.pcm, max(entry.emitted_at_s, emitted_at_s))
+
+    def _send_chunk(
+        self, record: StreamRecord, chunk: Chunk, pcm: np.ndarray, emitted_at_s: float
+    ) -> None:
+        """A chunk's PCM, in order: account for it, send it, commit the chunk."""
         stream = record.stream
         stats = stream.stats
         horizon_s = self.scheduler.horizon_s(stream.id)
@@ -556,10 +653,14 @@ class StreamBook:
         self._wakes.vocoder()
 
     def _plan(self, record: StreamRecord) -> Chunk | None:
-        segment = record.frames.current
+        frames = record.frames
+        if record.in_flight:  # the planner plans after the chunks in flight
+            segment = frames.segment(self.planner.planning_segment(record.stream.id))
+        else:
+            segment = frames.current
         if segment is None:
             return None
-        stream_done = record.talked_all and record.frames.segment_count == 1 and segment.done
+        stream_done = record.talked_all and frames.is_last(segment) and segment.done
         return self.planner.next_chunk(
             record.stream.id, segment.available_frames, segment.done, stream_done
         )
@@ -567,7 +668,9 @@ class StreamBook:
     def _commit(self, record: StreamRecord, chunk: Chunk) -> None:
         """The chunk left (or, empty, needed no decode): advance the planner, free frames."""
         self.planner.commit(record.stream.id, chunk)
-        self._vocoding.discard(record.stream.id)
+        if not record.in_flight:
+            self._vocoding.discard(record.stream.id)
+            self._ahead.pop(record.stream.id, None)
         record.frames.emitted(
             chunk.stop - chunk.start, free_before=chunk.stop - self._left_context_frames
         )
@@ -607,6 +710,11 @@ class StreamBook:
         self._dirty.pop(stream_id, None)
         self._ready.pop(stream_id, None)
         self._vocoding.discard(stream_id)
+        self._ahead.pop(stream_id, None)
+        for entry in record.in_flight:  # its decodes in flight are of no use now
+            if entry.abort is not None and entry.pcm is None:
+                entry.abort()
+        record.in_flight.clear()
         opened = record.talking
         if opened is not None:
             record.talking = None

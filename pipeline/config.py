@@ -99,10 +99,16 @@ class VocoderConfig:
     # vocoder turns decoded side by side, each in its own thread, where the backend's vocode
     # calls may overlap (`concurrent_vocode_calls`: Piper; the sim and codec LM run one)
     workers: int = 2
+    # a worker that finds no stream ready decodes the next chunk of a stream already being
+    # decoded (its frames exist: the talker runs ahead), so a lone request uses every worker,
+    # while at most this many streams have work left (more: the talker needs the other core);
+    # chunks still leave in order (0: one chunk of a stream at a time)
+    work_ahead_streams: int = 1
 
     def __post_init__(self) -> None:
         check_int("intra_op_threads", self.intra_op_threads, 1)
         check_int("workers", self.workers, 1)
+        check_int("work_ahead_streams", self.work_ahead_streams, 0)
 
 
 @dataclass(frozen=True)

@@ -195,6 +195,8 @@ class Engine:
             start_phase_chunks=self._admission.config.start_phase_chunks
             if self._admission.config.enabled and self._admission.config.max_starting_streams
             else 0,
+            max_in_flight=workers if self._vocoder_config.work_ahead_streams else 1,
+            work_ahead_streams=self._vocoder_config.work_ahead_streams,
         )
         self.talker = Talker(
             self.book,

@@ -79,6 +79,23 @@ class StreamFrames:
         """The segment the vocoder works on (the oldest not fully emitted)."""
         return self._segments[0] if self._segments else None
 
+    def segment(self, index: int) -> Segment | None:
+        """The held segment with this index (None when not opened yet or closed)."""
+        segments = self._segments
+        if not segments:
+            return None
+        position = index - segments[0].index
+        if 0 <= position < len(segments) and segments[position].index == index:
+            return segments[position]
+        for segment in segments:  # indices may skip (never in the engine: belt and braces)
+            if segment.index == index:
+                return segment
+        return None
+
+    def is_last(self, segment: Segment) -> bool:
+        """No later segment is open."""
+        return bool(self._segments) and self._segments[-1] is segment
+
     @property
     def segment_count(self) -> int:
         return len(self._segments)

@@ -13,9 +13,13 @@ take turns side by side where the backend's vocode calls may overlap
 (`concurrent_vocode_calls`: Piper's ONNX Runtime session, not the codec LM's). A worker
 that takes a turn marks its streams as being decoded (`StreamBook.start_vocoding`): the
 book leaves them out of the ready ids until their chunk is committed, so the next
-worker's selection is the next most urgent streams, and one stream's chunks still leave
-in order. The rate (the
-capacity estimate) is audio per second of the time any worker was busy.
+worker's selection is the next most urgent streams. A worker that finds no stream ready
+takes the NEXT chunk of a stream already being decoded (`StreamBook.ahead_ids`, at most
+`workers` chunks of a stream in flight, while at most `vocoder.work_ahead_streams`
+streams have work left): a lone request uses every worker. One stream's chunks still
+leave in order: the book holds a chunk decoded before an earlier one until that one is
+emitted. The rate (the capacity estimate) is
+audio per second of the time any worker was busy.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import numpy as np
 
@@ -90,6 +95,9 @@ class Vocoder:
             started_s = self._clock()
             # every stream was admitted at submit (StreamBook.add_stream)
             selected = book.scheduler.select(started_s, ready, all_admitted=True) if ready else []
+            if not ready and book.ahead_ids:
+                # no other stream waits: decode a stream's next chunk beside its current one
+                selected = book.scheduler.select(started_s, book.ahead_ids, all_admitted=True)
             if not selected:
                 self.idle_waits += 1
                 await self.wake.wait()
@@ -112,9 +120,9 @@ class Vocoder:
             record = book.record(stream_id)
             assert record is not None, "a ready stream is a live stream"
             chunk = record.chunk
-            segment = record.frames.current
-            assert chunk is not None and segment is not None and not chunk.empty
-            assert chunk.segment == segment.index, (chunk.segment, segment.index)
+            assert chunk is not None and not chunk.empty
+            segment = record.frames.segment(chunk.segment)
+            assert segment is not None, chunk
             book.start_vocoding(record)
             batch.append((record, chunk))
             items.append(
@@ -126,10 +134,18 @@ class Vocoder:
                 )
             )
         assert self._window <= 0 or len(batch) <= self._window
+        vocode: Callable[..., list[np.ndarray]] = self._backend.vocode
+        new_abort = getattr(self._backend, "vocode_abort", None)
+        if new_abort is not None and len(batch) == 1:
+            # a call for one stream ends early when the stream ends (a barge-in's next
+            # request then finds the worker free)
+            abort = new_abort()
+            batch[0][0].in_flight[-1].abort = abort
+            vocode = partial(vocode, abort=abort)
         sent_perf_s = time.perf_counter()
         sent_cpu_s = time.thread_time()
         try:
-            timed = await stage.run_timed(self._backend.vocode, items)
+            timed = await stage.run_timed(vocode, items)
         except Exception as error:  # CancelledError (a BaseException) passes through
             for record, _ in batch:
                 book.fail(record, error)

@@ -8,8 +8,9 @@ continuous. Frame numbers in a Chunk are relative to its segment.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from scheduling.policies import PolicyName
 from scheduling.scheduler import SchedulingConfig
@@ -92,12 +93,30 @@ class Chunk:
 
 
 @dataclass(slots=True)
+class _Cursor:
+    """Where a stream's chunks have got to: a segment, a frame in it, chunks so far."""
+
+    segment: int = 0  # index of the segment
+    sent_frames: int = 0  # frames of that segment behind the cursor
+    chunks: int = 0  # non-empty chunks behind the cursor, all segments (the ramp index)
+    finished: bool = False  # the final chunk is behind the cursor
+
+    def advance(self, chunk: Chunk) -> None:
+        if not chunk.empty:
+            self.sent_frames = chunk.stop
+            self.chunks += 1
+        if chunk.segment_end:
+            self.segment += 1
+            self.sent_frames = 0
+        self.finished = chunk.final
+
+
+@dataclass(slots=True)
 class _Progress:
-    segment: int = 0  # index of the current segment
-    sent_frames: int = 0  # frames of the current segment already emitted
-    chunks: int = 0  # non-empty chunks committed so far, all segments (the ramp index)
+    emitted: _Cursor = field(default_factory=_Cursor)  # up to the last committed chunk
+    planned_to: _Cursor = field(default_factory=_Cursor)  # ... and the chunks taken since
+    taken: deque[Chunk] = field(default_factory=deque)  # taken, not committed, in order
     planned: Chunk | None = None  # what next_chunk last answered
-    finished: bool = False  # the final chunk was committed
 
 
 class ChunkPlanner:
@@ -106,6 +125,12 @@ class ChunkPlanner:
     `next_chunk` answers what the next vocoder call for a stream should decode (or None
     when it should wait for frames); `commit` records that it was emitted. Every frame is
     emitted exactly once, in order, and exactly one chunk is final.
+
+    Planning runs from "planned up to", not "emitted up to": `take` says a chunk went to
+    a vocoder worker, and the next `next_chunk` answers the chunk after it (possibly in
+    the next segment) while the taken one is still being decoded. Taken chunks are
+    committed in the order they were taken. Without `take`, `commit` of the planned
+    chunk takes and commits it at once.
     """
 
     def __init__(self, config: ChunkingConfig) -> None:
@@ -131,21 +156,22 @@ class ChunkPlanner:
         progress = self._streams.get(stream_id)
         if progress is None:
             progress = self._streams[stream_id] = _Progress()
-        if progress.finished:
+        cursor = progress.planned_to
+        if cursor.finished:
             return None
-        sent = progress.sent_frames
+        sent = cursor.sent_frames
         if available_frames < sent:
             raise ValueError(
-                f"available_frames {available_frames} < {sent} already sent "
-                f"in segment {progress.segment} of {stream_id!r}"
+                f"available_frames {available_frames} < {sent} already planned "
+                f"in segment {cursor.segment} of {stream_id!r}"
             )
         config = self._config
         unsent = available_frames - sent
-        target = config.target_frames(progress.chunks)
+        target = config.target_frames(cursor.chunks)
         if unsent == 0:
             chunk = None
             if segment_done:  # the terminal of a segment that ended on a chunk boundary
-                chunk = Chunk(sent, sent, sent, sent, progress.segment, True, stream_done)
+                chunk = Chunk(sent, sent, sent, sent, cursor.segment, True, stream_done)
         elif segment_done or unsent >= target + config.right_context_frames:
             stop = sent + min(target, unsent)
             segment_end = segment_done and stop == available_frames
@@ -154,7 +180,7 @@ class ChunkPlanner:
                 stop=stop,
                 context_start=max(0, sent - config.left_context_frames),
                 context_stop=min(available_frames, stop + config.right_context_frames),
-                segment=progress.segment,
+                segment=cursor.segment,
                 segment_end=segment_end,
                 final=segment_end and stream_done,
             )
@@ -163,38 +189,63 @@ class ChunkPlanner:
         progress.planned = chunk
         return chunk
 
-    def commit(self, stream_id: str, chunk: Chunk) -> None:
-        """`chunk` (the one next_chunk last answered) was emitted."""
+    def take(self, stream_id: str, chunk: Chunk) -> None:
+        """`chunk` (the one next_chunk last answered) went to a vocoder worker: planning
+        goes on after it; it is committed later, after the chunks taken before it."""
         progress = self._streams.get(stream_id)
         if progress is None or progress.planned != chunk:
-            raise ValueError(f"commit of a chunk that was not planned for {stream_id!r}: {chunk}")
+            raise ValueError(f"take of a chunk that was not planned for {stream_id!r}: {chunk}")
         progress.planned = None
-        if not chunk.empty:
-            progress.sent_frames = chunk.stop
-            progress.chunks += 1
-        if chunk.segment_end:
-            progress.segment += 1
-            progress.sent_frames = 0
-        progress.finished = chunk.final
+        progress.taken.append(chunk)
+        progress.planned_to.advance(chunk)
+
+    def commit(self, stream_id: str, chunk: Chunk) -> None:
+        """`chunk` was emitted: the oldest taken chunk or, with none taken, the one
+        next_chunk last answered."""
+        progress = self._streams.get(stream_id)
+        if progress is not None and progress.taken:
+            if progress.taken[0] != chunk:
+                raise ValueError(
+                    f"commit out of order for {stream_id!r}: {chunk}, "
+                    f"oldest taken {progress.taken[0]}"
+                )
+            progress.taken.popleft()
+        else:
+            self.take(stream_id, chunk)
+            progress = self._streams[stream_id]
+            progress.taken.popleft()
+        progress.emitted.advance(chunk)
+
+    def in_flight(self, stream_id: str) -> int:
+        """Chunks taken and not yet committed."""
+        progress = self._streams.get(stream_id)
+        return 0 if progress is None else len(progress.taken)
+
+    def planning_segment(self, stream_id: str) -> int:
+        """The segment the next chunk comes from (0 when unknown)."""
+        progress = self._streams.get(stream_id)
+        return 0 if progress is None else progress.planned_to.segment
 
     def forget(self, stream_id: str) -> None:
         self._streams.pop(stream_id, None)
 
     def segment_index(self, stream_id: str) -> int:
-        """The segment the stream is in (0 when unknown)."""
+        """The segment the stream is in: that of its oldest uncommitted chunk (0 when
+        unknown)."""
         progress = self._streams.get(stream_id)
-        return 0 if progress is None else progress.segment
+        return 0 if progress is None else progress.emitted.segment
 
     def sent_frames(self, stream_id: str) -> int:
         """Frames of the current segment already committed (0 when unknown)."""
         progress = self._streams.get(stream_id)
-        return 0 if progress is None else progress.sent_frames
+        return 0 if progress is None else progress.emitted.sent_frames
 
     def target_frames(self, stream_id: str) -> int:
-        """New frames the stream's next non-empty chunk aims for."""
+        """New frames the stream's next planned non-empty chunk aims for."""
         progress = self._streams.get(stream_id)
-        return self._config.target_frames(0 if progress is None else progress.chunks)
+        return self._config.target_frames(0 if progress is None else progress.planned_to.chunks)
 
     def finished(self, stream_id: str) -> bool:
+        """The final chunk was committed."""
         progress = self._streams.get(stream_id)
-        return progress is not None and progress.finished
+        return progress is not None and progress.emitted.finished

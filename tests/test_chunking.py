@@ -271,3 +271,25 @@ def test_every_frame_exactly_once_in_order_and_one_final(config, segments, end_k
     assert finals == 1
     assert p.finished("s")
     assert p.next_chunk("s", 0, True, True) is None
+
+
+def test_take_plans_the_next_chunk_while_the_taken_one_is_decoded() -> None:
+    """Planning runs from "planned up to": after `take`, the next chunk (here in the next
+    segment) is planned before the taken one is committed; commits come in take order."""
+    planner = ChunkPlanner(ChunkingConfig(chunk_frames=4, right_context_frames=1))
+    first = planner.next_chunk("s", 8, segment_done=False, stream_done=False)
+    assert first == Chunk(0, 4, 0, 5, 0, False, False)
+    planner.take("s", first)
+    second = planner.next_chunk("s", 6, segment_done=True, stream_done=False)
+    assert second == Chunk(4, 6, 4, 6, 0, True, False)
+    planner.take("s", second)
+    assert planner.in_flight("s") == 2 and planner.planning_segment("s") == 1
+    third = planner.next_chunk("s", 5, segment_done=False, stream_done=False)
+    assert third == Chunk(0, 4, 0, 5, 1, False, False)
+    with pytest.raises(ValueError, match="out of order"):
+        planner.commit("s", second)
+    planner.commit("s", first)
+    assert planner.sent_frames("s") == 4 and planner.segment_index("s") == 0
+    planner.commit("s", second)
+    assert planner.segment_index("s") == 1 and planner.in_flight("s") == 0
+    planner.take("s", third)  # still the planned one: commits did not re-plan

@@ -8,11 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import EngineFactory, read_all
 
 from pipeline.backend import Backend, TalkRequest, VocodeItem
 from pipeline.backends.piper import PiperBackend, UnknownPiperVoice, bundled_model_path
 from pipeline.backends.piper.backend import FLOW_GROWTH
-from pipeline.config import PiperConfig
+from pipeline.book import StreamRecord
+from pipeline.config import PiperConfig, VocoderConfig
 from scheduling import Chunk, ChunkingConfig, ChunkPlanner
 from tests.asr import transcribe, word_error_rate
 
@@ -286,3 +288,61 @@ def test_solo_sessions_give_the_same_speech(backend: PiperBackend, cache_dir: Pa
     frames = talk(solo, TEXT)
     np.testing.assert_allclose(frames, talk(backend, TEXT), atol=1e-4)
     np.testing.assert_allclose(decode_whole(solo, frames), decode_whole(backend, frames), atol=1e-5)
+
+
+ENGINE_TEXT = (
+    "The weather is nice today, and the sun is shining over the quiet harbour. "
+    "Boats drift past the old pier while gulls circle above the fishing nets. "
+    "By the evening the wind turns, and the first lights come on along the shore."
+)
+
+
+async def _engine_pcm(
+    make_engine: EngineFactory, backend: PiperBackend, *, workers: int, work_ahead_streams: int
+) -> tuple[np.ndarray, int]:
+    """One lone stream through the engine: its PCM, and the chunks taken while another
+    chunk of it was in flight."""
+    engine = await make_engine(
+        backend,
+        window=1,
+        chunking=ChunkingConfig(
+            chunk_frames=64, ramp=(8, 16, 32), left_context_frames=8, right_context_frames=8
+        ),
+        vocoder=VocoderConfig(workers=workers, work_ahead_streams=work_ahead_streams),
+    )
+    book, ahead = engine.book, 0
+    start_vocoding = book.start_vocoding
+
+    def watched(record: StreamRecord) -> None:
+        nonlocal ahead
+        ahead += bool(record.in_flight)
+        start_vocoding(record)
+
+    book.start_vocoding = watched  # type: ignore[method-assign]
+    stream = engine.submit(ENGINE_TEXT, voice=VOICE)
+    pcm = await read_all(stream)
+    assert engine.traces(stream.id) == [] and len(engine.book) == 0
+    return pcm, ahead
+
+
+async def test_a_lone_stream_decoded_two_chunks_at_once_is_bit_identical(
+    make_engine: EngineFactory, backend: PiperBackend
+) -> None:
+    """Two vocoder workers decode a lone stream's consecutive chunks at once; its PCM is
+    complete, in order and the same, sample for sample, as one chunk at a time."""
+    ahead_pcm, ahead = await _engine_pcm(make_engine, backend, workers=2, work_ahead_streams=1)
+    one_pcm, none = await _engine_pcm(make_engine, backend, workers=2, work_ahead_streams=0)
+    assert ahead > 0 and none == 0
+    assert ahead_pcm.size == one_pcm.size > 0
+    assert np.array_equal(ahead_pcm, one_pcm)
+
+
+def test_an_aborted_vocode_call_raises_and_the_session_goes_on(backend: PiperBackend) -> None:
+    frames = talk(backend, TEXT)[:40]
+    item = VocodeItem(VOICE, frames, 0, len(frames))
+    abort = backend.vocode_abort()
+    abort()
+    with pytest.raises(Exception, match=r"(?i)terminate"):
+        backend.vocode([item], abort=abort)
+    (pcm,) = backend.vocode([item], abort=backend.vocode_abort())  # not aborted
+    assert np.array_equal(pcm, decode_whole(backend, frames))

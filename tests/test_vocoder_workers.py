@@ -1,5 +1,7 @@
-"""Several vocoder workers (`vocoder.workers`): turns run side by side, one stream's
-chunks never do, and every frame still arrives once, in order.
+"""Several vocoder workers (`vocoder.workers`): turns run side by side; one stream's
+chunks run side by side only while no other stream has a chunk ready and few streams have
+work (`work_ahead_streams`); and
+every frame still arrives once, in order.
 
 The backend is the sim backend told that its vocode calls may overlap (as Piper's may);
 it notes which streams each call decodes while the call runs.
@@ -14,13 +16,17 @@ from collections.abc import Sequence
 
 import numpy as np
 import pytest
-from conftest import FAST_SIM, EngineFactory, read_all
+from conftest import FAST_SIM, EngineFactory, read_all, until
 from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline.backend import VocodeItem
 from pipeline.backends.sim import SimBackend, decode_sim_signal, expected_frames
+from pipeline.book import StreamRecord
 from pipeline.config import SimConfig, TalkerConfig, VocoderConfig
+from pipeline.engine import Engine
+from pipeline.errors import StreamCancelled
+from pipeline.stream import StreamState
 from pipeline.vocoder import _BusyTime
 
 TEXTS = [
@@ -77,33 +83,194 @@ def _check(pcm: np.ndarray, text: str) -> None:
     assert len({tag for tag, _ in pairs}) == 1
 
 
-async def _run(make_engine: EngineFactory, workers: int) -> OverlappingSim:
-    backend = OverlappingSim(SLOW_VOCODER)
+LONE = [" ".join(TEXTS[:4])]
+
+
+def _watch_takes(engine: Engine) -> list[tuple[int, int, int]]:
+    """(chunks of the stream already in flight, other streams ready, streams with work)
+    at every take."""
+    book = engine.book
+    takes: list[tuple[int, int, int]] = []
+    start_vocoding = book.start_vocoding
+
+    def watched(record: StreamRecord) -> None:
+        others = [stream_id for stream_id in book.ready_ids if stream_id != record.stream.id]
+        takes.append((len(record.in_flight), len(others), len(book)))
+        start_vocoding(record)
+
+    book.start_vocoding = watched  # type: ignore[method-assign]
+    return takes
+
+
+async def _run(
+    make_engine: EngineFactory,
+    workers: int,
+    texts: Sequence[str] = TEXTS,
+    *,
+    work_ahead_streams: int = 1,
+    backend: OverlappingSim | None = None,
+) -> tuple[OverlappingSim, list[np.ndarray], list[tuple[int, int, int]]]:
+    backend = backend or OverlappingSim(SLOW_VOCODER)
     engine = await make_engine(
         backend,
         window=1,
-        vocoder=VocoderConfig(workers=workers),
+        vocoder=VocoderConfig(workers=workers, work_ahead_streams=work_ahead_streams),
         talker=TalkerConfig(high_water_s=3600.0, batch=8),
     )
     assert len(engine.extra_vocoder_stages) == workers - 1
-    streams = [engine.submit(text, voice="sim") for text in TEXTS]
+    takes = _watch_takes(engine)
+    streams = [engine.submit(text, voice="sim") for text in texts]
     pcms = await asyncio.gather(*(read_all(stream) for stream in streams))
-    for pcm, text in zip(pcms, TEXTS, strict=True):
+    for pcm, text in zip(pcms, texts, strict=True):
         _check(pcm, text)
     assert all(engine.traces(stream.id) == [] for stream in streams)
-    return backend
+    assert len(engine.book) == 0
+    return backend, pcms, takes
 
 
-async def test_two_workers_decode_side_by_side_never_one_stream_twice(
+async def test_two_workers_decode_side_by_side(make_engine: EngineFactory) -> None:
+    backend, _, _ = await _run(make_engine, workers=2)
+    assert backend.calls_at_once == 2
+
+
+async def test_a_second_chunk_of_a_stream_only_when_no_other_stream_is_ready(
     make_engine: EngineFactory,
 ) -> None:
-    backend = await _run(make_engine, workers=2)
-    assert backend.calls_at_once == 2
+    """One long stream among short ones: alone at the end, it gets both workers."""
+    texts = [LONE[0], *TEXTS[:5]]
+    _, _, takes = await _run(make_engine, workers=2, texts=texts, work_ahead_streams=len(texts))
+    assert any(take[0] == 1 for take in takes)  # it happened
+    assert [take for take in takes if take[0] > 0 and take[1] > 0] == []
+    assert all(take[0] < 2 for take in takes)  # at most `workers` in flight
+
+
+async def test_work_ahead_only_while_few_streams_have_work(make_engine: EngineFactory) -> None:
+    texts = [LONE[0], *TEXTS[:5]]
+    _, _, takes = await _run(make_engine, workers=2, texts=texts, work_ahead_streams=1)
+    ahead = [take for take in takes if take[0] > 0]
+    assert ahead and all(streams == 1 for _, _, streams in ahead)
+
+
+async def test_without_work_ahead_never_one_stream_twice(make_engine: EngineFactory) -> None:
+    backend, _, takes = await _run(make_engine, workers=2, work_ahead_streams=0)
     assert backend.same_stream_twice == 0
+    assert all(take[0] == 0 for take in takes)
+
+
+async def test_a_lone_stream_gets_both_workers_and_the_same_pcm(
+    make_engine: EngineFactory,
+) -> None:
+    """Its consecutive chunks are decoded at once, and what arrives is complete, in order
+    and bit-identical to one chunk at a time."""
+    backend, ahead, takes = await _run(make_engine, workers=2, texts=LONE)
+    assert backend.same_stream_twice > 0
+    assert any(take[0] == 1 for take in takes)
+    _, one_at_a_time, _ = await _run(make_engine, workers=2, texts=LONE, work_ahead_streams=0)
+    _, one_worker, _ = await _run(make_engine, workers=1, texts=LONE)
+    assert np.array_equal(ahead[0], one_at_a_time[0])
+    assert np.array_equal(ahead[0], one_worker[0])
+
+
+class GatedSim(OverlappingSim):
+    """Once two calls decode one stream, every call waits for `gate`; with `fail_second`
+    the call that made it two raises instead."""
+
+    def __init__(self, config: SimConfig, *, fail_second: bool = False) -> None:
+        super().__init__(config)
+        self.gate = threading.Event()
+        self.fail_second = fail_second
+        self.failed = 0
+        self.aborted = 0  # calls the engine ended early (vocode_abort)
+
+    def vocode_abort(self) -> threading.Event:
+        return _Abort()
+
+    def vocode(
+        self, items: Sequence[VocodeItem], abort: threading.Event | None = None
+    ) -> list[np.ndarray]:
+        tags = {int(item.frames[0, 0]) for item in items if len(item.frames)}
+        with self._lock:
+            second = any(self._in_flight.get(tag, 0) >= 1 for tag in tags)
+        if second and self.fail_second and not self.failed:
+            self.failed += 1
+            raise RuntimeError("boom on the chunk decoded ahead")
+        pcms = super().vocode(items)
+        if self.same_stream_twice:
+            self.gate.wait(5.0)
+        if abort is not None and abort.is_set():
+            with self._lock:
+                self.aborted += 1
+            raise RuntimeError("aborted")
+        return pcms
+
+
+class _Abort(threading.Event):
+    def __call__(self) -> None:
+        self.set()
+
+
+async def test_a_cancel_with_two_chunks_in_flight_leaks_nothing(
+    make_engine: EngineFactory,
+) -> None:
+    backend = GatedSim(SLOW_VOCODER)
+    engine = await make_engine(
+        backend,
+        window=1,
+        vocoder=VocoderConfig(workers=2),
+        talker=TalkerConfig(high_water_s=3600.0, batch=8),
+    )
+    stream = engine.submit(LONE[0], voice="sim")
+    received: list[np.ndarray] = []
+
+    async def read() -> None:
+        async for pcm in stream.chunks():
+            received.append(pcm)
+
+    reader = asyncio.create_task(read())
+    await until(lambda: backend.same_stream_twice > 0)
+    record = engine.book.record(stream.id)
+    assert record is not None and len(record.in_flight) == 2
+    engine.cancel(stream.id)
+    backend.gate.set()
+    with pytest.raises(StreamCancelled):
+        await reader
+    await until(lambda: backend._running == 0)
+    await asyncio.sleep(0.05)  # the workers' turns after the calls returned
+    assert engine.traces(stream.id) == [] and len(engine.book) == 0
+    assert backend.aborted == 2  # both calls were told to end early
+    if received:
+        pairs = decode_sim_signal(np.concatenate(received), FAST_SIM.samples_per_frame)
+        assert [index for _, index in pairs] == list(range(len(pairs)))  # a prefix, in order
+
+
+async def test_a_failure_of_the_chunk_ahead_fails_the_stream_in_order(
+    make_engine: EngineFactory,
+) -> None:
+    backend = GatedSim(SLOW_VOCODER, fail_second=True)
+    backend.gate.set()
+    engine = await make_engine(
+        backend,
+        window=1,
+        vocoder=VocoderConfig(workers=2),
+        talker=TalkerConfig(high_water_s=3600.0, batch=8),
+    )
+    stream = engine.submit(LONE[0], voice="sim")
+    received: list[np.ndarray] = []
+    with pytest.raises(Exception, match="boom"):
+        async for pcm in stream.chunks():
+            received.append(pcm)
+    await until(lambda: backend._running == 0)
+    await asyncio.sleep(0.05)
+    assert backend.failed == 1
+    assert stream.state is StreamState.FAILED
+    assert engine.traces(stream.id) == [] and len(engine.book) == 0
+    if received:
+        pairs = decode_sim_signal(np.concatenate(received), FAST_SIM.samples_per_frame)
+        assert [index for _, index in pairs] == list(range(len(pairs)))
 
 
 async def test_one_worker_runs_one_call_at_a_time(make_engine: EngineFactory) -> None:
-    backend = await _run(make_engine, workers=1)
+    backend, _, _ = await _run(make_engine, workers=1)
     assert backend.calls_at_once == 1
 
 

@@ -98,6 +98,19 @@ def _non_negative_or_none(name: str, value: float | None) -> None:
         raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
 
 
+class VocodeAbort:
+    """Ends the `PiperBackend.vocode` call it was passed to (ONNX Runtime's terminate
+    flag, which the running call checks between nodes); harmless once the call is over."""
+
+    __slots__ = ("options",)
+
+    def __init__(self) -> None:
+        self.options = ort.RunOptions()
+
+    def __call__(self) -> None:
+        self.options.terminate = True
+
+
 class PiperBackend:
     """The bundled voice (the default) plus every voice in `PiperConfig.voices_dir`.
 
@@ -322,17 +335,27 @@ class PiperBackend:
         segment.phoneme_ids = []
         segment.prior = segment.mask = None
 
-    def vocode(self, items: Sequence[VocodeItem]) -> list[np.ndarray]:
+    def vocode_abort(self) -> VocodeAbort:
+        """A handle that ends a `vocode` call it is passed to, from any thread: the call
+        raises (ONNX Runtime's terminate flag; the session stays usable)."""
+        return VocodeAbort()
+
+    def vocode(
+        self, items: Sequence[VocodeItem], abort: VocodeAbort | None = None
+    ) -> list[np.ndarray]:
         """Items of one voice and equal length share one decoder call. A call that finds
         no other talker step or vocoder call running uses the voice's solo session
-        (`piper.solo_threads`), when there is one."""
+        (`piper.solo_threads`), when there is one. `abort` (from `vocode_abort`): called,
+        it ends the call early (the engine does when every stream of the call is gone)."""
         alone = self._enter()
         try:
-            return self._vocode(items, alone)
+            return self._vocode(items, alone, None if abort is None else abort.options)
         finally:
             self._leave()
 
-    def _vocode(self, items: Sequence[VocodeItem], alone: bool) -> list[np.ndarray]:
+    def _vocode(
+        self, items: Sequence[VocodeItem], alone: bool, run_options: ort.RunOptions | None
+    ) -> list[np.ndarray]:
         pcm: list[np.ndarray | None] = [None] * len(items)
         groups: dict[tuple[str, int], list[int]] = {}
         for index, item in enumerate(items):
@@ -359,7 +382,7 @@ class PiperBackend:
             loaded = self._voices[voice_id]
             batch = np.stack([np.asarray(items[i].frames, dtype=np.float32).T for i in indices])
             session = loaded.solo_vocoder if alone and loaded.solo_vocoder else loaded.vocoder
-            (audio,) = session.run(None, {loaded.latent_name: batch})
+            (audio,) = session.run(None, {loaded.latent_name: batch}, run_options)
             audio = audio.reshape(len(indices), -1)
             hop = loaded.spec.samples_per_frame
             for row, index in enumerate(indices):
