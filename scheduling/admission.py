@@ -42,7 +42,7 @@ class AdmissionConfig:
     # does).
     max_starting_streams: int = 2
     # a stream is in its start phase until it has sent this many chunks
-    start_phase_chunks: int = 2
+    start_phase_chunks: int = 3
     start_retry_after_s: int = 1  # Retry-After of a 429 for "starting": a start ends soon
     # how long an admitted request waits for a start slot before its 429 "starting"
     # (0: no wait, the 429 at once)
