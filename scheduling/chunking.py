@@ -193,7 +193,8 @@ class ChunkPlanner:
         """`chunk` (the one next_chunk last answered) went to a vocoder worker: planning
         goes on after it; it is committed later, after the chunks taken before it."""
         progress = self._streams.get(stream_id)
-        if progress is None or progress.planned != chunk:
+        # identity first: the planned chunk itself comes back (an equal one is accepted)
+        if progress is None or (progress.planned is not chunk and progress.planned != chunk):
             raise ValueError(f"take of a chunk that was not planned for {stream_id!r}: {chunk}")
         progress.planned = None
         progress.taken.append(chunk)
@@ -204,10 +205,11 @@ class ChunkPlanner:
         next_chunk last answered."""
         progress = self._streams.get(stream_id)
         if progress is not None and progress.taken:
-            if progress.taken[0] != chunk:
+            oldest = progress.taken[0]
+            if oldest is not chunk and oldest != chunk:
                 raise ValueError(
                     f"commit out of order for {stream_id!r}: {chunk}, "
-                    f"oldest taken {progress.taken[0]}"
+                    f"oldest taken {oldest}"
                 )
             progress.taken.popleft()
         else:
