@@ -484,21 +484,16 @@ class Engine:
         self._wake_starts()  # a slot that freed unannounced is not left idle
         return reservation
 
-    def _start_limit(self) -> int:
-        # the start-phase limit, like the default max_streams, needs a calibration
-        config = self._admission.config
-        if not config.enabled or self.calibrated_capacity <= 0:
-            return 0
-        return config.max_starting_streams
-
     def starting_streams(self) -> int:
         """Streams in their start phase (`StreamBook.starting_streams`), reservations
         holding a start slot, and reservations waiting for one."""
         return self.book.starting_streams() + self._reserved_starting + len(self._start_queue)
 
     def _start_slot_free(self) -> bool:
-        limit = self._start_limit()
-        return not limit or self.book.starting_streams() + self._reserved_starting < limit
+        # the start-phase limit, like the default max_streams, needs a calibration
+        return self.calibrated_capacity <= 0 or self._admission.start_slot_free(
+            self.book.starting_streams() + self._reserved_starting
+        )
 
     def _refuse_start(self) -> Rejected:
         decision = self._admission.starting()

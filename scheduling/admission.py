@@ -85,7 +85,6 @@ class Admission:
         capacity_audio_s_per_s: float,
         finish_times_s: Iterable[float] = (),
         default_max_streams: int = 0,
-        starting_streams: int = 0,
     ) -> Decision:
         """Accept or reject one new stream, given `active_streams` already playing.
 
@@ -93,20 +92,16 @@ class Admission:
         applies. `finish_times_s` are the active streams' estimated finish times (monotonic
         s); non-finite ones are ignored. Reject when max_streams (when 0:
         `default_max_streams`, 0 = no cap) is reached, or when the streams that would be
-        playing (active + this one) exceed capacity * headroom; else when
-        `starting_streams` (those of the active ones still in their start phase) reached
-        `max_starting_streams` (0 = no limit): reason "starting", Retry-After
-        `start_retry_after_s`.
+        playing (active + this one) exceed capacity * headroom. The start phase is
+        decided apart (`start_slot_free`, `starting`): a request the capacity admits
+        waits for a start slot rather than being refused.
         """
         config = self._config
         if not config.enabled:
             return _ACCEPT_DISABLED
         require_finite_time("now_s", now_s)
-        if active_streams < 0 or starting_streams < 0:
-            raise ValueError(
-                f"active_streams and starting_streams must be >= 0, got {active_streams!r}, "
-                f"{starting_streams!r}"
-            )
+        if active_streams < 0:
+            raise ValueError(f"active_streams must be >= 0, got {active_streams!r}")
         max_streams = config.max_streams or default_max_streams
         if max_streams and active_streams >= max_streams:
             reason = "max_streams"
@@ -115,8 +110,6 @@ class Admission:
             and active_streams + 1 > capacity_audio_s_per_s * config.capacity_headroom
         ):
             reason = "capacity"
-        elif config.max_starting_streams and starting_streams >= config.max_starting_streams:
-            return Decision(False, config.start_retry_after_s, "starting")
         else:
             return _ACCEPT
         return Decision(False, self._retry_after_s(now_s, finish_times_s), reason)
@@ -126,6 +119,16 @@ class Admission:
         if nearest_s is None:
             return self._config.fallback_retry_after_s
         return max(1, math.ceil(nearest_s - now_s))
+
+    def start_slot_free(self, starting_streams: int) -> bool:
+        """Whether one more stream may start while `starting_streams` are in their start
+        phase (or hold a start slot): always with `max_starting_streams` 0 or admission
+        off."""
+        if starting_streams < 0:
+            raise ValueError(f"starting_streams must be >= 0, got {starting_streams!r}")
+        config = self._config
+        limit = config.max_starting_streams if config.enabled else 0
+        return not limit or starting_streams < limit
 
     def starting(self) -> Decision:
         """The refusal of a request that found the start phase full (and, with

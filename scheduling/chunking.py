@@ -208,8 +208,7 @@ class ChunkPlanner:
             oldest = progress.taken[0]
             if oldest is not chunk and oldest != chunk:
                 raise ValueError(
-                    f"commit out of order for {stream_id!r}: {chunk}, "
-                    f"oldest taken {oldest}"
+                    f"commit out of order for {stream_id!r}: {chunk}, oldest taken {oldest}"
                 )
             progress.taken.popleft()
         else:

@@ -117,33 +117,30 @@ def test_decision_rules(max_streams, headroom, enabled, now_s, active, capacity,
 
 def test_starting_streams_are_limited_with_a_short_retry_after():
     a = admission(max_starting_streams=2, start_retry_after_s=1)
-    assert a.decide(100.0, 5, 10.0, [130.0], starting_streams=1).accept
+    assert a.start_slot_free(1)
     # 2 streams in their start phase: a third waits, although capacity has room
-    decision = a.decide(100.0, 5, 10.0, [130.0], starting_streams=2)
-    assert decision == Decision(accept=False, retry_after_s=1, reason="starting")
+    assert a.decide(100.0, 5, 10.0, [130.0]).accept
+    assert not a.start_slot_free(2)
+    assert a.starting() == Decision(accept=False, retry_after_s=1, reason="starting")
     # the Retry-After is the start's, not the nearest finish (30 s away)
-    assert (
-        admission(max_starting_streams=2, start_retry_after_s=3)
-        .decide(100.0, 2, 10.0, [130.0], starting_streams=4)
-        .retry_after_s
-        == 3
-    )
+    assert admission(max_starting_streams=2, start_retry_after_s=3).starting().retry_after_s == 3
 
 
 def test_a_full_server_is_refused_for_its_capacity_not_its_starts():
     a = admission(max_streams=3, max_starting_streams=2)
-    assert a.decide(100.0, 3, 10.0, [104.5], starting_streams=2).reason == "max_streams"
+    assert a.decide(100.0, 3, 10.0, [104.5]).reason == "max_streams"
     uncapped = admission(max_starting_streams=2)
-    assert uncapped.decide(100.0, 10, 10.0, starting_streams=2).reason == "capacity"
+    assert uncapped.decide(100.0, 10, 10.0).reason == "capacity"
 
 
 def test_zero_max_starting_streams_means_no_start_limit():
-    assert admission(max_starting_streams=0).decide(100.0, 1, 10.0, starting_streams=99).accept
+    assert admission(max_starting_streams=0).start_slot_free(99)
+    assert admission(max_starting_streams=2, enabled=False).start_slot_free(99)
 
 
 def test_negative_starting_streams_are_refused():
     with pytest.raises(ValueError, match="starting_streams"):
-        admission().decide(100.0, 1, 1.0, starting_streams=-1)
+        admission().start_slot_free(-1)
 
 
 @pytest.mark.parametrize(
