@@ -63,6 +63,10 @@ class Vocoder:
         self._book = book
         self._capacity = capacity
         self._backend = backend
+        # a backend that can end a running vocode call early (Piper) offers vocode_abort
+        self._new_abort: Callable[[], Callable[[], None]] | None = getattr(
+            backend, "vocode_abort", None
+        )
         self._stage = stage
         self._stages = (stage, *extra_stages)
         self._busy = _BusyTime()
@@ -135,7 +139,7 @@ class Vocoder:
             )
         assert self._window <= 0 or len(batch) <= self._window
         vocode: Callable[..., list[np.ndarray]] = self._backend.vocode
-        new_abort = getattr(self._backend, "vocode_abort", None)
+        new_abort = self._new_abort
         if new_abort is not None and len(batch) == 1:
             # a call for one stream ends early when the stream ends (a barge-in's next
             # request then finds the worker free)
