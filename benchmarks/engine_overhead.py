@@ -78,7 +78,7 @@ async def measure(streams: int, window: int, seconds: float, warmup_s: float = 1
         admission=AdmissionConfig(enabled=False),
         engine=EngineConfig(max_pending_audio_s=1e6),
         # no real-time pacing: zero cost throughout; a batched talker
-        talker=TalkerConfig(high_water_s=1e6, batch=16),
+        talker=TalkerConfig(high_water_s=1e6, batch=16, busy_max_queued_s=0),
         events=recorder,
     )
     plans: list[float] = []

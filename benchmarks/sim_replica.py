@@ -304,7 +304,10 @@ class Replica:
         started_s, batch, stepped, results = arg  # type: ignore[misc]
         self._apply_step(started_s, now_s, batch, stepped, results)
         self._reap(now_s, [o.record for o in stepped])
-        self._talker_loop(now_s)
+        # the engine's lane ends by waking the talker loop, another task: the vocoder,
+        # woken by the new frames first, looks at the book before the talker plans again
+        self._talker_busy = False
+        self._wake_talker()
 
     def _apply_step(
         self,
@@ -357,6 +360,7 @@ class Replica:
             self.trace.vocoder_turns.append((now_s, tuple(selected)))
         batch: list[tuple[StreamRecord, Chunk]] = []
         decoded = 0
+        book.turn_started()  # as the engine's worker: before it takes the chunks
         for stream_id in selected:
             record = book.record(stream_id)
             assert record is not None, "a ready stream is a live stream"
@@ -384,6 +388,7 @@ class Replica:
             self._listener.audio(stream_id, now_s, chunk_s)
             if self.trace is not None:
                 self.trace.chunks.setdefault(stream_id, []).append(chunk.frames)
+        book.turn_ended()
         self.vocoder_turns += 1
         self.vocoder_rate.record(started_s, now_s, audio_s)
         self._reap(now_s, [record for record, _ in batch])

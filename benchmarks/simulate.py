@@ -90,7 +90,10 @@ DEFAULT_SIM = SimConfig(
     vocoder_base_ms=4.0,
     vocoder_per_frame_ms=1.21875,
 )
-DEFAULT_TALKER = TalkerConfig(batch=16, first_fragment_words=6, first_segment_chars=80)
+# busy_max_queued_s 0: the simulated stages do not share cores, so no talker pacing
+DEFAULT_TALKER = TalkerConfig(
+    batch=16, first_fragment_words=6, first_segment_chars=80, busy_max_queued_s=0
+)
 DEFAULT_CHUNKING = ChunkingConfig(chunk_frames=8, ramp=(4,))
 DEFAULT_WINDOW = 16
 

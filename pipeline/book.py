@@ -35,7 +35,7 @@ import logging
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator, KeysView
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -156,6 +156,7 @@ class StreamBook:
         start_phase_chunks: int = 0,
         max_in_flight: int = 1,
         work_ahead_streams: int = 1,
+        vocoder_workers: int = 1,
     ) -> None:
         """`max_in_flight`: most chunks of one stream decoded at once (the vocoder's
         workers); more than 1 only while no other stream has a chunk ready and at most
@@ -180,8 +181,11 @@ class StreamBook:
         self._ahead: dict[str, None] = {}
         self._max_in_flight = max(1, max_in_flight)
         self._work_ahead_streams = work_ahead_streams
+        self._vocoder_workers = max(1, vocoder_workers)
+        self._turns = 0  # vocoder turns running now (turn_started .. turn_ended)
         self._orphans: list[OpenSegment] = []  # segments of ended streams, to close
         self._talker_waits_on_vocoder = False  # the talker's last plan was empty
+        self._talker_waits_on_emit = False  # ... and paced by the frames waiting
         self._paced_order: tuple[TalkerOrderConfig, TalkerOrderConfig] | None = None
         # streams in their start phase: fewer than `start_phase_chunks` chunks sent yet
         # (0: not tracked); for admission's max_starting_streams
@@ -243,25 +247,46 @@ class StreamBook:
         """The streams for the next talker step (scheduling.TalkerQueue's plan; parked
         streams and those a talker lane is stepping pass)."""
         run_ahead = order.run_ahead
-        if run_ahead and not self._vocoder_idle():
-            # run ahead only when the machine would otherwise idle: the vocoder shares the
-            # CPU, and a chunk it has waiting is more urgent than any talk ahead of the mark
+        paced = not self._vocoder_idle()
+        if paced:
+            # run ahead only when the machine would otherwise idle, and make no more frames
+            # than the vocoder can use soon: the vocoder shares the CPU, and a chunk it has
+            # waiting is more urgent than any talk ahead of it
             order = self._paced(order)
         plan = self.talker_queue.plan(now_s, order, skip=self._busy)
+        waits = not plan.step_ids and len(self.talker_queue) > 0
         # an idle talker that may run ahead waits on the vocoder: it is woken once the
-        # vocoder has no chunk waiting (start_vocoding, emit)
-        self._talker_waits_on_vocoder = (
-            run_ahead and not plan.step_ids and len(self.talker_queue) > 0
-        )
+        # vocoder leaves a core idle (start_vocoding, emit, turn_ended)
+        self._talker_waits_on_vocoder = run_ahead and waits
+        # one held back by the frames it has waiting is woken by the next chunk sent
+        self._talker_waits_on_emit = paced and waits and order.max_queued_s is not None
         return plan
 
     def _vocoder_idle(self) -> bool:
-        """No chunk is ready that no vocoder worker has taken (as of the last refresh)."""
-        return len(self._ready) == len(self._vocoding)
+        """The vocoder would leave a core idle: no chunk is ready that no worker has taken
+        (as of the last refresh), and a worker is free, or only the streams that may work
+        ahead have work (a lone request's talker and vocoder then run side by side: all
+        its work is due, none is another stream's)."""
+        if len(self._ready) != len(self._vocoding):
+            return False
+        return (
+            self._turns < self._vocoder_workers
+            or not self._records
+            or (len(self._records) <= self._work_ahead_streams)
+        )
+
+    def turn_started(self) -> None:
+        """A vocoder worker started a turn (the talker paces while every worker is busy)."""
+        self._turns += 1
+
+    def turn_ended(self) -> None:
+        """A vocoder worker's turn ended, emitted or failed: a worker is free."""
+        self._turns -= 1
+        self._wake_idle_talker()
 
     def _paced(self, order: TalkerOrderConfig) -> TalkerOrderConfig:
         if self._paced_order is None or self._paced_order[0] is not order:
-            self._paced_order = (order, replace(order, run_ahead=False))
+            self._paced_order = (order, order.paced())
         return self._paced_order[1]
 
     def _wake_idle_talker(self) -> None:
@@ -565,7 +590,11 @@ class StreamBook:
         self._commit(record, chunk)
         if self.is_live(record):
             self._update_candidate(record)
-            self._wake_idle_talker()  # frames waiting for the vocoder went down
+            if self._talker_waits_on_emit:  # frames waiting for the vocoder went down
+                self._talker_waits_on_emit = False
+                self._wakes.talker()
+            else:
+                self._wake_idle_talker()
             # a live-text stream that sent all it had stops counting as starting
             left_start = left_start or (stream.id in self._starting and _waits_for_text(record))
         if left_start:

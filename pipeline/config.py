@@ -45,6 +45,10 @@ class TalkerConfig:
     high_water_s: float = 8.0  # a stream this many seconds of audio ahead gets no talker work
     # ... unless the talker would otherwise idle (work-conserving; scheduling/talker.py)
     run_ahead: bool = True
+    # while the vocoder is busy (a chunk waiting, or every worker decoding while other
+    # streams have work), a stream with this much audio talked but not yet vocoded sits
+    # out: more would take the cores from the chunks waiting (0: no cap)
+    busy_max_queued_s: float = 2.0
     # a first sentence longer than this is cut at its first clause end, if that comes
     # within this many words (0: never; docs/text.md)
     first_fragment_words: int = 13
@@ -61,6 +65,7 @@ class TalkerConfig:
         check_bool("urgent_lane", self.urgent_lane)
         check_positive("high_water_s", self.high_water_s)
         check_bool("run_ahead", self.run_ahead)
+        check_non_negative("busy_max_queued_s", self.busy_max_queued_s)
         check_int("first_fragment_words", self.first_fragment_words, 0)
         check_int("max_segment_chars", self.max_segment_chars, 20)
         check_int("max_segment_phonemes", self.max_segment_phonemes, 20)

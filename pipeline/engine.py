@@ -197,6 +197,7 @@ class Engine:
             else 0,
             max_in_flight=workers if self._vocoder_config.work_ahead_streams else 1,
             work_ahead_streams=self._vocoder_config.work_ahead_streams,
+            vocoder_workers=workers,
         )
         self.talker = Talker(
             self.book,

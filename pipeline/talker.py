@@ -57,6 +57,7 @@ def talker_order(talker: TalkerConfig, scheduling: SchedulingConfig) -> TalkerOr
         batch=talker.batch,
         high_water_s=talker.high_water_s,
         run_ahead=talker.run_ahead,
+        busy_max_queued_s=talker.busy_max_queued_s or None,
         first_chunk_s=scheduling.first_chunk_ms / 1000.0,
         safety_margin_s=scheduling.safety_margin_ms / 1000.0,
     )

@@ -106,7 +106,11 @@ class Vocoder:
                 self.idle_waits += 1
                 await self.wake.wait()
                 continue
-            await self._turn(stage, selected, started_s, started_perf_s, started_cpu_s)
+            book.turn_started()
+            try:
+                await self._turn(stage, selected, started_s, started_perf_s, started_cpu_s)
+            finally:
+                book.turn_ended()
 
     async def _turn(
         self,

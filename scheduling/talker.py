@@ -17,7 +17,11 @@ key, smallest first:
 - a stream more than `high_water_s` ahead (`run_out_s - now_s > high_water_s`) sits the
   step out: it keeps its open segment, and `retry_in_s` says when the first such stream
   with playback falls back under the mark (one without audio yet has no playback to
-  advance: its first audio is the event that changes it).
+  advance: its first audio is the event that changes it);
+- with `max_queued_s` set, a stream with more than that much audio talked but not yet
+  vocoded sits out too (no retry time: the vocoder's next chunk brings it back). The
+  book plans with `config.paced()` while the vocoder is busy, which sets it to
+  `busy_max_queued_s`.
 
 Work-conserving (`run_ahead`, on by default): when no stream under the mark wants the
 step, so that the talker would otherwise idle, the step goes to the streams above it
@@ -39,8 +43,9 @@ import heapq
 import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from scheduling.errors import ConfigError
 from scheduling.sortedlist import SortedBlockList
 from scheduling.validation import check_bool, check_int, check_non_negative, check_positive
 
@@ -55,6 +60,10 @@ class TalkerOrderConfig:
     first_chunk_s: float = 0.1  # first-audio deadline after the stream is first seen
     safety_margin_s: float = 0.05  # a playing stream this close to running dry is protected
     run_ahead: bool = True  # an otherwise idle step goes to streams above the mark
+    # a stream with more than this much audio talked but not yet vocoded sits out (None:
+    # no cap); the book's paced order sets it while the vocoder is busy (`paced`)
+    max_queued_s: float | None = None
+    busy_max_queued_s: float | None = None  # the cap of `paced()`; None: none
 
     def __post_init__(self) -> None:
         check_int("batch", self.batch, 1)
@@ -62,6 +71,20 @@ class TalkerOrderConfig:
         check_positive("high_water_s", self.high_water_s)
         check_positive("first_chunk_s", self.first_chunk_s)
         check_non_negative("safety_margin_s", self.safety_margin_s)
+        if self.max_queued_s is not None:
+            check_positive("max_queued_s", self.max_queued_s)
+            if self.run_ahead:  # an order that runs ahead has no work to hold back
+                raise ConfigError("max_queued_s: only for an order that does not run ahead")
+        if self.busy_max_queued_s is not None:
+            check_positive("busy_max_queued_s", self.busy_max_queued_s)
+
+    def paced(self) -> TalkerOrderConfig:
+        """The order while the vocoder is busy (a chunk waiting, or every worker decoding
+        while other streams have work): no running ahead, and a stream with more than
+        `busy_max_queued_s` of frames waiting for the vocoder sits out. The talker and
+        the vocoder share the cores: frames the vocoder cannot use soon, made now, take
+        CPU from the chunks it has waiting."""
+        return replace(self, run_ahead=False, max_queued_s=self.busy_max_queued_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +115,8 @@ def talker_key(
     ahead_s = run_out_s - now_s
     if ahead_s > config.high_water_s + HIGH_WATER_SLACK_S:
         return None
+    if config.max_queued_s is not None and candidate.queued_audio_s > config.max_queued_s:
+        return None  # enough frames wait for the vocoder
     protected = horizon_s is not None and ahead_s <= config.safety_margin_s
     return (0 if protected else 1, run_out_s, candidate.order)
 
@@ -109,6 +134,8 @@ def plan_talker_step(
             keyed.append((key, candidate.stream_id))
         elif candidate.horizon_s is not None:
             ahead_s = max(candidate.horizon_s, now_s) + candidate.queued_audio_s - now_s
+            if ahead_s <= config.high_water_s + HIGH_WATER_SLACK_S:
+                continue  # capped by its queued frames: the vocoder's emit brings it back
             wait_s = ahead_s - config.high_water_s
             retry_in_s = wait_s if retry_in_s is None else min(retry_in_s, wait_s)
     if not keyed and config.run_ahead:  # the talker would idle: run ahead
@@ -205,6 +232,8 @@ class TalkerQueue:
         chosen: list[str] = []
         limit_s = now_s + config.high_water_s + HIGH_WATER_SLACK_S
         retry: list[float] = []
+        cap_s = config.max_queued_s
+        entries = self._entries
 
         def under_mark() -> Iterator[tuple[float, int, str]]:
             for item in self._walk_with_horizon(now_s):
@@ -213,6 +242,8 @@ class TalkerQueue:
                         continue
                     retry.append(item[0] - now_s - config.high_water_s)
                     return
+                if cap_s is not None and entries[item[2]].queued_audio_s > cap_s:
+                    continue  # enough frames wait for the vocoder
                 yield item
 
         with_horizon = under_mark()
@@ -229,7 +260,12 @@ class TalkerQueue:
         # 2. everyone else by deadline: the rest of those with a horizon, those with frames
         # but no audio yet (they run out at now + queued), and fresh streams (first-audio
         # deadline, never held back)
-        no_audio = itertools.takewhile(lambda item: item[0] <= limit_s, self._no_audio(now_s))
+        no_audio_limit_s = limit_s if cap_s is None else min(limit_s, now_s + cap_s)
+        no_audio = itertools.takewhile(
+            lambda item: item[0] <= no_audio_limit_s, self._no_audio(now_s)
+        )
+        if cap_s is not None:  # exact: a sum can round up to the limit
+            no_audio = (i for i in no_audio if entries[i[2]].queued_audio_s <= cap_s)
         rest = itertools.chain((pending,) if pending is not None else (), with_horizon)
         for _, _, stream_id in heapq.merge(rest, no_audio, self._fresh):
             if not skip(stream_id):

@@ -48,7 +48,7 @@ SETUP = sim_replica.EngineSetup(
         chunk_frames=6, ramp=(3, 4), left_context_frames=1, right_context_frames=1
     ),
     admission=AdmissionConfig(enabled=True, capacity_headroom=1.0),
-    talker=TalkerConfig(batch=3, high_water_s=1.5),
+    talker=TalkerConfig(batch=3, high_water_s=1.5, busy_max_queued_s=0.5),
     sim=SimConfig(
         talker_frames_per_step=5,
         talker_step_base_ms=3.1,

@@ -37,6 +37,21 @@ def _plan(now_s: float, *candidates: TalkerCandidate, **config: object) -> tuple
     return plan_talker_step(candidates, now_s, cfg).step_ids
 
 
+def test_a_stream_with_enough_frames_waiting_sits_out_while_the_vocoder_is_busy() -> None:
+    starved = _c("starved", 1, horizon=99.0, queued=2.5)  # runs out at 102.5: most urgent
+    playing = _c("playing", 2, horizon=103.0, queued=0.5)  # runs out at 103.5
+    assert _plan(100.0, starved, playing) == ("starved",)
+    busy = TalkerOrderConfig(**{**CONFIG.__dict__, "busy_max_queued_s": 2.0}).paced()
+    assert busy.max_queued_s == 2.0 and not busy.run_ahead
+    plan = plan_talker_step([starved, playing], 100.0, busy)
+    assert plan.step_ids == ("playing",)  # 2.5 s of frames already wait for the vocoder
+    plan = plan_talker_step([starved], 100.0, busy)
+    assert plan.step_ids == () and plan.retry_in_s is None  # the next chunk sent wakes it
+    # a newcomer's frames count too: one with 3 s waiting and no audio yet sits out
+    assert plan_talker_step([_c("new", 3, queued=3.0)], 100.0, busy).step_ids == ()
+    assert plan_talker_step([_c("new", 3, queued=1.0)], 100.0, busy).step_ids == ("new",)
+
+
 def test_a_newcomer_goes_before_a_stream_with_seconds_of_audio() -> None:
     new = _c("new", 3)  # first-audio deadline 100.1
     far = _c("far", 1, horizon=102.0)  # runs out at 102
@@ -116,6 +131,10 @@ def test_config_validation_names_the_field() -> None:
         TalkerOrderConfig(high_water_s=float("nan"))
     with pytest.raises(ConfigError, match="safety_margin_s"):
         TalkerOrderConfig(safety_margin_s=-1.0)
+    with pytest.raises(ConfigError, match="max_queued_s"):
+        TalkerOrderConfig(max_queued_s=1.0)  # runs ahead: nothing to hold back
+    with pytest.raises(ConfigError, match="busy_max_queued_s"):
+        TalkerOrderConfig(busy_max_queued_s=0.0)
 
 
 _candidates = st.lists(
@@ -166,6 +185,7 @@ def test_the_plan_is_the_batch_smallest_keys_of_the_streams_under_the_mark(
     st.floats(0, 0.5),
     st.sets(st.text(min_size=1, max_size=4), max_size=5),
     st.booleans(),
+    st.none() | st.floats(0.05, 10),
 )
 def test_the_indexed_queue_plans_like_the_plain_ranking(
     candidates: list[TalkerCandidate],
@@ -175,9 +195,14 @@ def test_the_indexed_queue_plans_like_the_plain_ranking(
     margin_s: float,
     parked: set[str],
     run_ahead: bool,
+    max_queued_s: float | None,
 ) -> None:
     config = TalkerOrderConfig(
-        batch=batch, high_water_s=high_water_s, safety_margin_s=margin_s, run_ahead=run_ahead
+        batch=batch,
+        high_water_s=high_water_s,
+        safety_margin_s=margin_s,
+        run_ahead=run_ahead and max_queued_s is None,
+        max_queued_s=max_queued_s,
     )
     queue = TalkerQueue(config.first_chunk_s)
     for candidate in candidates:  # add, move once, then settle on the final value
