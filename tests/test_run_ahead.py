@@ -7,7 +7,9 @@ what holds here holds for the engine's decisions:
 - an idle server's long text is done in a fraction of its audio's duration (the talker
   no longer waits for playback to catch up with the high-water mark);
 - a stream above the mark runs ahead only when no stream under it could take the step
-  and the vocoder has no chunk waiting: under overload nobody runs ahead.
+  and the vocoder has no chunk waiting: under overload nobody runs ahead;
+- while the vocoder is busy, a stream with `talker.busy_max_queued_s` of frames waiting
+  for it gets no step (broken on purpose, without the cap: the test fails).
 """
 
 from __future__ import annotations
@@ -117,3 +119,42 @@ def test_under_overload_streams_under_the_mark_always_step_first(
     run = run_script(SETUP, arrivals)
     assert all(stream_id is not None for stream_id in run.stream_ids)
     assert plans["run_ahead"] > 0 and plans["paced"] > 0, plans
+
+
+def _queued_when_stepped_busy(
+    monkeypatch: pytest.MonkeyPatch, busy_max_queued_s: float
+) -> tuple[float, float]:
+    """An overload (18 streams at once): (the most audio waiting for the vocoder that a
+    stream stepped while the vocoder was busy had, the most any stream had at any plan)."""
+    seen = {"stepped_busy": 0.0, "any": 0.0}
+
+    def checked(book: StreamBook, now_s: float, order: TalkerOrderConfig) -> TalkerPlan:
+        busy = not book._vocoder_idle()
+        plan = book.plan_talker(now_s, order)
+        queued = {c.stream_id: c.queued_audio_s for c in book.talker_candidates()}
+        if queued:
+            seen["any"] = max(seen["any"], *queued.values())
+        if busy:
+            for stream_id in plan.step_ids:
+                seen["stepped_busy"] = max(seen["stepped_busy"], queued[stream_id])
+        return plan
+
+    monkeypatch.setattr(sim_replica, "plan_talker", checked)
+    texts = load_corpus()
+    setup = replace(SETUP, talker=replace(SETUP.talker, busy_max_queued_s=busy_max_queued_s))
+    run_script(setup, [Arrival(0.0, texts[i % len(texts)]) for i in range(18)])
+    return seen["stepped_busy"], seen["any"]
+
+
+def test_a_busy_vocoder_holds_back_streams_with_frames_waiting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`talker.busy_max_queued_s`: while the vocoder is busy no stream with more than the
+    cap of frames waiting for it gets a step, so no stream gets far more than the cap plus
+    one step's frames; without the cap streams fill up to the high-water mark (8 s)."""
+    capped_stepped, capped_any = _queued_when_stepped_busy(monkeypatch, 2.0)
+    assert capped_stepped <= 2.0
+    step_s = SIM.talker_frames_per_step * FRAME_S  # one step's frames (0.64 s)
+    assert capped_any <= 2.0 + step_s + 1e-9
+    free_stepped, free_any = _queued_when_stepped_busy(monkeypatch, 0.0)
+    assert free_stepped > 2.0 and free_any > 4.0, (free_stepped, free_any)
