@@ -76,6 +76,13 @@ def voice_tables(results: Mapping[str, Any]) -> str:
             f"{t['stall_free_streams_target']}: {'met' if t['stall_free_met'] else 'MISSED'} "
             f"(largest such N measured, per config: {per_config}).",
         ]
+        for label, row in (t.get("at_0_9c") or {}).items():
+            lines.append(
+                f"At N = 0.9 C ({row['streams']} streams), {label}: "
+                f"{100 * row['stall_free_share']:.0f}% stall-free, TTFA p99 "
+                f"{fmt(row['ttfa_p99_ms'])} ms vs < {t['at_0_9c_ttfa_p99_target_ms']:.0f} ms "
+                f"({row['rejected']} x 429): {'met' if row['met'] else 'MISSED'}."
+            )
     lines += [
         "",
         f"Stall-free ignores stalls under {STALL_TOLERANCE_S * 1000:.0f} ms. piper's server "
