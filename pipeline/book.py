@@ -186,6 +186,7 @@ class StreamBook:
         self._orphans: list[OpenSegment] = []  # segments of ended streams, to close
         self._talker_waits_on_vocoder = False  # the talker's last plan was empty
         self._talker_waits_on_emit = False  # ... and paced by the frames waiting
+        self._pace_on_full_workers = False  # the talker's order has busy_max_queued_s
         self._paced_order: tuple[TalkerOrderConfig, TalkerOrderConfig] | None = None
         # streams in their start phase: fewer than `start_phase_chunks` chunks sent yet
         # (0: not tracked); for admission's max_starting_streams
@@ -247,6 +248,8 @@ class StreamBook:
         """The streams for the next talker step (scheduling.TalkerQueue's plan; parked
         streams and those a talker lane is stepping pass)."""
         run_ahead = order.run_ahead
+        # with a cap on frames waiting, every worker decoding counts as busy too
+        self._pace_on_full_workers = order.busy_max_queued_s is not None
         paced = not self._vocoder_idle()
         if paced:
             # run ahead only when the machine would otherwise idle, and make no more frames
@@ -264,13 +267,15 @@ class StreamBook:
 
     def _vocoder_idle(self) -> bool:
         """The vocoder would leave a core idle: no chunk is ready that no worker has taken
-        (as of the last refresh), and a worker is free, or only the streams that may work
-        ahead have work (a lone request's talker and vocoder then run side by side: all
-        its work is due, none is another stream's)."""
+        (as of the last refresh), and, where the talker's order caps the frames waiting
+        (`busy_max_queued_s`: the stages share cores), a worker is free or only the
+        streams that may work ahead have work (a lone request's talker and vocoder then
+        run side by side: all its work is due, none is another stream's)."""
         if len(self._ready) != len(self._vocoding):
             return False
         return (
-            self._turns < self._vocoder_workers
+            not self._pace_on_full_workers
+            or self._turns < self._vocoder_workers
             or not self._records
             or (len(self._records) <= self._work_ahead_streams)
         )
