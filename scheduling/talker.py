@@ -174,10 +174,26 @@ class TalkerQueue:
 
     def update(self, candidate: TalkerCandidate) -> None:
         """Add a candidate, or replace what is known of it."""
-        old = self._entries.get(candidate.stream_id)
-        self._entries[candidate.stream_id] = candidate
+        stream_id = candidate.stream_id
+        entries = self._entries
+        old = entries.get(stream_id)
+        entries[stream_id] = candidate
         if old is None:
             self._index(candidate)
+            return
+        if old.horizon_s is not None and candidate.horizon_s is not None:
+            # the usual case (a playing stream's horizon or queue moved): both keys live in
+            # the two horizon lists; move those that changed
+            order = candidate.order
+            queued_s = candidate.queued_audio_s
+            old_run_out = (old.horizon_s + old.queued_audio_s, old.order, stream_id)
+            new_run_out = (candidate.horizon_s + queued_s, order, stream_id)
+            if old_run_out != new_run_out:
+                self._by_run_out.remove(old_run_out)
+                self._by_run_out.add(new_run_out)
+            if old.queued_audio_s != queued_s or old.order != order:
+                self._by_queue.remove((old.queued_audio_s, old.order, stream_id))
+                self._by_queue.add((queued_s, order, stream_id))
             return
         old_keys, new_keys = self._keys(old), self._keys(candidate)
         if len(old_keys) == len(new_keys):  # the same lists: move only the keys that changed
