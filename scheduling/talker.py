@@ -189,11 +189,11 @@ class TalkerQueue:
             old_run_out = (old.horizon_s + old.queued_audio_s, old.order, stream_id)
             new_run_out = (candidate.horizon_s + queued_s, order, stream_id)
             if old_run_out != new_run_out:
-                self._by_run_out.remove(old_run_out)
-                self._by_run_out.add(new_run_out)
+                self._by_run_out.move(old_run_out, new_run_out)
             if old.queued_audio_s != queued_s or old.order != order:
-                self._by_queue.remove((old.queued_audio_s, old.order, stream_id))
-                self._by_queue.add((queued_s, order, stream_id))
+                self._by_queue.move(
+                    (old.queued_audio_s, old.order, stream_id), (queued_s, order, stream_id)
+                )
             return
         old_keys, new_keys = self._keys(old), self._keys(candidate)
         if len(old_keys) == len(new_keys):  # the same lists: move only the keys that changed
