@@ -500,22 +500,24 @@ class StreamBook:
         """Re-plan the dirty records: the ready set is then up to date. Empty (terminal)
         chunks carry no audio and are committed here, without a turn."""
         dirty = self._dirty
+        vocoding, ready, plan = self._vocoding, self._ready, self._plan
         while dirty:
             stream_id, record = dirty.popitem()
-            if stream_id in self._vocoding:
+            if stream_id in vocoding:
                 if self._may_work_ahead():
                     self._plan_ahead(record)
                 continue  # otherwise re-planned once its chunk is committed
-            chunk = self._plan(record)
+            chunk = plan(record)
             record.chunk = chunk
             if chunk is None or record.sender.parked:
-                self._ready.pop(stream_id, None)
-            elif chunk.empty:
-                self._ready.pop(stream_id, None)
+                ready.pop(stream_id, None)
+            elif chunk.stop == chunk.start:  # empty
+                ready.pop(stream_id, None)
                 self._commit(record, chunk)
             else:
-                self._ready[stream_id] = None
-        self._wake_idle_talker()  # the vocoder may have nothing waiting now
+                ready[stream_id] = None
+        if self._talker_waits_on_vocoder:
+            self._wake_idle_talker()  # the vocoder may have nothing waiting now
 
     def _plan_ahead(self, record: StreamRecord) -> None:
         """A stream with chunks in flight: plan the chunk after them, for `ahead_ids`."""
@@ -540,29 +542,40 @@ class StreamBook:
         worker takes the stream again until then; with more, the chunk after it is
         planned and offered in `ahead_ids`."""
         chunk = record.chunk
-        assert chunk is not None and not chunk.empty, chunk
+        assert chunk is not None and chunk.stop != chunk.start, chunk
         stream_id = record.stream.id
         self.planner.take(stream_id, chunk)
         record.in_flight.append(InFlight(chunk))
         record.chunk = None
         self._vocoding.add(stream_id)
-        self._ahead.pop(stream_id, None)
-        if self._may_work_ahead():
+        if self._ahead:
+            self._ahead.pop(stream_id, None)
+        if self._max_in_flight > 1 and self._may_work_ahead():
             self._mark_dirty(record)  # its next chunk may be decoded beside this one
-        self._wake_idle_talker()  # it may have been the last chunk waiting
+        if self._talker_waits_on_vocoder:
+            self._wake_idle_talker()  # it may have been the last chunk waiting
 
     def emit(
         self, record: StreamRecord, chunk: Chunk, pcm: np.ndarray, emitted_at_s: float
     ) -> None:
         """One taken chunk's PCM left the vocoder. Sent at once when every chunk taken
         before it is sent; otherwise held until they are, then sent after them."""
-        for entry in record.in_flight:
+        in_flight = record.in_flight
+        if len(in_flight) == 1 and in_flight[0].chunk is chunk:
+            # the usual case: the one chunk in flight leaves at once
+            if self._records.get(record.stream.id) is record:
+                in_flight.popleft()
+                self._send_chunk(record, chunk, pcm, emitted_at_s)
+            else:
+                entry = in_flight[0]
+                entry.pcm, entry.emitted_at_s = pcm, emitted_at_s
+            return
+        for entry in in_flight:
             if entry.chunk is chunk:
                 entry.pcm, entry.emitted_at_s = pcm, emitted_at_s
                 break
         else:
             raise ValueError(f"emit of a chunk not in flight for {record.stream.id}: {chunk}")
-        in_flight = record.in_flight
         while in_flight and in_flight[0].pcm is not None and self.is_live(record):
             entry = in_flight.popleft()
             assert entry.pcm is not None
@@ -574,34 +587,38 @@ class StreamBook:
     ) -> None:
         """A chunk's PCM, in order: account for it, send it, commit the chunk."""
         stream = record.stream
+        stream_id = stream.id
         stats = stream.stats
-        horizon_s = self.scheduler.horizon_s(stream.id)
+        scheduler = self.scheduler
+        size = pcm.size
+        horizon_s = scheduler.horizon_s(stream_id)
         if horizon_s is not None and emitted_at_s > horizon_s:
             stall_s = emitted_at_s - horizon_s
             stats.stalls += 1
             stats.stall_s += stall_s
-            self._events.stall(stream.id, stall_s)
-        self.scheduler.record_audio(stream.id, pcm.size, stream.sample_rate_hz, emitted_at_s)
+            self._events.stall(stream_id, stall_s)
+        scheduler.record_audio(stream_id, size, stream.sample_rate_hz, emitted_at_s)
         if stats.ttfa_s is None:
             stats.ttfa_s = emitted_at_s - stats.submitted_at_s
-            self._events.first_audio(stream.id, stats.ttfa_s)
+            self._events.first_audio(stream_id, stats.ttfa_s)
             self._wakes.talker()  # its playback starts: the high-water mark now moves
-        stats.audio_s += pcm.size / stream.sample_rate_hz
+        stats.audio_s += size / stream.sample_rate_hz
         stats.chunks += 1
         left_start = stats.chunks == self._start_phase_chunks
         if left_start:
-            left_start = self._starting.pop(stream.id, False) is None
+            left_start = self._starting.pop(stream_id, False) is None
         record.sender.send(pcm)
         self._commit(record, chunk)
-        if self.is_live(record):
+        if self._records.get(stream_id) is record:  # still live
             self._update_candidate(record)
             if self._talker_waits_on_emit:  # frames waiting for the vocoder went down
                 self._talker_waits_on_emit = False
                 self._wakes.talker()
-            else:
+            elif self._talker_waits_on_vocoder:
                 self._wake_idle_talker()
             # a live-text stream that sent all it had stops counting as starting
-            left_start = left_start or (stream.id in self._starting and _waits_for_text(record))
+            if not left_start and self._starting:
+                left_start = stream_id in self._starting and _waits_for_text(record)
         if left_start:
             self._wakes.start()
 
@@ -669,17 +686,23 @@ class StreamBook:
         if not record.text and record.talking is None:
             self.talker_queue.remove(stream.id)
             return
-        state = self.scheduler.state(stream.id)
+        stream_id = stream.id
+        state = self.scheduler.state(stream_id)
         voice = stream.voice
-        queued = record.frames.queued_frames
+        frames = record.frames
+        queued_s = (
+            (frames.produced_frames - frames.emitted_frames)
+            * voice.samples_per_frame
+            / voice.sample_rate_hz
+        )
+        if state is None:
+            first_seen_s, horizon_s = stream.stats.submitted_at_s, None
+        else:
+            first_seen_s, horizon_s = state.first_seen_s, state.horizon_s
+        # positional: the fields in their declared order (stream_id, order, first_seen_s,
+        # horizon_s, queued_audio_s)
         self.talker_queue.update(
-            TalkerCandidate(
-                stream_id=stream.id,
-                order=record.order,
-                first_seen_s=stream.stats.submitted_at_s if state is None else state.first_seen_s,
-                horizon_s=None if state is None else state.horizon_s,
-                queued_audio_s=queued * voice.samples_per_frame / voice.sample_rate_hz,
-            )
+            TalkerCandidate(stream_id, record.order, first_seen_s, horizon_s, queued_s)
         )
 
     def _mark_dirty(self, record: StreamRecord) -> None:
@@ -688,30 +711,38 @@ class StreamBook:
 
     def _plan(self, record: StreamRecord) -> Chunk | None:
         frames = record.frames
+        stream_id = record.stream.id
         if record.in_flight:  # the planner plans after the chunks in flight
-            segment = frames.segment(self.planner.planning_segment(record.stream.id))
+            segment = frames.segment(self.planner.planning_segment(stream_id))
         else:
             segment = frames.current
         if segment is None:
             return None
-        stream_done = record.talked_all and frames.is_last(segment) and segment.done
-        return self.planner.next_chunk(
-            record.stream.id, segment.available_frames, segment.done, stream_done
+        done = segment.done
+        # record.talked_all and frames.is_last(segment), spelled out
+        stream_done = (
+            done
+            and record.text_closed
+            and not record.text
+            and record.talking is None
+            and frames.is_last(segment)
         )
+        return self.planner.next_chunk(stream_id, segment.available_frames, done, stream_done)
 
     def _commit(self, record: StreamRecord, chunk: Chunk) -> None:
         """The chunk left (or, empty, needed no decode): advance the planner, free frames."""
-        self.planner.commit(record.stream.id, chunk)
+        stream_id = record.stream.id
+        self.planner.commit(stream_id, chunk)
         if not record.in_flight:
-            self._vocoding.discard(record.stream.id)
-            self._ahead.pop(record.stream.id, None)
-        record.frames.emitted(
-            chunk.stop - chunk.start, free_before=chunk.stop - self._left_context_frames
-        )
+            self._vocoding.discard(stream_id)
+            if self._ahead:
+                self._ahead.pop(stream_id, None)
+        frames = record.frames
+        frames.emitted(chunk.stop - chunk.start, free_before=chunk.stop - self._left_context_frames)
         record.chunk = None
-        assert record.frames.queued_frames >= 0, "emitted more frames than the talker produced"
+        assert frames.queued_frames >= 0, "emitted more frames than the talker produced"
         if chunk.segment_end:
-            record.frames.close_current()
+            frames.close_current()
         if chunk.final:
             assert record.talked_all and record.frames.segment_count == 0
             self._finish_vocoding(record)

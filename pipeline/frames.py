@@ -47,6 +47,10 @@ class Segment:
                 f"frames [{start}, {stop}) outside the held "
                 f"[{self._first_held}, {self.available_frames})"
             )
+        pieces = self._pieces
+        if len(pieces) == 1:  # the usual case: one piece (a view of it)
+            offset = self._first_held
+            return pieces[0][start - offset : stop - offset]
         parts: list[np.ndarray] = []
         offset = self._first_held
         for piece in self._pieces:

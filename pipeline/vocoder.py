@@ -124,21 +124,24 @@ class Vocoder:
         self._events.vocoder_selection(selected)
         batch: list[tuple[StreamRecord, Chunk]] = []
         items: list[VocodeItem] = []
+        record_of, start_vocoding = book.record, book.start_vocoding
         for stream_id in selected:
-            record = book.record(stream_id)
+            record = record_of(stream_id)
             assert record is not None, "a ready stream is a live stream"
             chunk = record.chunk
-            assert chunk is not None and not chunk.empty
+            assert chunk is not None and chunk.stop != chunk.start
             segment = record.frames.segment(chunk.segment)
             assert segment is not None, chunk
-            book.start_vocoding(record)
+            start_vocoding(record)
             batch.append((record, chunk))
+            context_start = chunk.context_start
+            # positional: voice, frames, emit_offset_frames, emit_frames
             items.append(
                 VocodeItem(
-                    voice=record.stream.voice.id,
-                    frames=segment.frames(chunk.context_start, chunk.context_stop),
-                    emit_offset_frames=chunk.start - chunk.context_start,
-                    emit_frames=chunk.stop - chunk.start,
+                    record.stream.voice.id,
+                    segment.frames(context_start, chunk.context_stop),
+                    chunk.start - context_start,
+                    chunk.stop - chunk.start,
                 )
             )
         assert self._window <= 0 or len(batch) <= self._window
@@ -168,11 +171,15 @@ class Vocoder:
                 book.fail(record, error)
             return
         audio_s = 0.0
+        is_live, emit, float32 = book.is_live, book.emit, np.float32
         for (record, chunk), item, pcm in zip(batch, items, pcms, strict=True):
-            if not book.is_live(record):
+            if not is_live(record):
                 continue  # cancelled while the vocoder ran
             voice = record.stream.voice
-            samples = np.asarray(pcm, dtype=np.float32).reshape(-1)
+            if type(pcm) is np.ndarray and pcm.dtype == float32 and pcm.ndim == 1:
+                samples = pcm  # already what np.asarray(...).reshape(-1) would give (a view)
+            else:
+                samples = np.asarray(pcm, dtype=float32).reshape(-1)
             if samples.size != item.emit_frames * voice.samples_per_frame:
                 book.fail(
                     record,
@@ -181,7 +188,7 @@ class Vocoder:
                     ),
                 )
                 continue
-            book.emit(record, chunk, samples, emitted_at_s)
+            emit(record, chunk, samples, emitted_at_s)
             audio_s += samples.size / voice.sample_rate_hz
         self.turns += 1
         # busy time: the part of this call no other worker's recorded call covered

@@ -175,14 +175,15 @@ class ChunkPlanner:
         elif segment_done or unsent >= target + config.right_context_frames:
             stop = sent + min(target, unsent)
             segment_end = segment_done and stop == available_frames
+            # positional: start, stop, context_start, context_stop, segment, segment_end, final
             chunk = Chunk(
-                start=sent,
-                stop=stop,
-                context_start=max(0, sent - config.left_context_frames),
-                context_stop=min(available_frames, stop + config.right_context_frames),
-                segment=cursor.segment,
-                segment_end=segment_end,
-                final=segment_end and stream_done,
+                sent,
+                stop,
+                max(0, sent - config.left_context_frames),
+                min(available_frames, stop + config.right_context_frames),
+                cursor.segment,
+                segment_end,
+                segment_end and stream_done,
             )
         else:
             chunk = None  # waiting for the chunk's frames and lookahead

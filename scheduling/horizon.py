@@ -75,6 +75,19 @@ class KeyIndex:
             del groups[key]
             self._keys.remove(key)
 
+    def move(self, old: Key, new: Key, stream_id: str) -> None:
+        """`remove(old, stream_id)` then `add(new, stream_id)`: one key edit when the
+        stream had its key to itself and the new key is free (the usual case)."""
+        groups = self._groups
+        group = groups[old]
+        if len(group) == 1 and new not in groups and stream_id in group:
+            del groups[old]
+            groups[new] = group
+            self._keys.move(old, new)
+            return
+        self.remove(old, stream_id)
+        self.add(new, stream_id)
+
     def items(self) -> Iterable[tuple[Key, Set[str]]]:
         return ((key, self._groups[key]) for key in self._keys)
 
@@ -124,23 +137,25 @@ class StreamTable:
                 self.admit(stream_id, at_s)
 
     def record_audio(self, stream_id: str, duration_s: float, emitted_at_s: float) -> None:
-        state = self._states.get(stream_id)
+        states = self._states
+        state = states.get(stream_id)
         if state is None:
             state = self.admit(stream_id, emitted_at_s)
         # A late chunk restarts a starved player at its emission time; an early one extends
         # the buffer.
         horizon_s = state.horizon_s
+        first_seen_s = state.first_seen_s
         if horizon_s is None:
             self.fresh.remove(self.key(state), stream_id)
-            start_s = emitted_at_s
+            new_horizon_s = emitted_at_s + duration_s
+            self.audio.add((new_horizon_s, first_seen_s), stream_id)
         else:
-            self.audio.remove((horizon_s, state.first_seen_s), stream_id)
             start_s = horizon_s if horizon_s > emitted_at_s else emitted_at_s
-        new = StreamState(
-            state.first_seen_s, start_s + duration_s, state.emitted_audio_s + duration_s
+            new_horizon_s = start_s + duration_s
+            self.audio.move((horizon_s, first_seen_s), (new_horizon_s, first_seen_s), stream_id)
+        states[stream_id] = StreamState(
+            first_seen_s, new_horizon_s, state.emitted_audio_s + duration_s
         )
-        self.audio.add((new.horizon_s, new.first_seen_s), stream_id)
-        self._states[stream_id] = new
 
     def ack_playback(self, stream_id: str, played_s: float, at_s: float) -> None:
         state = self.admit(stream_id, at_s)

@@ -85,6 +85,34 @@ class SortedBlockList(Generic[T]):
                 return
         raise ValueError(f"{item!r} is not in the list")
 
+    def move(self, old: T, new: T) -> None:
+        """Replace `old` (in the list; ValueError if not) with `new` (not in it): `remove`
+        then `add`, edited in place when `new` sorts into the block `old` leaves (an
+        index key that moves a little, the usual case)."""
+        blocks, maxes = self._blocks, self._maxes
+        index = bisect_left(maxes, old)
+        if index < len(maxes):
+            block = blocks[index]
+            position = bisect_left(block, old)
+            if position < len(block) and block[position] == old:
+                if (index == 0 or maxes[index - 1] < new) and (
+                    index == len(maxes) - 1 or new < blocks[index + 1][0]
+                ):
+                    del block[position]
+                    insort(block, new)
+                    maxes[index] = block[-1]
+                    return
+                del block[position]
+                self._size -= 1
+                if not block:
+                    del blocks[index]
+                    del maxes[index]
+                elif position == len(block):
+                    maxes[index] = block[-1]
+                self.add(new)
+                return
+        raise ValueError(f"{old!r} is not in the list")
+
     def __contains__(self, item: object) -> bool:
         index = bisect_left(self._maxes, item)
         if index == len(self._maxes):

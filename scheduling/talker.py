@@ -201,10 +201,26 @@ class TalkerQueue:
 
     def update(self, candidate: TalkerCandidate) -> None:
         """Add a candidate, or replace what is known of it."""
-        old = self._entries.get(candidate.stream_id)
-        self._entries[candidate.stream_id] = candidate
+        stream_id = candidate.stream_id
+        entries = self._entries
+        old = entries.get(stream_id)
+        entries[stream_id] = candidate
         if old is None:
             self._index(candidate)
+            return
+        if old.horizon_s is not None and candidate.horizon_s is not None:
+            # the usual case (a playing stream's horizon or queue moved): both keys live in
+            # the two horizon lists; move those that changed
+            order = candidate.order
+            queued_s = candidate.queued_audio_s
+            old_run_out = (old.horizon_s + old.queued_audio_s, old.order, stream_id)
+            new_run_out = (candidate.horizon_s + queued_s, order, stream_id)
+            if old_run_out != new_run_out:
+                self._by_run_out.move(old_run_out, new_run_out)
+            if old.queued_audio_s != queued_s or old.order != order:
+                self._by_queue.move(
+                    (old.queued_audio_s, old.order, stream_id), (queued_s, order, stream_id)
+                )
             return
         old_keys, new_keys = self._keys(old), self._keys(candidate)
         if len(old_keys) == len(new_keys):  # the same lists: move only the keys that changed
@@ -340,6 +356,8 @@ class TalkerQueue:
     def _walk_with_horizon(self, now_s: float) -> Iterator[tuple[float, int, str]]:
         """(run-out time, order, id) of the streams with a horizon, in exact order."""
         by_run_out, by_queue = iter(self._by_run_out), iter(self._by_queue)
+        entries = self._entries
+        heappush, heappop = heapq.heappush, heapq.heappop
         seen: set[str] = set()
         found: list[tuple[float, int, str]] = []  # exact keys of streams read so far
         next_run_out, next_queue = next(by_run_out, None), next(by_queue, None)
@@ -347,29 +365,35 @@ class TalkerQueue:
         while True:
             exhausted = next_run_out is None and next_queue is None
             while found and (found[0][0] < threshold_s or exhausted):
-                yield heapq.heappop(found)
+                yield heappop(found)
             if exhausted:
                 return
+            # read the next stream of each list (once per stream): its exact key goes to
+            # `found`; the threshold is the larger of the two values last read
             if next_run_out is not None:
                 s_value, _, stream_id = next_run_out
                 next_run_out = next(by_run_out, None)
-                self._read(stream_id, now_s, seen, found)
-                threshold_s = max(threshold_s, s_value)
+                if stream_id not in seen:
+                    seen.add(stream_id)
+                    c = entries[stream_id]
+                    horizon_s = c.horizon_s
+                    assert horizon_s is not None
+                    start_s = horizon_s if horizon_s > now_s else now_s
+                    heappush(found, (start_s + c.queued_audio_s, c.order, stream_id))
+                if s_value > threshold_s:
+                    threshold_s = s_value
             if next_queue is not None:
                 q_value, _, stream_id = next_queue
                 next_queue = next(by_queue, None)
-                self._read(stream_id, now_s, seen, found)
-                threshold_s = max(threshold_s, now_s + q_value)
-
-    def _read(
-        self, stream_id: str, now_s: float, seen: set[str], found: list[tuple[float, int, str]]
-    ) -> None:
-        if stream_id in seen:
-            return
-        seen.add(stream_id)
-        c = self._entries[stream_id]
-        assert c.horizon_s is not None
-        heapq.heappush(found, (max(c.horizon_s, now_s) + c.queued_audio_s, c.order, stream_id))
+                if stream_id not in seen:
+                    seen.add(stream_id)
+                    c = entries[stream_id]
+                    horizon_s = c.horizon_s
+                    assert horizon_s is not None
+                    start_s = horizon_s if horizon_s > now_s else now_s
+                    heappush(found, (start_s + c.queued_audio_s, c.order, stream_id))
+                if now_s + q_value > threshold_s:
+                    threshold_s = now_s + q_value
 
     def _index(self, c: TalkerCandidate) -> None:
         for index, key in self._keys(c):

@@ -45,3 +45,34 @@ def test_removing_a_missing_item_raises() -> None:
 def test_a_load_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="load must be >= 1"):
         SortedBlockList(0)
+
+
+moves = st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), max_size=200)
+
+
+@given(start=st.sets(st.integers(0, 40), max_size=40), moves=moves, load=st.integers(1, 4))
+def test_move_matches_remove_then_add(
+    start: set[int], moves: list[tuple[int, int]], load: int
+) -> None:
+    blocks: SortedBlockList[int] = SortedBlockList(load)
+    for value in sorted(start, key=lambda v: (v * 7919) % 41):  # not in order: splits
+        blocks.add(value)
+    model = set(start)
+    for old, new in moves:
+        if old not in model or (new in model and new != old):
+            continue
+        blocks.move(old, new)
+        model.discard(old)
+        model.add(new)
+        assert list(blocks) == sorted(model)
+        assert len(blocks) == len(model)
+        assert all(0 < len(block) <= 2 * load for block in blocks._blocks)
+        assert blocks._maxes == [block[-1] for block in blocks._blocks]
+
+
+def test_moving_a_missing_item_raises() -> None:
+    blocks: SortedBlockList[int] = SortedBlockList()
+    blocks.add(1)
+    with pytest.raises(ValueError, match="not in the list"):
+        blocks.move(2, 3)
+    assert list(blocks) == [1]
