@@ -25,8 +25,8 @@ key, smallest first:
 
 Work-conserving (`run_ahead`, on by default): when no stream under the mark wants the
 step, so that the talker would otherwise idle, the step goes to the streams above it
-instead, by the same key, most urgent first (the engine's book passes `run_ahead=False`
-while the vocoder has a chunk waiting: on a CPU the two share the cores); only streams
+instead, by the same key, most urgent first (the engine's book plans with `paced()`,
+which does not run ahead, while the vocoder is busy: on a CPU the two share the cores); only streams
 with at most `high_water_s` of audio produced but not yet vocoded run ahead, which
 bounds the frames waiting for the vocoder per stream (the unread audio behind the
 vocoder is bounded by the audio channel's cap, which parks a stream). Under load a
