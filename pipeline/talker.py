@@ -7,9 +7,10 @@ Each turn of the loop:
    a segment open) by when their audio runs out, and takes up to `talker.batch` of them;
    a stream more than `talker.high_water_s` ahead of its playback sits the step out
    without losing its open segment, and parked streams are not candidates; when no stream
-   under the mark wants the step and the vocoder has no chunk waiting, it goes to those
-   above it (`talker.run_ahead`: the machine does not idle while a stream has text; at
-   most `high_water_s` of frames not yet vocoded per stream);
+   under the mark wants the step and the vocoder is not busy, it goes to those above it
+   (`talker.run_ahead`: the machine does not idle while a stream has text; at most
+   `high_water_s` of frames not yet vocoded per stream); while the vocoder is busy, a
+   stream with more than `talker.busy_max_queued_s` of frames waiting for it sits out;
 2. the chosen streams without an open segment get their next text segment opened;
 3. one call in the talker thread closes the segments of streams that ended (orphans),
    opens the new segments (`backend.open_segment`), runs one `backend.step` over the
