@@ -9,23 +9,32 @@ what holds here holds for the engine's decisions:
 - a stream above the mark runs ahead only when no stream under it could take the step
   and the vocoder has no chunk waiting: under overload nobody runs ahead;
 - while the vocoder is busy, a stream with `talker.busy_max_queued_s` of frames waiting
-  for it gets no step (broken on purpose, without the cap: the test fails).
+  for it gets no step (broken on purpose, without the cap: the test fails); with the cap,
+  every worker decoding counts as busy, and a turn's end wakes the talker (broken on
+  purpose, either rule: the book-level test fails).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 
 import pytest
 
 import benchmarks.sim_replica as sim_replica
 from benchmarks.loadgen import load_corpus
 from benchmarks.simulate import Arrival, run_script
-from pipeline.book import StreamBook
+from pipeline.backends.sim import SimBackend
+from pipeline.book import StreamBook, Wakes
 from pipeline.config import EngineConfig, SimConfig, TalkerConfig
+from pipeline.events import NullEvents
+from pipeline.talker import talker_order
+from pipeline.text import Segmenter, segment_options
 from scheduling import (
     AdmissionConfig,
     ChunkingConfig,
+    ChunkPlanner,
+    PlaybackScheduler,
     SchedulingConfig,
     TalkerOrderConfig,
     TalkerPlan,
@@ -158,3 +167,61 @@ def test_a_busy_vocoder_holds_back_streams_with_frames_waiting(
     assert capped_any <= 2.0 + step_s + 1e-9
     free_stepped, free_any = _queued_when_stepped_busy(monkeypatch, 0.0)
     assert free_stepped > 2.0 and free_any > 4.0, (free_stepped, free_any)
+
+
+def test_every_vocoder_worker_decoding_counts_as_busy_only_with_the_cap() -> None:
+    """Two workers, both decoding, no chunk waiting: with `busy_max_queued_s` the vocoder
+    is busy, so streams with more frames waiting than the cap sit out (and nobody runs
+    ahead); a worker's turn ending frees a core and wakes the talker to run ahead. With
+    the cap at 0 only a chunk waiting counts as busy (the old rule)."""
+
+    def run(busy_max_queued_s: float) -> list[tuple[str, ...]]:
+        talker = TalkerConfig(batch=2, busy_max_queued_s=busy_max_queued_s)
+        setup = replace(SETUP, talker=talker)
+        wakes = {"talker": 0}
+        book = StreamBook(
+            scheduler=PlaybackScheduler(setup.scheduling),
+            planner=ChunkPlanner(setup.chunking),
+            segmenter=partial(Segmenter, **segment_options(talker)),
+            max_pending_audio_s=1e9,
+            left_context_frames=setup.chunking.left_context_frames,
+            first_chunk_s=0.1,
+            clock=lambda: 100.0,
+            events=NullEvents(),
+            wakes=Wakes(
+                talker=lambda: wakes.__setitem__("talker", wakes["talker"] + 1),
+                vocoder=lambda: None,
+            ),
+            max_in_flight=1,
+            work_ahead_streams=1,
+            vocoder_workers=2,
+        )
+        backend = SimBackend(replace(SIM, talker_frames_per_step=50))
+        voice = backend.voices()[0]
+        order = talker_order(talker, setup.scheduling)
+        records = []
+        for _ in range(2):  # two streams, each 4 s of frames made (50 x 80 ms), more text
+            stream = book.add_stream(voice, speed=1.0, now_s=100.0)
+            book.add_text(stream.id, "word " * 200 + ". " + "more " * 200, final=True)
+            record = book.record(stream.id)
+            assert record is not None
+            opened = book.open_segment(record)
+            step = backend.step([backend.open_segment(opened.request)])[0]
+            book.talked(opened, step.frames, step.done)
+            records.append(record)
+        book.refresh()
+        for record in records:  # both workers take a chunk: none is left waiting
+            book.turn_started()
+            book.start_vocoding(record)
+        plans = [book.plan_talker(100.0, order).step_ids]
+        woken = wakes["talker"]
+        book.turn_ended()  # one worker is free
+        plans.append(book.plan_talker(100.0, order).step_ids)
+        assert busy_max_queued_s == 0 or wakes["talker"] > woken  # the freed core woke it
+        return plans
+
+    busy, freed = run(2.0)
+    assert busy == ()  # both streams have 4 s waiting for the vocoder, over the 2 s cap
+    assert len(freed) == 2  # a free worker: the talker runs ahead for both
+    # no cap: two workers decoding is not "busy", the talker runs ahead for both
+    assert [len(plan) for plan in run(0.0)] == [2, 2]
