@@ -262,7 +262,7 @@ class StreamBook:
         # vocoder leaves a core idle (start_vocoding, emit, turn_ended)
         self._talker_waits_on_vocoder = run_ahead and waits
         # one held back by the frames it has waiting is woken by the next chunk sent
-        self._talker_waits_on_emit = paced and waits and order.max_queued_s is not None
+        self._talker_waits_on_emit = waits and order.max_queued_s is not None
         return plan
 
     def _vocoder_idle(self) -> bool:
@@ -276,8 +276,7 @@ class StreamBook:
         return (
             not self._pace_on_full_workers
             or self._turns < self._vocoder_workers
-            or not self._records
-            or (len(self._records) <= self._work_ahead_streams)
+            or len(self._records) <= self._work_ahead_streams
         )
 
     def turn_started(self) -> None:
