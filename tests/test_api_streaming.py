@@ -415,7 +415,9 @@ def test_first_bytes_leave_before_the_stream_is_done() -> None:
                     first_s = time.monotonic() - started_s
         total_s = time.monotonic() - started_s
         assert first_s is not None
-        assert first_s < 0.5 and total_s > 3 * first_s, (first_s, total_s)
+        # the first bytes leave while most of the stream is still to come (a server that
+        # buffered the body would send its first byte near the end)
+        assert total_s > 3 * first_s, (first_s, total_s)
 
 
 def test_a_client_that_stops_reading_does_not_slow_the_others() -> None:

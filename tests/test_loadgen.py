@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import itertools
 import json
 import socket
 import threading
@@ -289,7 +290,8 @@ async def test_playhead_sim_streams_arrive_whole(playhead_url: str) -> None:
 # {"text": ...} answered by one WAV file, here sent in three pieces.
 PEER_RATE_HZ = 22050
 PEER_AUDIO_S = {"Hello there.": 1.5, "A somewhat longer sentence, for the peer.": 0.5}
-PEER_PIECES_AT_S = (0.15, 0.35, 0.45)  # after the response headers
+PEER_FIRST_PIECE_S = 0.15  # after the response headers
+PEER_PIECE_GAP_S = 0.1  # at least this between the later pieces
 
 
 def _wav(seconds: float, rate_hz: int) -> bytes:
@@ -305,11 +307,23 @@ def _wav(seconds: float, rate_hz: int) -> bytes:
 
 class _ScriptedPiper:
     """An ASGI app answering POST /synthesize like piper's server: the WAV of
-    PEER_AUDIO_S[text], the header and the first samples together, then the rest in two
-    pieces (cut at odd byte counts, so samples straddle reads); 400 for any other body."""
+    PEER_AUDIO_S[text], the header and the first samples together PEER_FIRST_PIECE_S after
+    the response headers, then the rest in two pieces (cut at odd byte counts, so samples
+    straddle reads); 400 for any other body.
+
+    The later pieces wait until the client's tracker (`heard`, set by the test's request
+    hook; one request at a time) has credited audio that arrived after the first piece, so
+    whether a client plays on the first byte does not depend on how busy the machine is."""
 
     def __init__(self) -> None:
         self.bodies: list[object] = []
+        self.heard: Tracker | None = None
+
+    async def _client_heard_since(self, count: int) -> None:
+        for _ in range(2000):  # 10 s: a client that never credits the first piece fails
+            if self.heard is not None and len(self.heard.arrivals) > count:
+                return
+            await asyncio.sleep(0.005)
 
     async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
         raw = await _request_body(scope, receive, send)
@@ -332,11 +346,12 @@ class _ScriptedPiper:
                 "headers": [(b"content-type", b"audio/wav")],
             }
         )
-        start = time.perf_counter()
-        for at_s, lo, hi in zip(PEER_PIECES_AT_S, cuts[:-1], cuts[1:], strict=True):
-            delay = start + at_s - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
+        await asyncio.sleep(PEER_FIRST_PIECE_S)
+        before = len(self.heard.arrivals) if self.heard is not None else 0
+        await send({"type": "http.response.body", "body": wav[: cuts[1]], "more_body": True})
+        await self._client_heard_since(before)
+        for lo, hi in itertools.pairwise(cuts[1:]):
+            await asyncio.sleep(PEER_PIECE_GAP_S)
             await send({"type": "http.response.body", "body": wav[lo:hi], "more_body": True})
         await send({"type": "http.response.body", "body": b""})
 
@@ -359,14 +374,27 @@ async def test_closed_loop_plays_piper_peer_wavs(
     scripted_piper: tuple[str, _ScriptedPiper],
 ) -> None:
     url, app = scripted_piper
+
+    async def request(
+        client: httpx.AsyncClient,
+        base_url: str,
+        text: str,
+        options: RequestOptions,
+        clock: Clock,
+        waited_s: float = 0.0,
+        tracker: Tracker | None = None,
+    ) -> RequestResult:
+        app.heard = tracker
+        return await peer_request(client, base_url, text, options, clock, waited_s, tracker)
+
     texts = list(PEER_AUDIO_S)
     result = await closed_loop(
         url,
         texts,
-        streams=2,
+        streams=1,
         count=4,
         options=PEER_OPTIONS,
-        request=peer_request,
+        request=request,
         next_request="after_last_byte",
         seed=2,
     )
@@ -379,12 +407,12 @@ async def test_closed_loop_plays_piper_peer_wavs(
         assert rec.http_status == 200
         # every sample of the WAV, none of its 44 header bytes, at its own rate
         assert rec.playback.audio_s == pytest.approx(PEER_AUDIO_S[by_chars[rec.text_chars]])
-        # audio starts with the first body byte (header and samples together), not with
-        # the response headers and not once the whole WAV is in
+        # audio starts with the first body byte (header and samples together): not with the
+        # response headers, and not once the whole WAV is in (the server sends the rest only
+        # after the player has heard the first piece, at least two gaps before the end)
         assert rec.playback.started_at_s is not None and rec.ttfa_s is not None
-        assert rec.playback.started_at_s - rec.answered_at_s >= PEER_PIECES_AT_S[0] - 0.05
-        assert PEER_PIECES_AT_S[0] <= rec.ttfa_s < PEER_PIECES_AT_S[1]
-        assert rec.finished_at_s - rec.sent_at_s >= PEER_PIECES_AT_S[-1]
+        assert rec.playback.started_at_s - rec.answered_at_s >= PEER_FIRST_PIECE_S - 0.05
+        assert rec.finished_at_s - rec.playback.started_at_s >= 2 * PEER_PIECE_GAP_S - 0.01
     assert result.summary.streams_ok == 4
     assert sorted(result.ttfas_s()) == sorted(r.ttfa_s for r in result.records)
     # every request sent piper's body, nothing else
