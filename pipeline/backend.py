@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -71,8 +71,7 @@ class TalkStep:
     done: bool  # the segment ended: no more frames will come; close it
 
 
-@dataclass(frozen=True)
-class VocodeItem:
+class VocodeItem(NamedTuple):
     """One chunk to decode: `frames` spans [context_start, context_stop) of a segment."""
 
     voice: str

@@ -11,6 +11,7 @@ import logging
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from scheduling.policies import PolicyName
 from scheduling.scheduler import SchedulingConfig
@@ -73,8 +74,7 @@ def warn_if_first_chunk_too_short(
     return too_short
 
 
-@dataclass(frozen=True, slots=True)
-class Chunk:
+class Chunk(NamedTuple):
     start: int  # first new frame to emit (relative to the segment)
     stop: int  # one past the last new frame; start == stop for an empty terminal chunk
     context_start: int  # first frame to decode with it (left context, clipped)

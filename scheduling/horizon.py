@@ -15,7 +15,7 @@ every ready stream at every turn.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Set
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from scheduling.sortedlist import SortedBlockList
 
@@ -24,8 +24,7 @@ Key = tuple[float, float]  # (deadline_s, first_seen_s)
 _NO_MEMBERS: frozenset[str] = frozenset()
 
 
-@dataclass(frozen=True, slots=True)
-class StreamState:
+class StreamState(NamedTuple):
     first_seen_s: float  # when the stream was admitted or first seen (monotonic s)
     horizon_s: float | None = None  # when its player runs dry; None until the first audio
     emitted_audio_s: float = 0.0  # audio seconds that left the server for this stream

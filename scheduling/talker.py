@@ -44,6 +44,7 @@ import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from scheduling.errors import ConfigError
 from scheduling.sortedlist import SortedBlockList
@@ -87,8 +88,7 @@ class TalkerOrderConfig:
         return replace(self, run_ahead=False, max_queued_s=self.busy_max_queued_s)
 
 
-@dataclass(frozen=True, slots=True)
-class TalkerCandidate:
+class TalkerCandidate(NamedTuple):
     """A stream that wants talker work (text waiting or a segment open)."""
 
     stream_id: str
