@@ -23,6 +23,7 @@ from benchmarks.loadgen import (
     Arrival,
     Clock,
     LoadResult,
+    Requester,
     RequestOptions,
     RequestResult,
     Tracker,
@@ -31,6 +32,7 @@ from benchmarks.loadgen import (
     decoded_durations,
     load_corpus,
     open_loop,
+    request_once,
 )
 from benchmarks.player import Outcome, Player, StreamRecord, summarize
 from benchmarks.voice_peer import PEER_OPTIONS, peer_request
@@ -64,14 +66,57 @@ async def _request_body(scope, receive, send) -> bytes | None:  # type: ignore[n
             return body
 
 
-class _Scripted:
+class _Listened:
+    """A scripted server that can wait for its client's player: `heard` is the run's
+    tracker, set by the test's request hook (one request at a time), so a script can send
+    its next piece only once the audio it sent before has been credited, whatever the
+    machine's load."""
+
+    def __init__(self) -> None:
+        self.heard: Tracker | None = None
+
+    def arrivals(self) -> int:
+        return len(self.heard.arrivals) if self.heard is not None else 0
+
+    async def heard_since(self, count: int) -> None:
+        """Until the tracker holds more than `count` arrivals (at most 10 s: a client that
+        never credits the piece fails the test's checks instead of hanging it)."""
+        for _ in range(2000):
+            if self.arrivals() > count:
+                return
+            await asyncio.sleep(0.005)
+
+    def hook(self, inner: Requester = request_once) -> Requester:
+        """`inner` (a closed_loop request hook), telling this server the run's tracker."""
+
+        async def request(
+            client: httpx.AsyncClient,
+            base_url: str,
+            text: str,
+            options: RequestOptions,
+            clock: Clock,
+            waited_s: float = 0.0,
+            tracker: Tracker | None = None,
+        ) -> RequestResult:
+            self.heard = tracker
+            return await inner(client, base_url, text, options, clock, waited_s, tracker)
+
+        return request
+
+
+STALL_GAP_S = 0.55  # "stall": from the player hearing its first piece to the second
+
+
+class _Scripted(_Listened):
     """An ASGI app answering POST /v1/audio/speech from a script keyed by `input`:
     - "reject-once:<x>": 429 with Retry-After 0.2 the first time, then like "<x>";
-    - "stall": 0.2 s of PCM at 0.05 s, 0.2 s more at 0.1 s, then 0.2 s at 0.6 s, with the
-      byte counts odd so that samples straddle reads;
+    - "stall": 0.4 s of PCM at 0.05 s, then 0.2 s more STALL_GAP_S after the client's
+      player heard the first piece (a stall of at least 0.15 s), with the byte counts odd
+      so that samples straddle reads;
     - anything else: 0.3 s of PCM in one chunk after 50 ms."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.seen: set[str] = set()
 
     async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
@@ -102,16 +147,20 @@ class _Scripted:
                 "headers": [(b"content-type", b"audio/pcm")],
             }
         )
-        start = time.perf_counter()
+        await asyncio.sleep(0.05)
         if text == "stall":
-            chunk = int(0.2 * BYTES_PER_S)
-            plan = [(0.05, chunk + 1), (0.1, chunk - 1), (0.6, chunk)]
+            size = int(0.2 * BYTES_PER_S)
+            before = self.arrivals()
+            await send(
+                {"type": "http.response.body", "body": b"\0" * (2 * size + 1), "more_body": True}
+            )
+            await self.heard_since(before)
+            await asyncio.sleep(STALL_GAP_S)
+            await send(
+                {"type": "http.response.body", "body": b"\0" * (size - 1), "more_body": True}
+            )
         else:
-            plan = [(0.05, int(0.3 * BYTES_PER_S))]
-        for at_s, size in plan:
-            delay = start + at_s - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
+            size = int(0.3 * BYTES_PER_S)
             await send({"type": "http.response.body", "body": b"\0" * size, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
 
@@ -135,21 +184,30 @@ def _serve(app: object) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def scripted_url() -> Iterator[str]:
-    yield from _serve(_Scripted())
+def scripted() -> Iterator[tuple[str, _Scripted]]:
+    app = _Scripted()
+    for url in _serve(app):
+        yield url, app
 
 
-async def test_closed_loop_hears_the_scripted_stall(scripted_url: str) -> None:
-    result = await closed_loop(scripted_url, ["stall"], streams=2, count=4)
+@pytest.fixture(scope="module")
+def scripted_url(scripted: tuple[str, _Scripted]) -> str:
+    return scripted[0]
+
+
+async def test_closed_loop_hears_the_scripted_stall(scripted: tuple[str, _Scripted]) -> None:
+    url, app = scripted
+    result = await closed_loop(url, ["stall"], streams=1, count=4, request=app.hook())
     assert len(result.records) == 4
     for rec in result.records:
         assert rec.outcome is Outcome.OK
         pb = rec.playback
         assert pb.audio_s == pytest.approx(0.6, abs=1e-9)  # odd reads lose no sample
-        # h = t0 + 0.4 after two chunks; the third comes 0.55 s after the first: ~0.15 s stall
+        # h = t0 + 0.4 after the first piece; the second comes STALL_GAP_S after the player
+        # started: a stall of at least 0.15 s, and only one
         assert pb.stall_count() == 1
-        assert 0.10 <= pb.stall_s <= 0.25
-        assert 0.03 <= rec.ttfa_s <= 0.5
+        assert pb.stall_s >= STALL_GAP_S - 0.4 - 0.005
+        assert rec.ttfa_s is not None and rec.ttfa_s >= 0.05
     s = result.summary
     assert s.streams_ok == 4
     assert s.stall_free_share == 0.0
@@ -305,25 +363,18 @@ def _wav(seconds: float, rate_hz: int) -> bytes:
     return buf.getvalue()
 
 
-class _ScriptedPiper:
+class _ScriptedPiper(_Listened):
     """An ASGI app answering POST /synthesize like piper's server: the WAV of
     PEER_AUDIO_S[text], the header and the first samples together PEER_FIRST_PIECE_S after
     the response headers, then the rest in two pieces (cut at odd byte counts, so samples
     straddle reads); 400 for any other body.
 
-    The later pieces wait until the client's tracker (`heard`, set by the test's request
-    hook; one request at a time) has credited audio that arrived after the first piece, so
-    whether a client plays on the first byte does not depend on how busy the machine is."""
+    The later pieces wait until the client's player has heard the first, so whether a
+    client plays on the first byte does not depend on how busy the machine is."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.bodies: list[object] = []
-        self.heard: Tracker | None = None
-
-    async def _client_heard_since(self, count: int) -> None:
-        for _ in range(2000):  # 10 s: a client that never credits the first piece fails
-            if self.heard is not None and len(self.heard.arrivals) > count:
-                return
-            await asyncio.sleep(0.005)
 
     async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
         raw = await _request_body(scope, receive, send)
@@ -347,9 +398,9 @@ class _ScriptedPiper:
             }
         )
         await asyncio.sleep(PEER_FIRST_PIECE_S)
-        before = len(self.heard.arrivals) if self.heard is not None else 0
+        before = self.arrivals()
         await send({"type": "http.response.body", "body": wav[: cuts[1]], "more_body": True})
-        await self._client_heard_since(before)
+        await self.heard_since(before)
         for lo, hi in itertools.pairwise(cuts[1:]):
             await asyncio.sleep(PEER_PIECE_GAP_S)
             await send({"type": "http.response.body", "body": wav[lo:hi], "more_body": True})
@@ -374,19 +425,6 @@ async def test_closed_loop_plays_piper_peer_wavs(
     scripted_piper: tuple[str, _ScriptedPiper],
 ) -> None:
     url, app = scripted_piper
-
-    async def request(
-        client: httpx.AsyncClient,
-        base_url: str,
-        text: str,
-        options: RequestOptions,
-        clock: Clock,
-        waited_s: float = 0.0,
-        tracker: Tracker | None = None,
-    ) -> RequestResult:
-        app.heard = tracker
-        return await peer_request(client, base_url, text, options, clock, waited_s, tracker)
-
     texts = list(PEER_AUDIO_S)
     result = await closed_loop(
         url,
@@ -394,7 +432,7 @@ async def test_closed_loop_plays_piper_peer_wavs(
         streams=1,
         count=4,
         options=PEER_OPTIONS,
-        request=request,
+        request=app.hook(peer_request),
         next_request="after_last_byte",
         seed=2,
     )
