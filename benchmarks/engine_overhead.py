@@ -15,9 +15,14 @@ very fast, so what is left of a turn is the engine's own cost. Per decoding turn
   wall time and in the event loop thread's CPU time (`time.thread_time`). Wall time also
   counts whatever preempted the thread (the other stage threads, other processes on a
   shared machine, which moved it by up to 1.7x between identical runs here); CPU time is
-  the engine's own work alone.
+  the engine's own work, plus any garbage collection that ran inside it;
+- gc ms/s, full: the time the garbage collector ran per second of the window (in any
+  thread, wherever it landed), and how many of its collections were full ones. At 10,000
+  streams a full collection takes about 200 ms and lands inside engine work or not by
+  chance: `--no-gc` turns the collector off for the run to see the work alone.
 
     python -m benchmarks.engine_overhead [--streams 10 100] [--window 16] [--seconds 3]
+        [--no-gc]
 
 Target: engine work (engine_sync + talker_plan) at most 1 ms per turn at 10,000 streams.
 """
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import random
 import statistics
@@ -68,6 +74,25 @@ class _TurnRecorder(NullEvents):
             self.turns.append(timing)
 
 
+class _CollectorClock:
+    """Time spent in garbage collections while `on` (gc.callbacks)."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.seconds = 0.0
+        self.full = 0
+        self._started: float | None = None
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        elif self._started is not None:
+            if self.on:
+                self.seconds += time.perf_counter() - self._started
+                self.full += info["generation"] == 2
+            self._started = None
+
+
 async def measure(streams: int, window: int, seconds: float, warmup_s: float = 1.0) -> dict:
     corpus = load_corpus()
     recorder = _TurnRecorder()
@@ -94,6 +119,8 @@ async def measure(streams: int, window: int, seconds: float, warmup_s: float = 1
         return plan
 
     engine.book.plan_talker = timed_plan  # type: ignore[method-assign]
+    collector = _CollectorClock()
+    gc.callbacks.append(collector)
     await engine.start()
     finished = 0
 
@@ -111,9 +138,12 @@ async def measure(streams: int, window: int, seconds: float, warmup_s: float = 1
         await asyncio.sleep(warmup_s)
         recorder.turns = []
         finished = 0
+        collector.on = True
         await asyncio.sleep(seconds)
+        collector.on = False
         turns, recorder.turns = recorder.turns, None
     finally:
+        gc.callbacks.remove(collector)
         for task in clients:
             task.cancel()
         await asyncio.gather(*clients, return_exceptions=True)
@@ -140,6 +170,8 @@ async def measure(streams: int, window: int, seconds: float, warmup_s: float = 1
         / len(turns),
         "talker_plan_ms_p50": _quantile_ms(plans, 0.5) if plans else None,
         "talker_plan_ms_p95": _quantile_ms(plans, 0.95) if plans else None,
+        "gc_ms_per_s": 1000.0 * collector.seconds / seconds,
+        "gc_full_collections": collector.full,
     }
 
 
@@ -149,14 +181,19 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument(
+        "--no-gc", action="store_true", help="garbage collector off (the engine's work alone)"
+    )
     args = parser.parse_args()
+    if args.no_gc:
+        gc.disable()
     results = [asyncio.run(measure(n, args.window, args.seconds)) for n in args.streams]
     if args.json:
         print(json.dumps(results, indent=2))
         return
     print(
         "streams  K  turns/s  batch  outside-model ms p50/p95  engine-sync ms p50/p95"
-        "  talker-plan ms p50/p95  plans/turn  engine ms/turn wall / cpu"
+        "  talker-plan ms p50/p95  plans/turn  engine ms/turn wall / cpu  gc ms/s  full"
     )
     for r in results:
         print(
@@ -166,6 +203,7 @@ def main() -> None:
             f"  {r['talker_plan_ms_p50'] or 0:12.3f} / {r['talker_plan_ms_p95'] or 0:.3f}"
             f"  {r['talker_plans'] / r['turns']:10.2f}  {r['engine_ms_per_turn']:14.3f}"
             f" / {r['engine_cpu_ms_per_turn']:.3f}"
+            f"  {r['gc_ms_per_s']:7.1f}  {r['gc_full_collections']:4d}"
         )
 
 
