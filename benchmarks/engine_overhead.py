@@ -119,8 +119,6 @@ async def measure(streams: int, window: int, seconds: float, warmup_s: float = 1
         return plan
 
     engine.book.plan_talker = timed_plan  # type: ignore[method-assign]
-    collector = _CollectorClock()
-    gc.callbacks.append(collector)
     await engine.start()
     finished = 0
 
@@ -134,6 +132,8 @@ async def measure(streams: int, window: int, seconds: float, warmup_s: float = 1
             finished += 1
 
     clients = [asyncio.create_task(client(i)) for i in range(streams)]
+    collector = _CollectorClock()
+    gc.callbacks.append(collector)
     try:
         await asyncio.sleep(warmup_s)
         recorder.turns = []

@@ -75,14 +75,17 @@ class _Listened:
     def __init__(self) -> None:
         self.heard: Tracker | None = None
 
-    def arrivals(self) -> int:
+    def _arrivals(self) -> int:
         return len(self.heard.arrivals) if self.heard is not None else 0
 
-    async def heard_since(self, count: int) -> None:
-        """Until the tracker holds more than `count` arrivals (at most 10 s: a client that
-        never credits the piece fails the test's checks instead of hanging it)."""
+    async def send_heard(self, send, body: bytes) -> None:  # type: ignore[no-untyped-def]
+        """Send one more piece of the response body, then wait until the client's player
+        has credited audio from it (at most 10 s: a client that never credits the piece
+        fails the test's checks instead of hanging it)."""
+        before = self._arrivals()
+        await send({"type": "http.response.body", "body": body, "more_body": True})
         for _ in range(2000):
-            if self.arrivals() > count:
+            if self._arrivals() > before:
                 return
             await asyncio.sleep(0.005)
 
@@ -150,11 +153,7 @@ class _Scripted(_Listened):
         await asyncio.sleep(0.05)
         if text == "stall":
             size = int(0.2 * BYTES_PER_S)
-            before = self.arrivals()
-            await send(
-                {"type": "http.response.body", "body": b"\0" * (2 * size + 1), "more_body": True}
-            )
-            await self.heard_since(before)
+            await self.send_heard(send, b"\0" * (2 * size + 1))
             await asyncio.sleep(STALL_GAP_S)
             await send(
                 {"type": "http.response.body", "body": b"\0" * (size - 1), "more_body": True}
@@ -398,9 +397,7 @@ class _ScriptedPiper(_Listened):
             }
         )
         await asyncio.sleep(PEER_FIRST_PIECE_S)
-        before = self.arrivals()
-        await send({"type": "http.response.body", "body": wav[: cuts[1]], "more_body": True})
-        await self.heard_since(before)
+        await self.send_heard(send, wav[: cuts[1]])
         for lo, hi in itertools.pairwise(cuts[1:]):
             await asyncio.sleep(PEER_PIECE_GAP_S)
             await send({"type": "http.response.body", "body": wav[lo:hi], "more_body": True})
