@@ -8,9 +8,8 @@ continuous. Frame numbers in a Chunk are relative to its segment.
 from __future__ import annotations
 
 import logging
-from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from scheduling.policies import PolicyName
@@ -92,31 +91,56 @@ class Chunk(NamedTuple):
         return self.stop == self.start
 
 
-@dataclass(slots=True)
-class _Cursor:
-    """Where a stream's chunks have got to: a segment, a frame in it, chunks so far."""
-
-    segment: int = 0  # index of the segment
-    sent_frames: int = 0  # frames of that segment behind the cursor
-    chunks: int = 0  # non-empty chunks behind the cursor, all segments (the ramp index)
-    finished: bool = False  # the final chunk is behind the cursor
-
-    def advance(self, chunk: Chunk) -> None:
-        if not chunk.empty:
-            self.sent_frames = chunk.stop
-            self.chunks += 1
-        if chunk.segment_end:
-            self.segment += 1
-            self.sent_frames = 0
-        self.finished = chunk.final
-
-
-@dataclass(slots=True)
 class _Progress:
-    emitted: _Cursor = field(default_factory=_Cursor)  # up to the last committed chunk
-    planned_to: _Cursor = field(default_factory=_Cursor)  # ... and the chunks taken since
-    taken: deque[Chunk] = field(default_factory=deque)  # taken, not committed, in order
-    planned: Chunk | None = None  # what next_chunk last answered
+    """Where a stream's chunks have got to, twice: up to the last committed chunk
+    (`emitted_*`) and up to the last chunk taken (`planned_*`), each a segment, the
+    frames of it behind the cursor, the non-empty chunks so far in all segments (the
+    ramp index) and whether the final chunk is behind it. Plain fields on one object:
+    at 10,000 streams every object a stream keeps is one more for the garbage
+    collector to walk."""
+
+    __slots__ = (
+        "emitted_chunks",
+        "emitted_finished",
+        "emitted_segment",
+        "emitted_sent",
+        "planned",
+        "planned_chunks",
+        "planned_finished",
+        "planned_segment",
+        "planned_sent",
+        "taken",
+    )
+
+    def __init__(self) -> None:
+        self.emitted_segment = self.emitted_sent = self.emitted_chunks = 0
+        self.emitted_finished = False
+        self.planned_segment = self.planned_sent = self.planned_chunks = 0
+        self.planned_finished = False
+        self.taken: list[Chunk] = []  # taken, not committed, in order
+        self.planned: Chunk | None = None  # what next_chunk last answered
+
+    def advance_planned(self, chunk: Chunk) -> None:
+        (self.planned_segment, self.planned_sent, self.planned_chunks) = _advanced(
+            self.planned_segment, self.planned_sent, self.planned_chunks, chunk
+        )
+        self.planned_finished = chunk.final
+
+    def advance_emitted(self, chunk: Chunk) -> None:
+        (self.emitted_segment, self.emitted_sent, self.emitted_chunks) = _advanced(
+            self.emitted_segment, self.emitted_sent, self.emitted_chunks, chunk
+        )
+        self.emitted_finished = chunk.final
+
+
+def _advanced(segment: int, sent: int, chunks: int, chunk: Chunk) -> tuple[int, int, int]:
+    """A cursor (segment, frames of it sent, non-empty chunks) moved past `chunk`."""
+    if chunk.stop != chunk.start:
+        sent = chunk.stop
+        chunks += 1
+    if chunk.segment_end:
+        return segment + 1, 0, chunks
+    return segment, sent, chunks
 
 
 class ChunkPlanner:
@@ -156,22 +180,21 @@ class ChunkPlanner:
         progress = self._streams.get(stream_id)
         if progress is None:
             progress = self._streams[stream_id] = _Progress()
-        cursor = progress.planned_to
-        if cursor.finished:
+        if progress.planned_finished:
             return None
-        sent = cursor.sent_frames
+        sent = progress.planned_sent
         if available_frames < sent:
             raise ValueError(
                 f"available_frames {available_frames} < {sent} already planned "
-                f"in segment {cursor.segment} of {stream_id!r}"
+                f"in segment {progress.planned_segment} of {stream_id!r}"
             )
         config = self._config
         unsent = available_frames - sent
-        target = config.target_frames(cursor.chunks)
+        target = config.target_frames(progress.planned_chunks)
         if unsent == 0:
             chunk = None
             if segment_done:  # the terminal of a segment that ended on a chunk boundary
-                chunk = Chunk(sent, sent, sent, sent, cursor.segment, True, stream_done)
+                chunk = Chunk(sent, sent, sent, sent, progress.planned_segment, True, stream_done)
         elif segment_done or unsent >= target + config.right_context_frames:
             stop = sent + min(target, unsent)
             segment_end = segment_done and stop == available_frames
@@ -181,7 +204,7 @@ class ChunkPlanner:
                 stop,
                 max(0, sent - config.left_context_frames),
                 min(available_frames, stop + config.right_context_frames),
-                cursor.segment,
+                progress.planned_segment,
                 segment_end,
                 segment_end and stream_done,
             )
@@ -199,7 +222,7 @@ class ChunkPlanner:
             raise ValueError(f"take of a chunk that was not planned for {stream_id!r}: {chunk}")
         progress.planned = None
         progress.taken.append(chunk)
-        progress.planned_to.advance(chunk)
+        progress.advance_planned(chunk)
 
     def commit(self, stream_id: str, chunk: Chunk) -> None:
         """`chunk` was emitted: the oldest taken chunk or, with none taken, the one
@@ -211,12 +234,12 @@ class ChunkPlanner:
                 raise ValueError(
                     f"commit out of order for {stream_id!r}: {chunk}, oldest taken {oldest}"
                 )
-            progress.taken.popleft()
+            del progress.taken[0]
         else:
             self.take(stream_id, chunk)
             progress = self._streams[stream_id]
-            progress.taken.popleft()
-        progress.emitted.advance(chunk)
+            del progress.taken[0]
+        progress.advance_emitted(chunk)
 
     def in_flight(self, stream_id: str) -> int:
         """Chunks taken and not yet committed."""
@@ -226,7 +249,7 @@ class ChunkPlanner:
     def planning_segment(self, stream_id: str) -> int:
         """The segment the next chunk comes from (0 when unknown)."""
         progress = self._streams.get(stream_id)
-        return 0 if progress is None else progress.planned_to.segment
+        return 0 if progress is None else progress.planned_segment
 
     def forget(self, stream_id: str) -> None:
         self._streams.pop(stream_id, None)
@@ -235,19 +258,19 @@ class ChunkPlanner:
         """The segment the stream is in: that of its oldest uncommitted chunk (0 when
         unknown)."""
         progress = self._streams.get(stream_id)
-        return 0 if progress is None else progress.emitted.segment
+        return 0 if progress is None else progress.emitted_segment
 
     def sent_frames(self, stream_id: str) -> int:
         """Frames of the current segment already committed (0 when unknown)."""
         progress = self._streams.get(stream_id)
-        return 0 if progress is None else progress.emitted.sent_frames
+        return 0 if progress is None else progress.emitted_sent
 
     def target_frames(self, stream_id: str) -> int:
         """New frames the stream's next planned non-empty chunk aims for."""
         progress = self._streams.get(stream_id)
-        return self._config.target_frames(0 if progress is None else progress.planned_to.chunks)
+        return self._config.target_frames(0 if progress is None else progress.planned_chunks)
 
     def finished(self, stream_id: str) -> bool:
         """The final chunk was committed."""
         progress = self._streams.get(stream_id)
-        return progress is not None and progress.emitted.finished
+        return progress is not None and progress.emitted_finished

@@ -53,6 +53,12 @@ from scheduling.validation import check_bool, check_int, check_non_negative, che
 # A timer set for the high-water mark may fire a hair early; within this it counts as under.
 HIGH_WATER_SLACK_S = 0.001
 
+# How far a stream's filed `horizon + queued` may be from the exact sum before it is
+# re-filed. A chunk sent moves the horizon up and the queued audio down by the same
+# amount: the sum stays the same but for rounding, and re-filing it for that would cost
+# a sorted-list move per chunk. The walk allows for the difference (see TalkerQueue).
+RUN_OUT_FILING_TOLERANCE_S = 1e-6
+
 
 @dataclass(frozen=True)
 class TalkerOrderConfig:
@@ -181,6 +187,10 @@ class TalkerQueue:
       time is max(horizon, now) + queued = max(horizon + queued, now + queued), the larger
       of their two list values, so walking both lists in step yields them in exact order
       once the walk's threshold (the larger of the two values last read) passes them.
+      The `horizon + queued` filed for a stream is re-filed only when the exact sum
+      moved by more than RUN_OUT_FILING_TOLERANCE_S (a chunk sent leaves it unchanged
+      but for rounding); the walk lowers that list's values by the tolerance, so the
+      order it yields stays exact.
 
     A stream that `skip(stream_id)` names (a parked stream) is passed over.
     """
@@ -192,6 +202,9 @@ class TalkerQueue:
         self._queued: _Index = SortedBlockList()  # no horizon: (queued, order, id)
         self._by_run_out: _Index = SortedBlockList()  # (horizon + queued, order, id)
         self._by_queue: _Index = SortedBlockList()  # horizon known: (queued, order, id)
+        # the key each stream with a horizon is filed under in _by_run_out: within the
+        # tolerance of its exact horizon + queued
+        self._run_out_filed: dict[str, tuple[float, int, str]] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -213,10 +226,12 @@ class TalkerQueue:
             # the two horizon lists; move those that changed
             order = candidate.order
             queued_s = candidate.queued_audio_s
-            old_run_out = (old.horizon_s + old.queued_audio_s, old.order, stream_id)
-            new_run_out = (candidate.horizon_s + queued_s, order, stream_id)
-            if old_run_out != new_run_out:
-                self._by_run_out.move(old_run_out, new_run_out)
+            filed = self._run_out_filed[stream_id]
+            run_out_s = candidate.horizon_s + queued_s
+            if abs(run_out_s - filed[0]) > RUN_OUT_FILING_TOLERANCE_S or filed[1] != order:
+                new_run_out = (run_out_s, order, stream_id)
+                self._by_run_out.move(filed, new_run_out)
+                self._run_out_filed[stream_id] = new_run_out
             if old.queued_audio_s != queued_s or old.order != order:
                 self._by_queue.move(
                     (old.queued_audio_s, old.order, stream_id), (queued_s, order, stream_id)
@@ -380,6 +395,7 @@ class TalkerQueue:
                     assert horizon_s is not None
                     start_s = horizon_s if horizon_s > now_s else now_s
                     heappush(found, (start_s + c.queued_audio_s, c.order, stream_id))
+                s_value -= RUN_OUT_FILING_TOLERANCE_S  # filed within it of the exact sum
                 if s_value > threshold_s:
                     threshold_s = s_value
             if next_queue is not None:
@@ -398,9 +414,13 @@ class TalkerQueue:
     def _index(self, c: TalkerCandidate) -> None:
         for index, key in self._keys(c):
             index.add(key)
+            if index is self._by_run_out:
+                self._run_out_filed[c.stream_id] = key
 
     def _unindex(self, c: TalkerCandidate) -> None:
         for index, key in self._keys(c):
+            if index is self._by_run_out:
+                key = self._run_out_filed.pop(c.stream_id)
             index.remove(key)  # ValueError: the talker queue's index lost an entry
 
     def _keys(self, c: TalkerCandidate) -> list[tuple[_Index, tuple[float, int, str]]]:

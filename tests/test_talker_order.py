@@ -5,6 +5,8 @@ Numbers only (seconds): the same style as the vocoder's selection scenarios.
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -15,6 +17,7 @@ from scheduling import (
     TalkerOrderConfig,
     TalkerQueue,
     plan_talker_step,
+    talker,
     talker_key,
 )
 
@@ -235,3 +238,51 @@ def test_the_first_audio_plan_takes_streams_without_audio_in_plan_order() -> Non
         "queued",
     )
     assert queue.plan(100.0, TalkerOrderConfig(batch=1)).step_ids == ("playing",)
+
+
+_playing = st.lists(  # streams playing close together: their order is what matters
+    st.builds(
+        TalkerCandidate,
+        stream_id=st.text(min_size=1, max_size=4),
+        order=st.integers(0, 50),
+        first_seen_s=st.floats(90, 100),
+        horizon_s=st.floats(101, 102),
+        queued_audio_s=st.just(0.0) | st.floats(0, 1),
+    ),
+    min_size=3,
+    max_size=30,
+    unique_by=lambda c: c.stream_id,
+)
+
+
+@given(
+    _playing,
+    st.lists(st.floats(-0.25, 0.25), min_size=30, max_size=30),
+    st.integers(1, 8),
+    st.floats(99, 100),
+    st.booleans(),
+)
+def test_a_run_out_filed_within_the_tolerance_plans_like_the_exact_one(
+    candidates: list[TalkerCandidate],
+    drifts: list[float],
+    batch: int,
+    now_s: float,
+    run_ahead: bool,
+) -> None:
+    """Sent chunks move a stream's horizon up and its queued audio down by the same
+    amount, so `horizon + queued` is not re-filed unless it moved by more than the
+    filing tolerance (widened here to 0.25 s so that the walk's allowance for it
+    matters): the plan stays exactly the plain ranking's."""
+    config = TalkerOrderConfig(batch=batch, high_water_s=4.0, run_ahead=run_ahead)
+    with mock.patch.object(talker, "RUN_OUT_FILING_TOLERANCE_S", 0.25):
+        queue = TalkerQueue(config.first_chunk_s)
+        for candidate, drift in zip(candidates, drifts, strict=False):
+            assert candidate.horizon_s is not None
+            # filed first with the sum off by `drift` (as if chunks had been sent since)
+            queue.update(candidate._replace(horizon_s=candidate.horizon_s + drift))
+            queue.update(candidate)
+        expected = plan_talker_step(candidates, now_s, config)
+        assert queue.plan(now_s, config).step_ids == expected.step_ids
+        for candidate in candidates:  # the filed keys come out again
+            queue.remove(candidate.stream_id)
+        assert len(queue) == 0 and queue.plan(now_s, config).step_ids == ()
