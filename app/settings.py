@@ -100,6 +100,11 @@ class ServerConfig:
     # On SIGTERM: refuse new requests (503), let streams in flight finish for this long,
     # then cancel the rest.
     shutdown_grace_s: float = 10.0
+    # Once the model is loaded, move every object alive then (the imported libraries, the
+    # model, the app) out of the garbage collector's reach (gc.freeze), until shutdown: a
+    # full collection, which pauses the event loop and so every stream, then walks only
+    # the objects made since (the streams') instead of the whole startup heap too.
+    freeze_heap_after_load: bool = True
 
     def __post_init__(self) -> None:
         check_text("host", self.host)
@@ -133,6 +138,7 @@ class ServerConfig:
             )
         object.__setattr__(self, "cors_origins", origins)
         check_number_in("shutdown_grace_s", self.shutdown_grace_s, (0.0, 3600.0))
+        check_bool("freeze_heap_after_load", self.freeze_heap_after_load)
         needed = JSON_BYTES_PER_CHAR * self.max_input_chars
         if self.max_request_bytes < needed:
             raise ConfigError(

@@ -13,6 +13,7 @@ request), never through the module that builds the app (app/server.py).
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -46,6 +47,7 @@ class AppState:
         self.load_error: str | None = None
         self._backend_factory = backend_factory
         self._loaded: asyncio.Event | None = None
+        self._froze_heap = False
         # the encoders' own threads (app/streaming.py)
         self.encoder_threads = EncoderThreads(settings.encoding.encoder_threads)
         # set by a graceful shutdown (app/shutdown.py): new requests get 503
@@ -130,6 +132,8 @@ class AppState:
             )
             await engine.start()
             self.engine = engine
+            if s.server.freeze_heap_after_load:
+                self._freeze_heap()
             logger.info(
                 "ready: backend %s, %d voice(s), loaded in %.1f s",
                 backend.name,
@@ -193,7 +197,23 @@ class AppState:
             # their responses end (an SSE error event, a cut body) before uvicorn closes
             await asyncio.sleep(0.2)
 
+    def _freeze_heap(self) -> None:
+        """Leave the startup heap out of every later collection (see
+        ServerConfig.freeze_heap_after_load); `shutdown` gives it back."""
+        gc.collect()  # garbage is freed first, not kept for good
+        before = gc.get_freeze_count()
+        gc.freeze()
+        self._froze_heap = True
+        logger.info(
+            "froze %d objects alive after loading: full collections skip them",
+            gc.get_freeze_count() - before,
+        )
+
     async def shutdown(self) -> None:
+        if self._froze_heap:
+            # what was frozen may be garbage now (the engine, the model): collectable again
+            gc.unfreeze()
+            self._froze_heap = False
         self.encoder_threads.close()
         engine, self.engine = self.engine, None
         if engine is not None:

@@ -19,10 +19,13 @@ very fast, so what is left of a turn is the engine's own cost. Per decoding turn
 - gc ms/s, full: the time the garbage collector ran per second of the window (in any
   thread, wherever it landed), and how many of its collections were full ones. At 10,000
   streams a full collection takes about 200 ms and lands inside engine work or not by
-  chance: `--no-gc` turns the collector off for the run to see the work alone.
+  chance: `--no-gc` turns the collector off for the run to see the work alone. As
+  `playhead serve` does once its model is loaded (`server.freeze_heap_after_load`), the
+  heap alive when the engine has started is frozen (gc.freeze), so collections walk the
+  streams' objects only; `--no-freeze` leaves it in.
 
     python -m benchmarks.engine_overhead [--streams 10 100] [--window 16] [--seconds 3]
-        [--no-gc]
+        [--no-gc] [--no-freeze]
 
 Target: engine work (engine_sync + talker_plan) at most 1 ms per turn at 10,000 streams.
 """
@@ -93,7 +96,9 @@ class _CollectorClock:
             self._started = None
 
 
-async def measure(streams: int, window: int, seconds: float, warmup_s: float = 1.0) -> dict:
+async def measure(
+    streams: int, window: int, seconds: float, warmup_s: float = 1.0, freeze_heap: bool = True
+) -> dict:
     corpus = load_corpus()
     recorder = _TurnRecorder()
     engine = Engine(
@@ -120,6 +125,11 @@ async def measure(streams: int, window: int, seconds: float, warmup_s: float = 1
 
     engine.book.plan_talker = timed_plan  # type: ignore[method-assign]
     await engine.start()
+    # as `playhead serve` does once its model is loaded (server.freeze_heap_after_load):
+    # the startup heap stays out of the collections, which then walk the streams' objects
+    if freeze_heap:
+        gc.collect()
+        gc.freeze()
     finished = 0
 
     async def client(seed: int) -> None:
@@ -148,6 +158,8 @@ async def measure(streams: int, window: int, seconds: float, warmup_s: float = 1
             task.cancel()
         await asyncio.gather(*clients, return_exceptions=True)
         await engine.stop()
+        if freeze_heap:
+            gc.unfreeze()
     outside = [t.wall_s - t.model_s for t in turns]
     sync = [t.engine_s for t in turns]
     return {
@@ -184,10 +196,18 @@ def main() -> None:
     parser.add_argument(
         "--no-gc", action="store_true", help="garbage collector off (the engine's work alone)"
     )
+    parser.add_argument(
+        "--no-freeze",
+        action="store_true",
+        help="leave the startup heap in the collections (server.freeze_heap_after_load off)",
+    )
     args = parser.parse_args()
     if args.no_gc:
         gc.disable()
-    results = [asyncio.run(measure(n, args.window, args.seconds)) for n in args.streams]
+    results = [
+        asyncio.run(measure(n, args.window, args.seconds, freeze_heap=not args.no_freeze))
+        for n in args.streams
+    ]
     if args.json:
         print(json.dumps(results, indent=2))
         return

@@ -117,7 +117,9 @@ class _Progress:
         self.emitted_finished = False
         self.planned_segment = self.planned_sent = self.planned_chunks = 0
         self.planned_finished = False
-        self.taken: list[Chunk] = []  # taken, not committed, in order
+        # taken, not committed, in order; a tuple: while none is in flight (a stream's
+        # usual state) that is the shared empty tuple, not one more object per stream
+        self.taken: tuple[Chunk, ...] = ()
         self.planned: Chunk | None = None  # what next_chunk last answered
 
     def advance_planned(self, chunk: Chunk) -> None:
@@ -221,7 +223,7 @@ class ChunkPlanner:
         if progress is None or (progress.planned is not chunk and progress.planned != chunk):
             raise ValueError(f"take of a chunk that was not planned for {stream_id!r}: {chunk}")
         progress.planned = None
-        progress.taken.append(chunk)
+        progress.taken += (chunk,)
         progress.advance_planned(chunk)
 
     def commit(self, stream_id: str, chunk: Chunk) -> None:
@@ -234,11 +236,11 @@ class ChunkPlanner:
                 raise ValueError(
                     f"commit out of order for {stream_id!r}: {chunk}, oldest taken {oldest}"
                 )
-            del progress.taken[0]
+            progress.taken = progress.taken[1:]
         else:
             self.take(stream_id, chunk)
             progress = self._streams[stream_id]
-            del progress.taken[0]
+            progress.taken = progress.taken[1:]
         progress.advance_emitted(chunk)
 
     def in_flight(self, stream_id: str) -> int:

@@ -92,3 +92,43 @@ def test_any_other_pipeline_error_is_a_500_and_the_handler_uses_the_same_mapping
     assert type(error) is ApiError and error.status_code == 500
     rejected = Rejected(Decision(accept=False, retry_after_s=3, reason="max_streams"))
     assert to_api_error(rejected).envelope() == pipeline_api_error(rejected).envelope()
+
+
+class _Cycle:
+    """An object in a reference cycle: only the cyclic collector can free it."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+@pytest.mark.parametrize("freeze", [True, False])
+async def test_the_heap_alive_at_load_is_frozen_until_shutdown(freeze: bool) -> None:
+    import gc
+    import weakref
+
+    from app.server import create_app
+    from app.state import find_app_state
+    from tests.api_support import sim_settings
+
+    settings = sim_settings(f"server.freeze_heap_after_load={str(freeze).lower()}")
+    app = create_app(settings)
+    state = find_app_state(app)
+    assert state is not None
+    startup = _Cycle()  # alive while the model loads, garbage afterwards
+    alive = weakref.ref(startup)
+    frozen_before = gc.get_freeze_count()
+    async with state.lifespan(app):
+        await state.wait_loaded()
+        assert state.ready
+        del startup
+        gc.collect()
+        if freeze:  # a full collection no longer looks at it: it stays
+            assert gc.get_freeze_count() > frozen_before
+            assert alive() is not None
+        else:
+            assert gc.get_freeze_count() == frozen_before
+            assert alive() is None
+    # shut down: the frozen heap is collectable again
+    gc.collect()
+    assert alive() is None
+    assert gc.get_freeze_count() == 0
