@@ -8,6 +8,8 @@ read from `engine.stats()` at scrape time, so /metrics shows the engine's truth.
 
 from __future__ import annotations
 
+import gc
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -40,6 +42,7 @@ _LATENCY_BUCKETS_S = (
 _REJECTION_BUCKETS_S = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5)
 _TURN_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
 _BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
+_GC_PAUSE_BUCKETS_S = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
 
 if TYPE_CHECKING:
     from pipeline import EngineStats, StreamState, StreamStats, TurnTiming
@@ -131,6 +134,36 @@ class Metrics:
             ["stage"],
             registry=r,
         )
+        self.gc_pause_s = Histogram(
+            "playhead_gc_pause_seconds",
+            "Garbage collections while the app runs, by generation (2: full); the thread "
+            "that triggers one, often the event loop's, waits for it",
+            ["generation"],
+            buckets=_GC_PAUSE_BUCKETS_S,
+            registry=r,
+        )
+        self._gc_started_s: float | None = None
+
+    # the garbage collector ------------------------------------------------------------
+
+    def watch_gc(self) -> None:
+        """Time every garbage collection from now on (until `unwatch_gc`)."""
+        if self._on_gc not in gc.callbacks:
+            gc.callbacks.append(self._on_gc)
+
+    def unwatch_gc(self) -> None:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        # a collection runs with the GIL held, in whichever thread triggered it: start and
+        # stop come in pairs, never interleaved
+        if phase == "start":
+            self._gc_started_s = time.perf_counter()
+        elif self._gc_started_s is not None:
+            pause_s = time.perf_counter() - self._gc_started_s
+            self._gc_started_s = None
+            self.gc_pause_s.labels(generation=str(info["generation"])).observe(pause_s)
 
     # EngineEvents ---------------------------------------------------------------------
 

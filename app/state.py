@@ -134,6 +134,7 @@ class AppState:
             self.engine = engine
             if s.server.freeze_heap_after_load:
                 self._freeze_heap()
+            self.metrics.watch_gc()
             logger.info(
                 "ready: backend %s, %d voice(s), loaded in %.1f s",
                 backend.name,
@@ -210,6 +211,7 @@ class AppState:
         )
 
     async def shutdown(self) -> None:
+        self.metrics.unwatch_gc()
         if self._froze_heap:
             # what was frozen may be garbage now (the engine, the model): collectable again
             gc.unfreeze()

@@ -122,6 +122,10 @@ async def test_the_heap_alive_at_load_is_frozen_until_shutdown(freeze: bool) -> 
         assert state.ready
         del startup
         gc.collect()
+        timed = state.metrics.registry.get_sample_value(
+            "playhead_gc_pause_seconds_count", {"generation": "2"}
+        )
+        assert timed is not None and timed >= 1  # the app times its collections
         if freeze:  # a full collection no longer looks at it: it stays
             assert gc.get_freeze_count() > frozen_before
             assert alive() is not None

@@ -94,3 +94,34 @@ def test_two_apps_do_not_share_counters() -> None:
     assert metric_value(text, "playhead_streams_total", 'state="cancelled"') == 0
     text = first.render(None).decode()
     assert metric_value(text, "playhead_streams_total", 'state="cancelled"') == 1
+
+
+def test_garbage_collections_are_timed_while_watched() -> None:
+    import gc
+
+    from app.metrics import Metrics
+
+    metrics = Metrics()
+
+    def full_collections() -> float:
+        value = metrics.registry.get_sample_value(
+            "playhead_gc_pause_seconds_count", {"generation": "2"}
+        )
+        return value or 0.0
+
+    gc.collect()
+    assert full_collections() == 0  # not watched yet
+    metrics.watch_gc()
+    metrics.watch_gc()  # once only
+    try:
+        gc.collect()
+        gc.collect()
+        assert full_collections() == 2
+        total_s = metrics.registry.get_sample_value(
+            "playhead_gc_pause_seconds_sum", {"generation": "2"}
+        )
+        assert total_s is not None and total_s > 0
+    finally:
+        metrics.unwatch_gc()
+    gc.collect()
+    assert full_collections() == 2
