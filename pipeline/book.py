@@ -279,6 +279,12 @@ class StreamBook:
             or len(self._records) <= self._work_ahead_streams
         )
 
+    @property
+    def turns_running(self) -> int:
+        """Vocoder turns between `turn_started` and `turn_ended` now (0: every worker
+        waits for work)."""
+        return self._turns
+
     def turn_started(self) -> None:
         """A vocoder worker started a turn (the talker paces while every worker is busy)."""
         self._turns += 1

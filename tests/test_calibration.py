@@ -344,6 +344,23 @@ def test_the_floor_never_raises_a_fast_measurement() -> None:
     assert rate.value(1.0) == 30.0
 
 
+async def test_a_calibration_whose_streams_all_end_first_stops_at_once(
+    make_engine: EngineFactory,
+) -> None:
+    """More vocoder calls asked for than the calibration's streams need: every stream
+    ends, the vocoder goes idle, and the calibration stops there with what it measured,
+    instead of waiting for calibration_max_s (an hour here) for a turn that never comes."""
+    async with asyncio.timeout(60.0):  # a hang guard, not a bound
+        # start() calibrates once, then a second time by hand
+        engine = await make_engine(
+            engine=EngineConfig(calibration_calls=100_000, calibration_max_s=3600.0)
+        )
+        measured = await engine.calibrate()
+    assert measured > 0
+    assert engine.calibrations == 2
+    assert engine.book.turns_running == 0 and len(engine.book) == 0
+
+
 async def test_idle_engine_recalibrates_and_a_request_ends_it(make_engine: EngineFactory) -> None:
     events = Recorder()
     engine = await make_engine(
