@@ -142,6 +142,11 @@ class Metrics:
             buckets=_GC_PAUSE_BUCKETS_S,
             registry=r,
         )
+        # one child per generation, made here: the callback must not call `labels()`, which
+        # holds the histogram's lock while it allocates, and a collection triggered in
+        # there (or in a scrape, which holds it too) would run the callback into the same
+        # lock on the same thread
+        self._gc_pauses = tuple(self.gc_pause_s.labels(generation=str(g)) for g in range(3))
         self._gc_started_s: float | None = None
 
     # the garbage collector ------------------------------------------------------------
@@ -163,7 +168,7 @@ class Metrics:
         elif self._gc_started_s is not None:
             pause_s = time.perf_counter() - self._gc_started_s
             self._gc_started_s = None
-            self.gc_pause_s.labels(generation=str(info["generation"])).observe(pause_s)
+            self._gc_pauses[info["generation"]].observe(pause_s)
 
     # EngineEvents ---------------------------------------------------------------------
 

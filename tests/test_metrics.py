@@ -125,3 +125,38 @@ def test_garbage_collections_are_timed_while_watched() -> None:
         metrics.unwatch_gc()
     gc.collect()
     assert full_collections() == 2
+
+
+def test_a_collection_under_the_histograms_lock_does_not_deadlock_the_thread() -> None:
+    """Whoever holds the pause histogram's lock may allocate there (`labels()` making a
+    child, a scrape copying them), and a collection triggered there runs the gc callback
+    on the same thread: the callback must not take that lock again."""
+    import gc
+    import threading
+
+    from app.metrics import Metrics
+
+    metrics = Metrics()
+
+    def new_child_with_a_collection_at_every_allocation() -> None:
+        thresholds = gc.get_threshold()
+        gc.set_threshold(1)  # every tracked allocation triggers a young collection
+        try:
+            metrics.gc_pause_s.labels(generation="test")  # made under the lock
+        finally:
+            gc.set_threshold(*thresholds)
+
+    metrics.watch_gc()
+    try:
+        worker = threading.Thread(
+            target=new_child_with_a_collection_at_every_allocation, daemon=True
+        )
+        worker.start()
+        worker.join(timeout=60.0)  # a hang guard, not a bound
+        assert not worker.is_alive(), "a collection under the lock deadlocked in the callback"
+    finally:
+        metrics.unwatch_gc()
+    young = metrics.registry.get_sample_value(
+        "playhead_gc_pause_seconds_count", {"generation": "0"}
+    )
+    assert young is not None and young > 0
