@@ -3,11 +3,14 @@ pipeline's exceptions become API errors in one function."""
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 import pytest
+from api_support import sim_settings
 from fastapi import FastAPI
 from starlette.requests import Request
 
@@ -19,7 +22,7 @@ from app.errors import (
     pipeline_api_error,
     to_api_error,
 )
-from app.state import AppState, get_state
+from app.state import AppState, find_app_state, get_state
 from pipeline.errors import NotReady, PipelineError, Rejected, StreamFailed, UnknownVoice
 from scheduling import Decision
 
@@ -103,12 +106,7 @@ class _Cycle:
 
 @pytest.mark.parametrize("freeze", [True, False])
 async def test_the_heap_alive_at_load_is_frozen_until_shutdown(freeze: bool) -> None:
-    import gc
-    import weakref
-
     from app.server import create_app
-    from app.state import find_app_state
-    from tests.api_support import sim_settings
 
     settings = sim_settings(f"server.freeze_heap_after_load={str(freeze).lower()}")
     app = create_app(settings)

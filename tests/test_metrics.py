@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import threading
+
 from api_support import metric_value
 
 from app.metrics import Metrics
@@ -97,10 +100,6 @@ def test_two_apps_do_not_share_counters() -> None:
 
 
 def test_garbage_collections_are_timed_while_watched() -> None:
-    import gc
-
-    from app.metrics import Metrics
-
     metrics = Metrics()
 
     def full_collections() -> float:
@@ -131,11 +130,6 @@ def test_a_collection_under_the_histograms_lock_does_not_deadlock_the_thread() -
     """Whoever holds the pause histogram's lock may allocate there (`labels()` making a
     child, a scrape copying them), and a collection triggered there runs the gc callback
     on the same thread: the callback must not take that lock again."""
-    import gc
-    import threading
-
-    from app.metrics import Metrics
-
     metrics = Metrics()
 
     def new_child_with_a_collection_at_every_allocation() -> None:
