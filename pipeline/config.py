@@ -109,11 +109,17 @@ class VocoderConfig:
     # while at most this many streams have work left (more: the talker needs the other core);
     # chunks still leave in order (0: one chunk of a stream at a time)
     work_ahead_streams: int = 1
+    # a stream's first this many chunks (the small ones of the ramp, due soonest) may be
+    # decoded in one more thread, the start lane, while every worker is busy: a new
+    # stream then does not wait behind other streams' long decodes (backends whose vocode
+    # calls may overlap: Piper; 0: no start lane)
+    start_lane_chunks: int = 3
 
     def __post_init__(self) -> None:
         check_int("intra_op_threads", self.intra_op_threads, 1)
         check_int("workers", self.workers, 1)
         check_int("work_ahead_streams", self.work_ahead_streams, 0)
+        check_int("start_lane_chunks", self.start_lane_chunks, 0)
 
 
 @dataclass(frozen=True)

@@ -175,9 +175,13 @@ class Engine:
         self.vocoder_stage = stage("vocoder")
         # more vocoder workers where the backend's vocode calls may run side by side
         workers = self._vocoder_config.workers
-        if not getattr(self._backend, "concurrent_vocode_calls", False):
+        concurrent_vocode = getattr(self._backend, "concurrent_vocode_calls", False)
+        if not concurrent_vocode:
             workers = 1
         self.extra_vocoder_stages = [stage(f"vocoder-{index}") for index in range(1, workers)]
+        # the start lane: one more thread for streams' first chunks while every worker is busy
+        start_lane_chunks = self._vocoder_config.start_lane_chunks if concurrent_vocode else 0
+        self.start_vocoder_stage = stage("vocoder-start") if start_lane_chunks else None
         self.book = StreamBook(
             scheduler=PlaybackScheduler(scheduling),
             planner=ChunkPlanner(self._chunking),
@@ -198,6 +202,7 @@ class Engine:
             max_in_flight=workers if self._vocoder_config.work_ahead_streams else 1,
             work_ahead_streams=self._vocoder_config.work_ahead_streams,
             vocoder_workers=workers,
+            start_lane_chunks=start_lane_chunks,
         )
         self.talker = Talker(
             self.book,
@@ -221,6 +226,7 @@ class Engine:
             initial_capacity_audio_s_per_s=engine.initial_capacity_audio_s_per_s,
             capacity=self.capacity,
             extra_stages=self.extra_vocoder_stages,
+            start_stage=self.start_vocoder_stage,
         )
 
     def _stage_timed_out(self, stage: str, timeout_s: float) -> None:
@@ -428,6 +434,8 @@ class Engine:
         await self.vocoder_stage.aclose()
         for stage in self.extra_vocoder_stages:
             await stage.aclose()
+        if self.start_vocoder_stage is not None:
+            await self.start_vocoder_stage.aclose()
 
     @property
     def ready(self) -> bool:

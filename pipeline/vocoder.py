@@ -20,6 +20,14 @@ streams have work left): a lone request uses every worker. One stream's chunks s
 leave in order: the book holds a chunk decoded before an earlier one until that one is
 emitted. The rate (the capacity estimate) is
 audio per second of the time any worker was busy.
+
+The start lane (`vocoder.start_lane_chunks`, with a `start_stage`): one more loop, its
+own thread, that takes turns only while every worker is decoding, and only for streams
+that have sent fewer than that many chunks (`StreamBook.start_lane_ids`, most urgent
+first). Those are the small chunks of a stream's ramp, due within a ramp chunk's audio
+(93 ms for the first): without the lane they would wait for a worker's long steady
+decode to end. Its thread runs beside the workers' for the few milliseconds such a
+chunk takes.
 """
 
 from __future__ import annotations
@@ -56,10 +64,11 @@ class Vocoder:
         initial_capacity_audio_s_per_s: float = 0.0,
         capacity: Callable[[float], float] | None = None,
         extra_stages: Sequence[StageExecutor] = (),
+        start_stage: StageExecutor | None = None,
     ) -> None:
         """`capacity(now_s)`: the pipeline's capacity, reported after each turn.
         `extra_stages`: more workers' threads, for a backend whose vocode calls may run
-        side by side."""
+        side by side. `start_stage`: the start lane's thread (see the module doc)."""
         self._book = book
         self._capacity = capacity
         self._backend = backend
@@ -69,6 +78,8 @@ class Vocoder:
         )
         self._stage = stage
         self._stages = (stage, *extra_stages)
+        self._start_stage = start_stage
+        self._workers_busy = 0  # workers (not the start lane) in a turn now
         self._busy = _BusyTime()
         self._window = window
         self._clock = clock
@@ -77,14 +88,19 @@ class Vocoder:
         self.rate = CapacityEstimate(capacity_window_s, initial_capacity_audio_s_per_s)
         self.turns = 0  # turns that decoded something
         self.idle_waits = 0  # times the loop found nothing to do and waited
+        self.start_lane_turns = 0  # turns the start lane decoded
 
     async def run(self) -> None:
-        if len(self._stages) == 1:
+        if len(self._stages) == 1 and self._start_stage is None:
             await self._worker(self._stage)
             return
         async with asyncio.TaskGroup() as workers:
             for index, stage in enumerate(self._stages):
                 workers.create_task(self._worker(stage), name=f"playhead-vocoder-{index}")
+            if self._start_stage is not None:
+                workers.create_task(
+                    self._start_lane(self._start_stage), name="playhead-vocoder-start"
+                )
 
     async def _worker(self, stage: StageExecutor) -> None:
         """One worker's loop. The wake event is shared: each worker clears it and then
@@ -106,6 +122,37 @@ class Vocoder:
                 self.idle_waits += 1
                 await self.wake.wait()
                 continue
+            book.turn_started()
+            self._workers_busy += 1
+            if self._start_stage is not None and self._workers_busy == len(self._stages):
+                self.wake.set()  # every worker is busy now: the start lane looks
+            try:
+                await self._turn(stage, selected, started_s, started_perf_s, started_cpu_s)
+            finally:
+                self._workers_busy -= 1
+                book.turn_ended()
+
+    async def _start_lane(self, stage: StageExecutor) -> None:
+        """The start lane's loop (see the module doc): it shares the workers' wake event
+        and, like them, clears it and then looks at the book without yielding."""
+        book = self._book
+        workers = len(self._stages)
+        while True:
+            self.wake.clear()
+            started_perf_s = time.perf_counter()
+            started_cpu_s = time.thread_time()
+            selected: list[str] = []
+            started_s = 0.0
+            if self._workers_busy == workers:
+                book.refresh()
+                starting = book.start_lane_ids
+                if starting:
+                    started_s = self._clock()
+                    selected = book.scheduler.select(started_s, starting, all_admitted=True)
+            if not selected:
+                await self.wake.wait()
+                continue
+            self.start_lane_turns += 1
             book.turn_started()
             try:
                 await self._turn(stage, selected, started_s, started_perf_s, started_cpu_s)
