@@ -28,8 +28,16 @@ very fast, so what is left of a turn is the engine's own cost. Per decoding turn
   of the old ones): at 10,000 streams 5 of 8 three-second windows held one with it, 0 of
   6 without.
 
+`--warmup` (default 1 s) is how long the clients run before the measured window. Every
+client starts at once, so at 10,000 streams the default window sees the arrival of them
+all: in 4 s the engine sends about one chunk per stream, nearly every one a stream's
+first (its first audio moves it between the deadline indexes and the talker queue's
+lists, and wakes the talker). A stream's later chunks cost less; `--warmup 30` measures
+the steady state, once most streams have played several chunks and some have ended and
+been replaced.
+
     python -m benchmarks.engine_overhead [--streams 10 100] [--window 16] [--seconds 3]
-        [--no-gc] [--freeze]
+        [--warmup 1] [--no-gc] [--freeze]
 
 Target: engine work (engine_sync + talker_plan) at most 1 ms per turn at 10,000 streams.
 """
@@ -195,6 +203,9 @@ def main() -> None:
     parser.add_argument("--streams", type=int, nargs="+", default=[10, 100, 1000, 10000])
     parser.add_argument("--window", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument(
+        "--warmup", type=float, default=1.0, help="seconds before the measured window"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument(
         "--no-gc", action="store_true", help="garbage collector off (the engine's work alone)"
@@ -208,7 +219,7 @@ def main() -> None:
     if args.no_gc:
         gc.disable()
     results = [
-        asyncio.run(measure(n, args.window, args.seconds, freeze_heap=args.freeze))
+        asyncio.run(measure(n, args.window, args.seconds, args.warmup, freeze_heap=args.freeze))
         for n in args.streams
     ]
     if args.json:
