@@ -111,9 +111,9 @@ class VocoderConfig:
     work_ahead_streams: int = 1
     # a stream's first this many chunks (the small ones of the ramp, due soonest) may be
     # decoded in one more thread, the start lane, while every worker is busy: a new
-    # stream then does not wait behind other streams' long decodes (backends whose vocode
-    # calls may overlap: Piper; 0: no start lane)
-    start_lane_chunks: int = 3
+    # stream then does not wait behind other streams' decodes (backends whose vocode
+    # calls may overlap: Piper). 0, the measured default: off (README, "The default voice")
+    start_lane_chunks: int = 0
 
     def __post_init__(self) -> None:
         check_int("intra_op_threads", self.intra_op_threads, 1)
