@@ -222,19 +222,21 @@ class StreamBook:
     def ready_ids(self) -> KeysView[str] | list[str]:
         """Streams with a non-empty chunk planned (valid after `refresh`) whose chunk no
         vocoder worker is decoding."""
-        if not self._vocoding:
-            return self._ready.keys()
-        vocoding = self._vocoding
-        return [stream_id for stream_id in self._ready if stream_id not in vocoding]
+        return self._not_vocoding(self._ready)
 
     @property
     def start_lane_ids(self) -> KeysView[str] | list[str]:
         """The streams of `ready_ids` that have sent fewer than `start_lane_chunks`
         chunks (valid after `refresh`): what the vocoder's start lane may take."""
+        return self._not_vocoding(self._lane_ready)
+
+    def _not_vocoding(self, ids: dict[str, None]) -> KeysView[str] | list[str]:
+        """`ids` less the streams a worker is decoding, in order (the keys themselves
+        when none is: no copy)."""
         if not self._vocoding:
-            return self._lane_ready.keys()
+            return ids.keys()
         vocoding = self._vocoding
-        return [stream_id for stream_id in self._lane_ready if stream_id not in vocoding]
+        return [stream_id for stream_id in ids if stream_id not in vocoding]
 
     @property
     def ahead_ids(self) -> KeysView[str]:
