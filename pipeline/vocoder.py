@@ -103,61 +103,73 @@ class Vocoder:
                 )
 
     async def _worker(self, stage: StageExecutor) -> None:
-        """One worker's loop. The wake event is shared: each worker clears it and then
-        looks at the book without yielding, so no wake is lost between workers."""
-        book = self._book
-        while True:
-            self.wake.clear()
-            started_perf_s = time.perf_counter()
-            started_cpu_s = time.thread_time()
-            book.refresh()
-            ready = book.ready_ids
-            started_s = self._clock()
-            # every stream was admitted at submit (StreamBook.add_stream)
-            selected = book.scheduler.select(started_s, ready, all_admitted=True) if ready else []
-            if not ready and book.ahead_ids:
-                # no other stream waits: decode a stream's next chunk beside its current one
-                selected = book.scheduler.select(started_s, book.ahead_ids, all_admitted=True)
-            if not selected:
-                self.idle_waits += 1
-                await self.wake.wait()
-                continue
-            book.turn_started()
-            self._workers_busy += 1
-            if self._start_stage is not None and self._workers_busy == len(self._stages):
-                self.wake.set()  # every worker is busy now: the start lane looks
-            try:
-                await self._turn(stage, selected, started_s, started_perf_s, started_cpu_s)
-            finally:
-                self._workers_busy -= 1
-                book.turn_ended()
+        await self._loop(stage, self._pick_for_worker, lane=False)
 
     async def _start_lane(self, stage: StageExecutor) -> None:
-        """The start lane's loop (see the module doc): it shares the workers' wake event
-        and, like them, clears it and then looks at the book without yielding."""
+        await self._loop(stage, self._pick_for_lane, lane=True)
+
+    async def _loop(
+        self,
+        stage: StageExecutor,
+        pick: Callable[[], tuple[float, list[str]]],
+        *,
+        lane: bool,
+    ) -> None:
+        """One worker's loop, or the start lane's (`lane`). The wake event is shared:
+        each loop clears it and then looks at the book without yielding, so no wake is
+        lost between them."""
         book = self._book
-        workers = len(self._stages)
         while True:
             self.wake.clear()
             started_perf_s = time.perf_counter()
             started_cpu_s = time.thread_time()
-            selected: list[str] = []
-            started_s = 0.0
-            if self._workers_busy == workers:
-                book.refresh()
-                starting = book.start_lane_ids
-                if starting:
-                    started_s = self._clock()
-                    selected = book.scheduler.select(started_s, starting, all_admitted=True)
+            started_s, selected = pick()
             if not selected:
+                if not lane:
+                    self.idle_waits += 1
                 await self.wake.wait()
                 continue
-            self.start_lane_turns += 1
             book.turn_started()
+            if lane:
+                self.start_lane_turns += 1
+            else:
+                self._workers_busy += 1
+                if self._start_stage is not None and self._workers_busy == len(self._stages):
+                    self.wake.set()  # every worker is busy now: the start lane looks
             try:
                 await self._turn(stage, selected, started_s, started_perf_s, started_cpu_s)
             finally:
+                if not lane:
+                    self._workers_busy -= 1
                 book.turn_ended()
+
+    def _pick_for_worker(self) -> tuple[float, list[str]]:
+        """The most urgent ready streams; with none, a stream's next chunk beside the one
+        being decoded (work-ahead)."""
+        book = self._book
+        book.refresh()
+        ready = book.ready_ids
+        started_s = self._clock()
+        # every stream was admitted at submit (StreamBook.add_stream)
+        if ready:
+            return started_s, book.scheduler.select(started_s, ready, all_admitted=True)
+        ahead = book.ahead_ids
+        if ahead:
+            # no other stream waits: decode a stream's next chunk beside its current one
+            return started_s, book.scheduler.select(started_s, ahead, all_admitted=True)
+        return started_s, []
+
+    def _pick_for_lane(self) -> tuple[float, list[str]]:
+        """Streams still in their first chunks, only while every worker is decoding."""
+        book = self._book
+        if self._workers_busy < len(self._stages):
+            return 0.0, []
+        book.refresh()
+        starting = book.start_lane_ids
+        started_s = self._clock()
+        return started_s, (
+            book.scheduler.select(started_s, starting, all_admitted=True) if starting else []
+        )
 
     async def _turn(
         self,
