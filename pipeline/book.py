@@ -158,6 +158,7 @@ class StreamBook:
         work_ahead_streams: int = 1,
         vocoder_workers: int = 1,
         start_lane_chunks: int = 0,
+        first_audio_yield: bool = False,
     ) -> None:
         """`max_in_flight`: most chunks of one stream decoded at once (the vocoder's
         workers); more than 1 only while no other stream has a chunk ready and at most
@@ -188,6 +189,11 @@ class StreamBook:
         self._work_ahead_streams = work_ahead_streams
         self._vocoder_workers = max(1, vocoder_workers)
         self._turns = 0  # vocoder turns running now (turn_started .. turn_ended)
+        # first_audio_yield: the stages count their calls that make a stream's first audio
+        # (`first_audio_started` .. `first_audio_ended`), for vocoder.yield_slack_s
+        self.first_audio_yield = first_audio_yield
+        self.first_audio_work = 0  # such calls running now
+        self._vocoder_yielded = False  # a worker waits for them to end
         self._orphans: list[OpenSegment] = []  # segments of ended streams, to close
         self._talker_waits_on_vocoder = False  # the talker's last plan was empty
         self._talker_waits_on_emit = False  # ... and paced by the frames waiting
@@ -515,6 +521,22 @@ class StreamBook:
             stream.state = StreamState.VOCODING
         self._mark_dirty(record)
         self._check_finished(record)
+
+    # Transitions: work on a stream's first audio (with first_audio_yield).
+
+    def first_audio_started(self) -> None:
+        """A talker step or vocoder turn that makes some stream's first audio began."""
+        self.first_audio_work += 1
+
+    def first_audio_ended(self) -> None:
+        self.first_audio_work -= 1
+        if not self.first_audio_work and self._vocoder_yielded:
+            self._vocoder_yielded = False
+            self._wakes.vocoder()
+
+    def vocoder_yielded(self) -> None:
+        """A vocoder worker waits for the first-audio work to end (it is woken then)."""
+        self._vocoder_yielded = True
 
     # Transitions: the vocoder.
 

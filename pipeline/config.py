@@ -114,11 +114,17 @@ class VocoderConfig:
     # stream then does not wait behind other streams' decodes (backends whose vocode
     # calls may overlap: Piper). 0, the measured default: off (README, "The default voice")
     start_lane_chunks: int = 0
+    # while a stream's first audio is being made (its first talker step, its first chunk's
+    # decode), a worker whose most urgent streams all have at least this much audio
+    # buffered waits for it, leaving the core to it (more than one worker: Piper).
+    # 0: never waits. 1 s, the measured default (README, "The default voice")
+    yield_slack_s: float = 1.0
 
     def __post_init__(self) -> None:
         check_int("intra_op_threads", self.intra_op_threads, 1)
         check_int("workers", self.workers, 1)
         check_int("work_ahead_streams", self.work_ahead_streams, 0)
+        check_non_negative("yield_slack_s", self.yield_slack_s)
         check_int("start_lane_chunks", self.start_lane_chunks, 0)
 
 

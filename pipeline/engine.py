@@ -203,6 +203,9 @@ class Engine:
             work_ahead_streams=self._vocoder_config.work_ahead_streams,
             vocoder_workers=workers,
             start_lane_chunks=start_lane_chunks,
+            # more than one worker (their calls overlap): one may wait for a first audio
+            first_audio_yield=bool(self.extra_vocoder_stages)
+            and self._vocoder_config.yield_slack_s > 0,
         )
         self.talker = Talker(
             self.book,
@@ -226,6 +229,7 @@ class Engine:
             initial_capacity_audio_s_per_s=engine.initial_capacity_audio_s_per_s,
             capacity=self.capacity,
             extra_stages=self.extra_vocoder_stages,
+            yield_slack_s=self._vocoder_config.yield_slack_s,
             start_stage=self.start_vocoder_stage,
         )
 

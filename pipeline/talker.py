@@ -159,9 +159,17 @@ class Talker:
     async def _lane(
         self, stage: StageExecutor, batch: list[OpenSegment], orphans: list[OpenSegment]
     ) -> None:
+        book = self._book
+        # a stream with no frames yet: this step makes its first audio (vocoder workers
+        # with streams well buffered leave the cores to it: vocoder.yield_slack_s)
+        first = book.first_audio_yield and any(o.record.stream.stats.frames == 0 for o in batch)
+        if first:
+            book.first_audio_started()
         try:
             await self._step(stage, batch, orphans)
         finally:
+            if first:
+                book.first_audio_ended()
             self.lanes_busy -= 1
             for opened in batch:
                 opened.in_flight = False

@@ -28,6 +28,15 @@ first). Those are the small chunks of a stream's ramp, due within a ramp chunk's
 (93 ms for the first): without the lane they would wait for a worker's long steady
 decode to end. Its thread runs beside the workers' for the few milliseconds such a
 chunk takes.
+
+Yielding to a first audio (`yield_slack_s`, with more than one worker: the book's
+`first_audio_yield`): the talker and the vocoder count their calls that make some
+stream's first audio (a step of a stream with no frames yet, a turn with a stream's first
+chunk). While one runs, a worker whose selection is all streams with at least
+`yield_slack_s` of audio buffered takes no turn and waits; the book wakes it when the last
+such call ends. On a CPU the stages share the cores, so the new stream's first talker step
+and first chunk run with one worker beside them instead of all; a stream closer than that
+to running dry never waits.
 """
 
 from __future__ import annotations
@@ -65,10 +74,12 @@ class Vocoder:
         capacity: Callable[[float], float] | None = None,
         extra_stages: Sequence[StageExecutor] = (),
         start_stage: StageExecutor | None = None,
+        yield_slack_s: float = 0.0,
     ) -> None:
         """`capacity(now_s)`: the pipeline's capacity, reported after each turn.
         `extra_stages`: more workers' threads, for a backend whose vocode calls may run
-        side by side. `start_stage`: the start lane's thread (see the module doc)."""
+        side by side. `start_stage`: the start lane's thread (see the module doc).
+        `yield_slack_s`: with the book's `first_audio_yield`, see the module doc."""
         self._book = book
         self._capacity = capacity
         self._backend = backend
@@ -80,6 +91,8 @@ class Vocoder:
         self._stages = (stage, *extra_stages)
         self._start_stage = start_stage
         self._workers_busy = 0  # workers (not the start lane) in a turn now
+        self._yield_slack_s = yield_slack_s if book.first_audio_yield else 0.0
+        self.yields = 0  # picks a worker held back for a first audio
         self._busy = _BusyTime()
         self._window = window
         self._clock = clock
@@ -130,6 +143,13 @@ class Vocoder:
                 await self.wake.wait()
                 continue
             book.turn_started()
+            # a stream's first chunk: this turn makes its first audio
+            first = book.first_audio_yield and any(
+                (record := book.record(stream_id)) is not None and record.stream.stats.chunks == 0
+                for stream_id in selected
+            )
+            if first:
+                book.first_audio_started()
             if lane:
                 self.start_lane_turns += 1
             else:
@@ -139,6 +159,8 @@ class Vocoder:
             try:
                 await self._turn(stage, selected, started_s, started_perf_s, started_cpu_s)
             finally:
+                if first:
+                    book.first_audio_ended()
                 if not lane:
                     self._workers_busy -= 1
                 book.turn_ended()
@@ -152,12 +174,26 @@ class Vocoder:
         started_s = self._clock()
         # every stream was admitted at submit (StreamBook.add_stream)
         if ready:
-            return started_s, book.scheduler.select(started_s, ready, all_admitted=True)
-        ahead = book.ahead_ids
-        if ahead:
+            selected = book.scheduler.select(started_s, ready, all_admitted=True)
+        elif book.ahead_ids:
             # no other stream waits: decode a stream's next chunk beside its current one
-            return started_s, book.scheduler.select(started_s, ahead, all_admitted=True)
-        return started_s, []
+            selected = book.scheduler.select(started_s, book.ahead_ids, all_admitted=True)
+        else:
+            return started_s, []
+        if self._yield_slack_s and book.first_audio_work and self._buffered(selected, started_s):
+            self.yields += 1
+            book.vocoder_yielded()  # woken when the first-audio work ends
+            return started_s, []
+        return started_s, selected
+
+    def _buffered(self, selected: list[str], now_s: float) -> bool:
+        """Every selected stream's player has `yield_slack_s` of audio or more ahead."""
+        horizon_s = self._book.scheduler.horizon_s
+        for stream_id in selected:
+            horizon = horizon_s(stream_id)
+            if horizon is None or horizon - now_s < self._yield_slack_s:
+                return False
+        return True
 
     def _pick_for_lane(self) -> tuple[float, list[str]]:
         """Streams still in their first chunks, only while every worker is decoding."""

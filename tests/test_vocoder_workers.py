@@ -433,3 +433,98 @@ def test_busy_time_adds_up_to_the_union_of_the_calls(calls: list[tuple[float, fl
             union += stop - max(start, reach)
             reach = stop
     assert total == pytest.approx(union, abs=1e-6)
+
+
+# Yielding to a first audio (`yield_slack_s`): while a stream's first talker step runs, a
+# worker whose most urgent stream has that much audio buffered waits for it.
+
+
+class HeldTalkSim(OverlappingSim):
+    """Every talker step of stream `held_tag` waits for `release` (its first one first)."""
+
+    def __init__(self, config: SimConfig, held_tag: int) -> None:
+        super().__init__(config)
+        self.held_tag = held_tag
+        self.release = threading.Event()
+        self.holding = 0
+
+    def step(self, segments):  # type: ignore[no-untyped-def]
+        if any(segment.tag == self.held_tag for segment in segments):
+            self.holding += 1
+            self.release.wait(10.0)
+            self.holding -= 1
+        return super().step(segments)
+
+
+def _buffered_s(engine: Engine, stream_id: str) -> float:
+    horizon_s = engine.book.scheduler.horizon_s(stream_id)
+    return -math.inf if horizon_s is None else horizon_s - engine._clock()
+
+
+@pytest.mark.parametrize(
+    ("yield_slack_s", "waits"), [(1.0, True), (0.0, False), (1_000.0, False)]
+)
+async def test_a_worker_with_a_buffered_stream_waits_for_a_first_talker_step(
+    make_engine: EngineFactory, yield_slack_s: float, waits: bool
+) -> None:
+    """Stream 1 plays with seconds of audio buffered; stream 2's first talker step is held.
+    With yield_slack_s 1 s, no worker decodes stream 1 meanwhile; with 0 (off), or with a
+    threshold above what stream 1 has buffered, stream 1 goes on. Every frame of both
+    still arrives once, in order."""
+    backend = HeldTalkSim(SLOW_VOCODER, held_tag=2)
+    engine = await make_engine(
+        backend,
+        window=1,
+        vocoder=VocoderConfig(workers=2, yield_slack_s=yield_slack_s),
+        talker=TalkerConfig(high_water_s=3600.0, batch=1, urgent_lane=False),
+    )
+    takes = _watch_takes(engine)
+    long_text = " ".join(TEXTS)
+    playing = engine.submit(long_text, voice="sim")  # tag 1
+    reader = asyncio.create_task(read_all(playing))
+    await until(lambda: _buffered_s(engine, playing.id) > 2.0 and len(takes) > 4)
+    second = engine.submit(TEXTS[0], voice="sim")  # tag 2: its first step is held
+    await until(lambda: backend.holding == 1)
+    await asyncio.sleep(0.01)  # a turn in flight when it came ends
+    before = len(takes)
+    await asyncio.sleep(0.1)
+    assert (len(takes) == before) is waits
+    assert (engine.vocoder.yields > 0) is waits
+    assert engine.book.first_audio_work == (1 if yield_slack_s else 0)  # counted when on
+    backend.release.set()
+    pcms = await asyncio.gather(reader, read_all(second))
+    _check(pcms[0], long_text)
+    _check(pcms[1], TEXTS[0])
+    assert engine.book.first_audio_work == 0
+    assert len(engine.book) == 0
+
+
+async def test_a_worker_with_a_buffered_stream_waits_for_a_first_chunks_decode(
+    make_engine: EngineFactory,
+) -> None:
+    """The other worker is decoding stream 2's first chunk (held): stream 1, well
+    buffered, waits for it, and goes on once it has been sent."""
+    backend = HeldSim(SLOW_VOCODER, held_tag=2)
+    engine = await make_engine(
+        backend,
+        window=1,
+        vocoder=VocoderConfig(workers=2, yield_slack_s=1.0),
+        talker=TalkerConfig(high_water_s=3600.0, batch=1, urgent_lane=False),
+    )
+    takes = _watch_takes(engine)
+    long_text = " ".join(TEXTS)
+    playing = engine.submit(long_text, voice="sim")  # tag 1
+    reader = asyncio.create_task(read_all(playing))
+    await until(lambda: _buffered_s(engine, playing.id) > 2.0 and len(takes) > 4)
+    second = engine.submit(TEXTS[0], voice="sim")  # tag 2: its decodes are held
+    await until(lambda: backend.holding == 1)
+    await asyncio.sleep(0.01)
+    before = len(takes)
+    await asyncio.sleep(0.1)
+    assert len(takes) == before and engine.vocoder.yields > 0
+    assert engine.book.first_audio_work == 1
+    backend.release.set()
+    pcms = await asyncio.gather(reader, read_all(second))
+    _check(pcms[0], long_text)
+    _check(pcms[1], TEXTS[0])
+    assert engine.book.first_audio_work == 0
