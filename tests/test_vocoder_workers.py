@@ -461,9 +461,7 @@ def _buffered_s(engine: Engine, stream_id: str) -> float:
     return -math.inf if horizon_s is None else horizon_s - engine._clock()
 
 
-@pytest.mark.parametrize(
-    ("yield_slack_s", "waits"), [(1.0, True), (0.0, False), (1_000.0, False)]
-)
+@pytest.mark.parametrize(("yield_slack_s", "waits"), [(1.0, True), (0.0, False), (1_000.0, False)])
 async def test_a_worker_with_a_buffered_stream_waits_for_a_first_talker_step(
     make_engine: EngineFactory, yield_slack_s: float, waits: bool
 ) -> None:
