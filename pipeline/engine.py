@@ -182,6 +182,8 @@ class Engine:
         # the start lane: one more thread for streams' first chunks while every worker is busy
         start_lane_chunks = self._vocoder_config.start_lane_chunks if concurrent_vocode else 0
         self.start_vocoder_stage = stage("vocoder-start") if start_lane_chunks else None
+        # more than one worker (their calls overlap): one may wait for a first audio
+        yield_slack_s = self._vocoder_config.yield_slack_s if self.extra_vocoder_stages else 0.0
         self.book = StreamBook(
             scheduler=PlaybackScheduler(scheduling),
             planner=ChunkPlanner(self._chunking),
@@ -203,9 +205,7 @@ class Engine:
             work_ahead_streams=self._vocoder_config.work_ahead_streams,
             vocoder_workers=workers,
             start_lane_chunks=start_lane_chunks,
-            # more than one worker (their calls overlap): one may wait for a first audio
-            first_audio_yield=bool(self.extra_vocoder_stages)
-            and self._vocoder_config.yield_slack_s > 0,
+            first_audio_yield=yield_slack_s > 0,
         )
         self.talker = Talker(
             self.book,
@@ -229,7 +229,7 @@ class Engine:
             initial_capacity_audio_s_per_s=engine.initial_capacity_audio_s_per_s,
             capacity=self.capacity,
             extra_stages=self.extra_vocoder_stages,
-            yield_slack_s=self._vocoder_config.yield_slack_s,
+            yield_slack_s=yield_slack_s,
             start_stage=self.start_vocoder_stage,
         )
 

@@ -79,7 +79,8 @@ class Vocoder:
         """`capacity(now_s)`: the pipeline's capacity, reported after each turn.
         `extra_stages`: more workers' threads, for a backend whose vocode calls may run
         side by side. `start_stage`: the start lane's thread (see the module doc).
-        `yield_slack_s`: with the book's `first_audio_yield`, see the module doc."""
+        `yield_slack_s` (> 0 only where the book's `first_audio_yield` is on): see the
+        module doc."""
         self._book = book
         self._capacity = capacity
         self._backend = backend
@@ -91,7 +92,7 @@ class Vocoder:
         self._stages = (stage, *extra_stages)
         self._start_stage = start_stage
         self._workers_busy = 0  # workers (not the start lane) in a turn now
-        self._yield_slack_s = yield_slack_s if book.first_audio_yield else 0.0
+        self._yield_slack_s = yield_slack_s
         self.yields = 0  # picks a worker held back for a first audio
         self._busy = _BusyTime()
         self._window = window
@@ -188,10 +189,10 @@ class Vocoder:
 
     def _buffered(self, selected: list[str], now_s: float) -> bool:
         """Every selected stream's player has `yield_slack_s` of audio or more ahead."""
-        horizon_s = self._book.scheduler.horizon_s
+        slack_s = self._book.scheduler.slack_s
         for stream_id in selected:
-            horizon = horizon_s(stream_id)
-            if horizon is None or horizon - now_s < self._yield_slack_s:
+            slack = slack_s(stream_id, now_s)
+            if slack is None or slack < self._yield_slack_s:
                 return False
         return True
 
