@@ -435,8 +435,8 @@ def test_busy_time_adds_up_to_the_union_of_the_calls(calls: list[tuple[float, fl
     assert total == pytest.approx(union, abs=1e-6)
 
 
-# Yielding to a first audio (`yield_slack_s`): while a stream's first talker step runs, a
-# worker whose most urgent stream has that much audio buffered waits for it.
+# Yielding to a first audio (`yield_slack_s`): while a stream's first talker step or first
+# chunk's decode runs, a worker whose picked streams have that much audio buffered waits.
 
 
 class HeldTalkSim(OverlappingSim):
@@ -456,20 +456,27 @@ class HeldTalkSim(OverlappingSim):
         return super().step(segments)
 
 
-def _buffered_s(engine: Engine, stream_id: str) -> float:
-    horizon_s = engine.book.scheduler.horizon_s(stream_id)
-    return -math.inf if horizon_s is None else horizon_s - engine._clock()
-
-
-@pytest.mark.parametrize(("yield_slack_s", "waits"), [(1.0, True), (0.0, False), (1_000.0, False)])
-async def test_a_worker_with_a_buffered_stream_waits_for_a_first_talker_step(
-    make_engine: EngineFactory, yield_slack_s: float, waits: bool
+@pytest.mark.parametrize(
+    ("held", "yield_slack_s", "waits"),
+    [
+        ("first talker step", 1.0, True),
+        ("first talker step", 0.0, False),
+        ("first talker step", 1_000.0, False),
+        ("first chunk's decode", 1.0, True),
+    ],
+)
+async def test_a_worker_with_a_buffered_stream_waits_for_a_first_audio(
+    make_engine: EngineFactory, held: str, yield_slack_s: float, waits: bool
 ) -> None:
-    """Stream 1 plays with seconds of audio buffered; stream 2's first talker step is held.
-    With yield_slack_s 1 s, no worker decodes stream 1 meanwhile; with 0 (off), or with a
-    threshold above what stream 1 has buffered, stream 1 goes on. Every frame of both
-    still arrives once, in order."""
-    backend = HeldTalkSim(SLOW_VOCODER, held_tag=2)
+    """Stream 1 plays with seconds of audio buffered; stream 2's first talker step, or its
+    first chunk's decode, is held. With yield_slack_s 1 s, no worker decodes stream 1
+    meanwhile; with 0 (off), or with a threshold above what stream 1 has buffered, stream
+    1 goes on. Every frame of both still arrives once, in order."""
+    backend: HeldTalkSim | HeldSim
+    if held == "first talker step":
+        backend = HeldTalkSim(SLOW_VOCODER, held_tag=2)
+    else:
+        backend = HeldSim(SLOW_VOCODER, held_tag=2)
     engine = await make_engine(
         backend,
         window=1,
@@ -480,8 +487,13 @@ async def test_a_worker_with_a_buffered_stream_waits_for_a_first_talker_step(
     long_text = " ".join(TEXTS)
     playing = engine.submit(long_text, voice="sim")  # tag 1
     reader = asyncio.create_task(read_all(playing))
-    await until(lambda: _buffered_s(engine, playing.id) > 2.0 and len(takes) > 4)
-    second = engine.submit(TEXTS[0], voice="sim")  # tag 2: its first step is held
+
+    def buffered_s() -> float:
+        slack_s = engine.book.scheduler.slack_s(playing.id, engine._clock())
+        return -math.inf if slack_s is None else slack_s
+
+    await until(lambda: buffered_s() > 2.0 and len(takes) > 4)
+    second = engine.submit(TEXTS[0], voice="sim")  # tag 2: held
     await until(lambda: backend.holding == 1)
     await asyncio.sleep(0.01)  # a turn in flight when it came ends
     before = len(takes)
@@ -495,34 +507,3 @@ async def test_a_worker_with_a_buffered_stream_waits_for_a_first_talker_step(
     _check(pcms[1], TEXTS[0])
     assert engine.book.first_audio_work == 0
     assert len(engine.book) == 0
-
-
-async def test_a_worker_with_a_buffered_stream_waits_for_a_first_chunks_decode(
-    make_engine: EngineFactory,
-) -> None:
-    """The other worker is decoding stream 2's first chunk (held): stream 1, well
-    buffered, waits for it, and goes on once it has been sent."""
-    backend = HeldSim(SLOW_VOCODER, held_tag=2)
-    engine = await make_engine(
-        backend,
-        window=1,
-        vocoder=VocoderConfig(workers=2, yield_slack_s=1.0),
-        talker=TalkerConfig(high_water_s=3600.0, batch=1, urgent_lane=False),
-    )
-    takes = _watch_takes(engine)
-    long_text = " ".join(TEXTS)
-    playing = engine.submit(long_text, voice="sim")  # tag 1
-    reader = asyncio.create_task(read_all(playing))
-    await until(lambda: _buffered_s(engine, playing.id) > 2.0 and len(takes) > 4)
-    second = engine.submit(TEXTS[0], voice="sim")  # tag 2: its decodes are held
-    await until(lambda: backend.holding == 1)
-    await asyncio.sleep(0.01)
-    before = len(takes)
-    await asyncio.sleep(0.1)
-    assert len(takes) == before and engine.vocoder.yields > 0
-    assert engine.book.first_audio_work == 1
-    backend.release.set()
-    pcms = await asyncio.gather(reader, read_all(second))
-    _check(pcms[0], long_text)
-    _check(pcms[1], TEXTS[0])
-    assert engine.book.first_audio_work == 0
