@@ -61,6 +61,11 @@ class TalkRequest:
     stream_tag: int  # small integer naming the stream (the sim backend encodes it)
     segment_index: int  # 0, 1, 2 ... within the stream
     first_frame_index: int  # frames this stream's talker produced before this segment
+    # the stream's player needs this segment's first frames soon: it has no audio yet, or
+    # less than talker.urgent_slack_s of audio ahead (buffered plus talked). A backend may
+    # make a segment that is not urgent in fewer, larger steps (Piper: its whole flow at
+    # once), which costs less per frame but makes its first frames later
+    urgent: bool = True
 
 
 @dataclass(frozen=True)

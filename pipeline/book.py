@@ -159,6 +159,7 @@ class StreamBook:
         vocoder_workers: int = 1,
         start_lane_chunks: int = 0,
         first_audio_yield: bool = False,
+        urgent_slack_s: float = float("inf"),
     ) -> None:
         """`max_in_flight`: most chunks of one stream decoded at once (the vocoder's
         workers); more than 1 only while no other stream has a chunk ready and at most
@@ -192,6 +193,7 @@ class StreamBook:
         # first_audio_yield: the stages count their calls that make a stream's first audio
         # (`first_audio_started` .. `first_audio_ended`), for vocoder.yield_slack_s
         self.first_audio_yield = first_audio_yield
+        self._urgent_slack_s = urgent_slack_s  # TalkRequest.urgent below this
         self.first_audio_work = 0  # such calls running now
         self._vocoder_yielded = False  # a worker waits for them to end
         self._orphans: list[OpenSegment] = []  # segments of ended streams, to close
@@ -488,12 +490,30 @@ class StreamBook:
             stream_tag=record.tag,
             segment_index=index,
             first_frame_index=record.frames.produced_frames,
+            urgent=self._urgent(record),
         )
         opened = OpenSegment(record, record.frames.open_segment(index), request)
         record.talking = opened
         if stream.state is StreamState.QUEUED:
             stream.state = StreamState.TALKING
         return opened
+
+    def _urgent(self, record: StreamRecord) -> bool:
+        """The stream's player needs its next frames soon: no audio yet, or less than
+        `urgent_slack_s` of audio ahead of it (in the player, and talked not yet vocoded)."""
+        stream = record.stream
+        horizon_s = self.scheduler.horizon_s(stream.id)
+        if horizon_s is None:
+            return True
+        now_s = self._clock()
+        voice = stream.voice
+        frames = record.frames
+        queued_s = (
+            (frames.produced_frames - frames.emitted_frames)
+            * voice.samples_per_frame
+            / voice.sample_rate_hz
+        )
+        return max(horizon_s, now_s) + queued_s - now_s < self._urgent_slack_s
 
     def talked(self, opened: OpenSegment, frames: np.ndarray, done: bool) -> None:
         """One talker step's outcome for one segment."""

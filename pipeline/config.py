@@ -58,9 +58,15 @@ class TalkerConfig:
     # with first_fragment_words > 0: a stream's first segment is at most this long, even
     # one unbroken token, each next one twice the one before (0: no cap, no ramp)
     first_segment_chars: int = 0
+    # a segment opened while its stream has less than this much audio ahead (buffered in
+    # the player plus talked, not yet vocoded), or none yet, is urgent (TalkRequest.urgent):
+    # Piper then runs its flow in small first steps; otherwise over the whole segment at
+    # once (up to piper.flow_max_chunk_frames), which costs less per frame (no flow context)
+    urgent_slack_s: float = 1.0
 
     def __post_init__(self) -> None:
         check_int("intra_op_threads", self.intra_op_threads, 1)
+        check_non_negative("urgent_slack_s", self.urgent_slack_s)
         check_int("batch", self.batch, 1)
         check_bool("urgent_lane", self.urgent_lane)
         check_positive("high_water_s", self.high_water_s)

@@ -206,6 +206,7 @@ class Engine:
             vocoder_workers=workers,
             start_lane_chunks=start_lane_chunks,
             first_audio_yield=yield_slack_s > 0,
+            urgent_slack_s=talker.urgent_slack_s,
         )
         self.talker = Talker(
             self.book,

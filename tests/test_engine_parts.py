@@ -1,12 +1,21 @@
-"""The engine's pure parts: segment frame queues and the capacity estimate."""
+"""The engine's pure parts: segment frame queues, the capacity estimate, and the stream
+book's view of a segment's urgency (a fake clock)."""
 
 from __future__ import annotations
+
+from functools import partial
 
 import numpy as np
 import pytest
 
+from pipeline.backends.sim import SimBackend
+from pipeline.book import StreamBook, Wakes
 from pipeline.capacity import CapacityEstimate, pipeline_capacity
+from pipeline.config import SimConfig, TalkerConfig
+from pipeline.events import NullEvents
 from pipeline.frames import Segment, StreamFrames
+from pipeline.text import Segmenter, segment_options
+from scheduling import ChunkingConfig, ChunkPlanner, PlaybackScheduler, SchedulingConfig
 
 
 def _piece(first: int, count: int) -> np.ndarray:
@@ -75,3 +84,52 @@ def test_pipeline_capacity_is_the_slowest_measured_stage() -> None:
     assert pipeline_capacity(12.0, 4.0) == 4.0
     assert pipeline_capacity(12.0, 0.0) == 12.0
     assert pipeline_capacity(0.0, 0.0) == 0.0
+
+
+def test_a_segment_is_urgent_until_its_stream_has_a_second_of_audio_ahead() -> None:
+    """`TalkRequest.urgent` (talker.urgent_slack_s, 1 s): a stream's segment is opened
+    urgent while the stream has no audio, or less than 1 s ahead of its player (in the
+    player plus talked, not yet vocoded). Three streams in the same state: 20 frames of
+    80 ms (1.6 s) sent at 100.0 and 5 more talked (0.4 s), so 2.0 s ahead at 100.0, 1.2 s
+    at 100.8 (0.8 s of it in the player) and 0.8 s at 101.2."""
+    now = [100.0]
+    backend = SimBackend(SimConfig(talker_frames_per_step=1000))  # a segment per step
+    voice = backend.voices()[0]
+    frame_s = voice.samples_per_frame / voice.sample_rate_hz
+    book = StreamBook(
+        scheduler=PlaybackScheduler(SchedulingConfig()),
+        planner=ChunkPlanner(ChunkingConfig(chunk_frames=20)),
+        segmenter=partial(Segmenter, **segment_options(TalkerConfig(first_fragment_words=0))),
+        max_pending_audio_s=1e9,
+        left_context_frames=0,
+        first_chunk_s=0.1,
+        clock=lambda: now[0],
+        events=NullEvents(),
+        wakes=Wakes(talker=lambda: None, vocoder=lambda: None),
+        urgent_slack_s=1.0,
+    )
+    text = "One two three four five sixty. Six seven eight nine ten."  # 25 frames, then more
+    records = []
+    for _ in range(3):
+        stream = book.add_stream(voice, speed=1.0, now_s=100.0)
+        book.add_text(stream.id, text, final=True)
+        record = book.record(stream.id)
+        assert record is not None
+        opened = book.open_segment(record)
+        assert opened.request.urgent  # no audio yet
+        (step,) = backend.step([backend.open_segment(opened.request)])
+        assert len(step.frames) == 25 and step.done
+        book.talked(opened, step.frames, step.done)
+        book.refresh()
+        chunk = record.chunk
+        assert chunk is not None and chunk.frames == 20
+        book.start_vocoding(record)
+        pcm = np.zeros(chunk.frames * voice.samples_per_frame, dtype=np.float32)
+        book.emit(record, chunk, pcm, 100.0)
+        assert book.scheduler.horizon_s(stream.id) == pytest.approx(100.0 + 20 * frame_s)
+        records.append(record)
+    assert not book.open_segment(records[0]).request.urgent  # 1.6 + 0.4 s ahead
+    now[0] = 100.8
+    assert not book.open_segment(records[1]).request.urgent  # 0.8 + 0.4 s ahead
+    now[0] = 101.2
+    assert book.open_segment(records[2]).request.urgent  # 0.4 + 0.4 s ahead

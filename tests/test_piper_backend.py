@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -10,11 +11,11 @@ import numpy as np
 import pytest
 from conftest import EngineFactory, read_all
 
-from pipeline.backend import Backend, TalkRequest, VocodeItem
+from pipeline.backend import Backend, TalkRequest, TalkStep, VocodeItem
 from pipeline.backends.piper import PiperBackend, UnknownPiperVoice, bundled_model_path
-from pipeline.backends.piper.backend import FLOW_GROWTH
+from pipeline.backends.piper.backend import FLOW_GROWTH, PiperSegment
 from pipeline.book import StreamRecord
-from pipeline.config import PiperConfig, VocoderConfig
+from pipeline.config import PiperConfig, TalkerConfig, VocoderConfig
 from scheduling import Chunk, ChunkingConfig, ChunkPlanner
 from tests.asr import transcribe, word_error_rate
 
@@ -140,6 +141,25 @@ def test_steps_run_the_flow_in_growing_chunks_close_to_the_whole_flow(
         PiperConfig(cache_dir=str(cache_dir), flow_context_frames=0), noise_scale=0.0, noise_w=0.0
     )
     assert snr_db(whole, talk(bare, text)) < 40.0  # the context is what joins the chunks
+
+
+def test_a_segment_that_is_not_urgent_runs_the_whole_flow_in_one_step(
+    backend: PiperBackend,
+) -> None:
+    """`TalkRequest.urgent` False (its stream has audio enough ahead): the flow runs once
+    over the whole segment, no chunks and so no context: the whole flow's latent exactly."""
+    text = "Before you leave the house this morning, please switch off the oven and lock the gate."
+    voice = backend.default_voice()
+    whole = backend.talk_ids(voice, backend.phoneme_ids(voice, text), backend.scales(voice))
+    assert whole.shape[0] <= PiperConfig().flow_max_chunk_frames
+    request = TalkRequest(text, voice, 1.0, 0, 1, 0, urgent=False)
+    segment = backend.open_segment(request)
+    try:
+        (step,) = backend.step([segment])
+    finally:
+        backend.close_segment(segment)
+    assert step.done
+    assert np.array_equal(step.frames, whole)
 
 
 def test_a_closed_segment_frees_its_encoder_output(backend: PiperBackend) -> None:
@@ -301,7 +321,8 @@ async def _engine_pcm(
     make_engine: EngineFactory, backend: PiperBackend, *, workers: int, work_ahead_streams: int
 ) -> tuple[np.ndarray, int]:
     """One lone stream through the engine: its PCM, and the chunks taken while another
-    chunk of it was in flight."""
+    chunk of it was in flight. Every segment urgent (its flow in chunks), so that the
+    frames do not depend on when each segment was opened."""
     engine = await make_engine(
         backend,
         window=1,
@@ -309,6 +330,7 @@ async def _engine_pcm(
             chunk_frames=64, ramp=(8, 16, 32), left_context_frames=8, right_context_frames=8
         ),
         vocoder=VocoderConfig(workers=workers, work_ahead_streams=work_ahead_streams),
+        talker=TalkerConfig(high_water_s=3600.0, urgent_slack_s=1e9),
     )
     book, ahead = engine.book, 0
     start_vocoding = book.start_vocoding
@@ -346,3 +368,58 @@ def test_an_aborted_vocode_call_raises_and_the_session_goes_on(backend: PiperBac
         backend.vocode([item], abort=abort)
     (pcm,) = backend.vocode([item], abort=backend.vocode_abort())  # not aborted
     assert np.array_equal(pcm, decode_whole(backend, frames))
+
+
+class _UrgencyRecordingPiper(PiperBackend):
+    """Records, per segment in opening order, whether it was urgent and how many frames
+    its first talker step made."""
+
+    def __init__(self, cache_dir: Path) -> None:
+        super().__init__(PiperConfig(cache_dir=str(cache_dir)), noise_scale=0.0, noise_w=0.0)
+        self.opened: list[list[object]] = []  # [urgent, first step's frames]
+        self._entries: dict[int, list[object]] = {}
+
+    def open_segment(self, request: TalkRequest) -> PiperSegment:
+        segment = super().open_segment(request)
+        self._entries[id(segment)] = entry = [request.urgent, None]
+        self.opened.append(entry)
+        return segment
+
+    def step(self, segments: Sequence[PiperSegment]) -> list[TalkStep]:
+        steps = super().step(segments)
+        for segment, step in zip(segments, steps, strict=True):
+            entry = self._entries[id(segment)]
+            if entry[1] is None:
+                entry[1] = len(step.frames)
+        return steps
+
+
+async def _lone_stream(
+    make_engine: EngineFactory, backend: PiperBackend, text: str, urgent_slack_s: float
+) -> np.ndarray:
+    talker = TalkerConfig(high_water_s=3600.0, urgent_slack_s=urgent_slack_s)
+    engine = await make_engine(backend, window=1, talker=talker)
+    return await read_all(engine.submit(text, voice=VOICE))
+
+
+async def test_a_lone_streams_later_segments_run_their_flow_whole(
+    make_engine: EngineFactory, cache_dir: Path
+) -> None:
+    """Through the engine at the default talker.urgent_slack_s (1 s): the first segment
+    (no audio yet) is urgent and makes a small first flow step; a segment opened once the
+    stream has seconds of audio ahead makes all its frames in one step. The audio is as
+    long as with every segment urgent, and sounds the same (the flow's chunks are within
+    float noise of the whole flow)."""
+    recording = _UrgencyRecordingPiper(cache_dir)
+    text = ENGINE_TEXT + " " + ENGINE_TEXT  # six sentences, the first cut at its comma
+    pcm = await _lone_stream(make_engine, recording, text, TalkerConfig().urgent_slack_s)
+    first_chunk = PiperConfig().flow_first_chunk_frames
+    opened = recording.opened
+    assert len(opened) >= 6 and opened[0] == [True, first_chunk]
+    later = [frames for urgent, frames in opened[1:] if not urgent]
+    assert later and all(isinstance(f, int) and f > first_chunk for f in later), opened
+    recording.opened.clear()
+    chunked = await _lone_stream(make_engine, recording, text, 1e9)
+    assert all(urgent for urgent, _ in recording.opened)
+    assert pcm.size == chunked.size
+    assert snr_db(chunked, pcm) >= 40.0

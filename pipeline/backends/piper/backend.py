@@ -4,9 +4,11 @@ The talker of a voice whose flow is cut off works in steps: the first step of a 
 runs the encoder (text encoder + duration predictor) over the whole segment once, so
 prosody and durations are the whole sentence's, then every step runs the flow over the
 next chunk of frames with `flow_context_frames` of context on each side (the flow is
-non-causal; its context is trimmed) and returns that chunk. The first chunk is small
+non-causal; its context is trimmed) and returns that chunk. The first chunk of an urgent
+segment (`TalkRequest.urgent`: its stream needs audio soon) is small
 (`flow_first_chunk_frames`) so that the vocoder can start early; each next one is
-FLOW_GROWTH times the one before, up to `flow_max_chunk_frames`.
+FLOW_GROWTH times the one before, up to `flow_max_chunk_frames`. Any other segment starts
+at `flow_max_chunk_frames`: most segments then run the flow once, with no context.
 """
 
 from __future__ import annotations
@@ -247,7 +249,11 @@ class PiperBackend:
         scales = self.scales(request.voice, request.speed)
         with self._phonemize_lock:
             ids = text_to_ids(loaded.spec, request.text)
-        return PiperSegment(request.voice, ids, scales, next_chunk=self._flow_first_chunk)
+        # an urgent segment's first frames come from a small first flow step; any other's
+        # flow runs over the whole segment at once (up to flow_max_chunk_frames): no
+        # context at its seams, so fewer frames of flow in all
+        first = self._flow_first_chunk if request.urgent else self._flow_max_chunk
+        return PiperSegment(request.voice, ids, scales, next_chunk=first)
 
     def step(self, segments: Sequence[PiperSegment]) -> list[TalkStep]:
         """The next chunk of each segment: float32 [frames, channels] (none for text with
