@@ -208,7 +208,10 @@ def test_the_indexed_queue_plans_like_the_plain_ranking(
         max_queued_s=max_queued_s,
     )
     queue = TalkerQueue(config.first_chunk_s)
-    for candidate in candidates:  # add, move once, then settle on the final value
+    for candidate in candidates:  # add without audio, move twice, settle on the final value
+        queue.update(TalkerCandidate(candidate.stream_id, candidate.order, 0.0, None, 0.0))
+        queue.update(TalkerCandidate(candidate.stream_id, candidate.order, 0.0, None, 0.5))
+        queue.update(TalkerCandidate(candidate.stream_id, candidate.order, 0.0, None, 0.25))
         queue.update(TalkerCandidate(candidate.stream_id, candidate.order, 0.0, 50.0, 1.0))
         queue.update(candidate)
     queue.update(TalkerCandidate("gone", 99, 95.0, None, 0.0))
