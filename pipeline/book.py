@@ -128,6 +128,17 @@ class StreamRecord:
         return self.text_closed and not self.text and self.talking is None
 
 
+def _queued_audio_s(record: StreamRecord) -> float:
+    """Audio the talker made for the stream that the vocoder has not emitted yet."""
+    frames = record.frames
+    voice = record.stream.voice
+    return (
+        (frames.produced_frames - frames.emitted_frames)
+        * voice.samples_per_frame
+        / voice.sample_rate_hz
+    )
+
+
 def _waits_for_text(record: StreamRecord) -> bool:
     """Nothing to talk or vocode until the client sends more text."""
     return (
@@ -164,7 +175,9 @@ class StreamBook:
         """`max_in_flight`: most chunks of one stream decoded at once (the vocoder's
         workers); more than 1 only while no other stream has a chunk ready and at most
         `work_ahead_streams` streams have work left. `start_lane_chunks`: a ready stream
-        that has sent fewer chunks than this is offered in `start_lane_ids` too (0: none)."""
+        that has sent fewer chunks than this is offered in `start_lane_ids` too (0: none).
+        `urgent_slack_s`: a segment opened while its stream has less audio ahead than this
+        is urgent (`TalkRequest.urgent`; the default: every segment)."""
         self.scheduler = scheduler
         self.planner = planner
         self.ledger = PlayingLedger()
@@ -506,14 +519,7 @@ class StreamBook:
         if horizon_s is None:
             return True
         now_s = self._clock()
-        voice = stream.voice
-        frames = record.frames
-        queued_s = (
-            (frames.produced_frames - frames.emitted_frames)
-            * voice.samples_per_frame
-            / voice.sample_rate_hz
-        )
-        return max(horizon_s, now_s) + queued_s - now_s < self._urgent_slack_s
+        return max(horizon_s, now_s) + _queued_audio_s(record) - now_s < self._urgent_slack_s
 
     def talked(self, opened: OpenSegment, frames: np.ndarray, done: bool) -> None:
         """One talker step's outcome for one segment."""
@@ -762,13 +768,7 @@ class StreamBook:
             return
         stream_id = stream.id
         state = self.scheduler.state(stream_id)
-        voice = stream.voice
-        frames = record.frames
-        queued_s = (
-            (frames.produced_frames - frames.emitted_frames)
-            * voice.samples_per_frame
-            / voice.sample_rate_hz
-        )
+        queued_s = _queued_audio_s(record)
         if state is None:
             first_seen_s, horizon_s = stream.stats.submitted_at_s, None
         else:

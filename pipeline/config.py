@@ -66,7 +66,6 @@ class TalkerConfig:
 
     def __post_init__(self) -> None:
         check_int("intra_op_threads", self.intra_op_threads, 1)
-        check_non_negative("urgent_slack_s", self.urgent_slack_s)
         check_int("batch", self.batch, 1)
         check_bool("urgent_lane", self.urgent_lane)
         check_positive("high_water_s", self.high_water_s)
@@ -76,6 +75,7 @@ class TalkerConfig:
         check_int("max_segment_chars", self.max_segment_chars, 20)
         check_int("max_segment_phonemes", self.max_segment_phonemes, 20)
         check_int("first_segment_chars", self.first_segment_chars, 0)
+        check_non_negative("urgent_slack_s", self.urgent_slack_s)
 
 
 NORMALIZE_LANGUAGES = ("en",)  # languages with normalisation rules
