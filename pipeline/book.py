@@ -206,9 +206,9 @@ class StreamBook:
         # first_audio_yield: the stages count their calls that make a stream's first audio
         # (`first_audio_started` .. `first_audio_ended`), for vocoder.yield_slack_s
         self.first_audio_yield = first_audio_yield
-        self._urgent_slack_s = urgent_slack_s  # TalkRequest.urgent below this
         self.first_audio_work = 0  # such calls running now
         self._vocoder_yielded = False  # a worker waits for them to end
+        self._urgent_slack_s = urgent_slack_s  # TalkRequest.urgent below this
         self._orphans: list[OpenSegment] = []  # segments of ended streams, to close
         self._talker_waits_on_vocoder = False  # the talker's last plan was empty
         self._talker_waits_on_emit = False  # ... and paced by the frames waiting
@@ -514,12 +514,10 @@ class StreamBook:
     def _urgent(self, record: StreamRecord) -> bool:
         """The stream's player needs its next frames soon: no audio yet, or less than
         `urgent_slack_s` of audio ahead of it (in the player, and talked not yet vocoded)."""
-        stream = record.stream
-        horizon_s = self.scheduler.horizon_s(stream.id)
-        if horizon_s is None:
+        slack_s = self.scheduler.slack_s(record.stream.id, self._clock())
+        if slack_s is None:
             return True
-        now_s = self._clock()
-        return max(horizon_s, now_s) + _queued_audio_s(record) - now_s < self._urgent_slack_s
+        return max(slack_s, 0.0) + _queued_audio_s(record) < self._urgent_slack_s
 
     def talked(self, opened: OpenSegment, frames: np.ndarray, done: bool) -> None:
         """One talker step's outcome for one segment."""

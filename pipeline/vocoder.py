@@ -176,9 +176,9 @@ class Vocoder:
         # every stream was admitted at submit (StreamBook.add_stream)
         if ready:
             selected = book.scheduler.select(started_s, ready, all_admitted=True)
-        elif book.ahead_ids:
+        elif ahead := book.ahead_ids:
             # no other stream waits: decode a stream's next chunk beside its current one
-            selected = book.scheduler.select(started_s, book.ahead_ids, all_admitted=True)
+            selected = book.scheduler.select(started_s, ahead, all_admitted=True)
         else:
             return started_s, []
         if self._yield_slack_s and book.first_audio_work and self._buffered(selected, started_s):
