@@ -61,7 +61,12 @@ MAX_REQUEST_BYTES_LIMIT = 16 * 1024 * 1024  # a request body is held in memory w
 
 # The Piper chunking of configs/default.yaml (frames of 256 / 22050 Hz = 11.6 ms).
 DEFAULT_CHUNKING = ChunkingConfig(
-    chunk_frames=64, ramp=(8, 16, 32), left_context_frames=8, right_context_frames=8
+    chunk_frames=64,
+    ramp=(8, 16, 32),
+    left_context_frames=8,
+    right_context_frames=8,
+    solo_chunk_frames=128,
+    solo_slack_s=1.0,
 )
 
 

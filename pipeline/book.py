@@ -20,7 +20,9 @@ Two sets are kept incrementally, so that no turn scans every stream:
   worker takes one of these only when `ready_ids` is empty (work-conserving: no other
   stream waits for it). A stream's chunks are emitted strictly in order: a chunk decoded
   before an earlier one is held on its record (`StreamRecord.in_flight`) until the
-  earlier one is emitted.
+  earlier one is emitted. Such a lone stream with `chunking.solo_slack_s` of audio
+  buffered is planned solo chunks (`chunking.solo_chunk_frames`: wider, less context per
+  second of audio); the others are re-planned whenever a stream comes or goes.
 - the talker's candidates: streams with text waiting or a segment open.
 
 A stream's talker segment (`OpenSegment`) is opened, stepped and closed in the talker
@@ -209,6 +211,14 @@ class StreamBook:
         self.first_audio_work = 0  # such calls running now
         self._vocoder_yielded = False  # a worker waits for them to end
         self._urgent_slack_s = urgent_slack_s  # TalkRequest.urgent below this
+        # solo chunks (chunking.solo_chunk_frames): a stream alone on the vocoder (as for
+        # work-ahead) with this much audio buffered is planned wider chunks; None: off
+        chunking = planner.config
+        self._solo_slack_s: float | None = (
+            chunking.solo_slack_s
+            if chunking.solo_chunk_frames > chunking.chunk_frames and self._max_in_flight > 1
+            else None
+        )
         self._orphans: list[OpenSegment] = []  # segments of ended streams, to close
         self._talker_waits_on_vocoder = False  # the talker's last plan was empty
         self._talker_waits_on_emit = False  # ... and paced by the frames waiting
@@ -457,6 +467,8 @@ class StreamBook:
         )
         if self._start_phase_chunks:
             self._starting[stream_id] = None
+        if self._solo_slack_s is not None and len(self._records) == self._work_ahead_streams + 1:
+            self._replan_others(stream_id)  # no stream is alone now: plain chunks again
         self.scheduler.admit(stream_id, now_s)  # its first-chunk deadline counts from now
         self._events.stream_started(stream_id)
         return stream
@@ -487,6 +499,8 @@ class StreamBook:
             self.scheduler.ack_playback(stream_id, played_s, now_s)
             self._update_candidate(record)
             self._wakes.talker()  # the talker order may change
+            if self._solo_slack_s is not None:
+                self._mark_dirty(record)  # its slack moved: a solo chunk may (not) fit
 
     # Transitions: the talker.
 
@@ -781,6 +795,21 @@ class StreamBook:
         self._dirty[record.stream.id] = record
         self._wakes.vocoder()
 
+    def _replan_others(self, stream_id: str) -> None:
+        """Whether a stream is alone changed (a stream came or went): re-plan the others
+        (at most `work_ahead_streams` of them), whose chunk size depends on it."""
+        for other_id, other in self._records.items():
+            if other_id != stream_id:
+                self._mark_dirty(other)
+
+    def _solo(self, stream_id: str) -> bool:
+        """The stream may be planned a solo chunk: it is alone on the vocoder and its
+        player has `chunking.solo_slack_s` or more of audio buffered."""
+        if self._solo_slack_s is None or not self._may_work_ahead():
+            return False
+        slack_s = self.scheduler.slack_s(stream_id, self._clock())
+        return slack_s is not None and slack_s >= self._solo_slack_s
+
     def _plan(self, record: StreamRecord) -> Chunk | None:
         frames = record.frames
         stream_id = record.stream.id
@@ -799,7 +828,9 @@ class StreamBook:
             and record.talking is None
             and frames.is_last(segment)
         )
-        return self.planner.next_chunk(stream_id, segment.available_frames, done, stream_done)
+        return self.planner.next_chunk(
+            stream_id, segment.available_frames, done, stream_done, self._solo(stream_id)
+        )
 
     def _commit(self, record: StreamRecord, chunk: Chunk) -> None:
         """The chunk left (or, empty, needed no decode): advance the planner, free frames."""
@@ -863,6 +894,8 @@ class StreamBook:
         record.chunk = None
         self.scheduler.forget(stream_id)
         self.planner.forget(stream_id)
+        if self._solo_slack_s is not None and len(self._records) == self._work_ahead_streams:
+            self._replan_others(stream_id)  # the streams left are alone: solo chunks
         self._wakes.vocoder()  # under fifo its slot is free now
         if left_start:
             self._wakes.start()

@@ -12,9 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from scheduling.errors import ConfigError
 from scheduling.policies import PolicyName
 from scheduling.scheduler import SchedulingConfig
-from scheduling.validation import check_int, check_int_list
+from scheduling.validation import check_int, check_int_list, check_non_negative
 
 _log = logging.getLogger(__name__)
 
@@ -30,6 +31,11 @@ class ChunkingConfig:
     ramp: Sequence[int] = ()  # sizes of the first len(ramp) chunks; stored as a tuple
     left_context_frames: int = 0  # frames before a chunk decoded with it, then trimmed
     right_context_frames: int = 0  # lookahead frames decoded with a chunk, then trimmed
+    # steady size of a chunk planned with next_chunk(solo=True); 0 = chunk_frames. The
+    # engine asks for one for a stream alone on the vocoder with `solo_slack_s` or more
+    # of audio buffered: fewer context frames decoded per second of audio.
+    solo_chunk_frames: int = 0
+    solo_slack_s: float = 1.0
 
     def __post_init__(self) -> None:
         check_int("chunk_frames", self.chunk_frames, 1)
@@ -37,13 +43,23 @@ class ChunkingConfig:
         object.__setattr__(self, "ramp", check_int_list("ramp", self.ramp, 1))
         check_int("left_context_frames", self.left_context_frames, 0)
         check_int("right_context_frames", self.right_context_frames, 0)
+        check_int("solo_chunk_frames", self.solo_chunk_frames, 0)
+        if 0 < self.solo_chunk_frames < self.chunk_frames:
+            raise ConfigError(
+                f"solo_chunk_frames must be 0 or >= chunk_frames ({self.chunk_frames}), "
+                f"got {self.solo_chunk_frames}"
+            )
+        check_non_negative("solo_slack_s", self.solo_slack_s)
 
-    def target_frames(self, chunk_index: int) -> int:
-        """New frames chunk `chunk_index` of a stream aims for (counted across segments)."""
+    def target_frames(self, chunk_index: int, solo: bool = False) -> int:
+        """New frames chunk `chunk_index` of a stream aims for (counted across segments);
+        `solo`: `solo_chunk_frames` instead of `chunk_frames` past the ramp."""
         if chunk_index < len(self.ramp):
             return self.ramp[chunk_index]
         if chunk_index == 0 and self.initial_chunk_frames > 0:
             return self.initial_chunk_frames
+        if solo and self.solo_chunk_frames:
+            return self.solo_chunk_frames
         return self.chunk_frames
 
     @property
@@ -171,13 +187,21 @@ class ChunkPlanner:
         return stream_id in self._streams
 
     def next_chunk(
-        self, stream_id: str, available_frames: int, segment_done: bool, stream_done: bool
+        self,
+        stream_id: str,
+        available_frames: int,
+        segment_done: bool,
+        stream_done: bool,
+        solo: bool = False,
     ) -> Chunk | None:
         """The next chunk of the current segment, or None while it must wait.
 
         `available_frames` counts the current segment's frames so far; `segment_done` says
         no more will come for it, `stream_done` that it is the stream's last segment.
-        After the final chunk is committed the answer is always None.
+        `solo`: a steady chunk aims for `solo_chunk_frames` (when set) instead of
+        `chunk_frames` while the segment has at least that plus `chunk_frames` unsent (so
+        that a chunk is left for a second worker: the segment's tail is cut plain); the
+        ramp is unchanged. After the final chunk is committed the answer is always None.
         """
         progress = self._streams.get(stream_id)
         if progress is None:
@@ -192,7 +216,9 @@ class ChunkPlanner:
             )
         config = self._config
         unsent = available_frames - sent
-        target = config.target_frames(progress.planned_chunks)
+        if solo:
+            solo = unsent >= config.solo_chunk_frames + config.chunk_frames
+        target = config.target_frames(progress.planned_chunks, solo)
         if unsent == 0:
             chunk = None
             if segment_done:  # the terminal of a segment that ended on a chunk boundary

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pipeline.backends.sim import SimBackend
-from pipeline.book import StreamBook, Wakes
+from pipeline.book import StreamBook, StreamRecord, Wakes
 from pipeline.capacity import CapacityEstimate, pipeline_capacity
 from pipeline.config import SimConfig, TalkerConfig
 from pipeline.events import NullEvents
@@ -133,3 +133,73 @@ def test_a_segment_is_urgent_until_its_stream_has_a_second_of_audio_ahead() -> N
     assert not book.open_segment(records[1]).request.urgent  # 0.8 + 0.4 s ahead
     now[0] = 101.2
     assert book.open_segment(records[2]).request.urgent  # 0.4 + 0.4 s ahead
+
+
+def test_a_stream_alone_with_a_second_buffered_is_planned_solo_chunks() -> None:
+    """chunking.solo_chunk_frames: a stream alone on the vocoder (work-ahead applies:
+    two workers, work_ahead_streams 1) whose player has solo_slack_s (1 s) or more
+    buffered is planned wider chunks; a second stream's arrival re-plans it plain, and
+    its end lets the first have them again. 80 ms frames, plain chunks of 5 (0.4 s)."""
+    now = [100.0]
+    backend = SimBackend(SimConfig(talker_frames_per_step=1000))  # a segment per step
+    voice = backend.voices()[0]
+    book = StreamBook(
+        scheduler=PlaybackScheduler(SchedulingConfig()),
+        planner=ChunkPlanner(ChunkingConfig(chunk_frames=5, solo_chunk_frames=10)),
+        segmenter=partial(Segmenter, **segment_options(TalkerConfig(first_fragment_words=0))),
+        max_pending_audio_s=1e9,
+        left_context_frames=0,
+        first_chunk_s=0.1,
+        clock=lambda: now[0],
+        events=NullEvents(),
+        wakes=Wakes(talker=lambda: None, vocoder=lambda: None),
+        max_in_flight=2,
+        work_ahead_streams=1,
+        vocoder_workers=2,
+    )
+
+    def new_stream() -> StreamRecord:
+        stream = book.add_stream(voice, speed=1.0, now_s=now[0])
+        text = "one two three four five six seven eight nine ten " * 4
+        book.add_text(stream.id, text, final=True)
+        record = book.record(stream.id)
+        assert record is not None
+        opened = book.open_segment(record)
+        (step,) = backend.step([backend.open_segment(opened.request)])
+        assert len(step.frames) >= 60 and step.done
+        book.talked(opened, step.frames, step.done)
+        return record
+
+    def planned(record: StreamRecord) -> int:
+        book.refresh()
+        assert record.chunk is not None
+        return record.chunk.frames
+
+    def send(record: StreamRecord) -> None:
+        chunk = record.chunk
+        assert chunk is not None
+        book.start_vocoding(record)
+        pcm = np.zeros(chunk.frames * voice.samples_per_frame, dtype=np.float32)
+        book.emit(record, chunk, pcm, now[0])
+
+    alone = new_stream()
+    sizes = []
+    for _ in range(3):  # 0.4, 0.8, 1.2 s buffered after each
+        sizes.append(planned(alone))
+        send(alone)
+    assert sizes == [5, 5, 5]  # no audio yet, then under 1 s buffered
+    assert planned(alone) == 10  # 1.2 s buffered
+    book.ack_playback(alone.stream.id, 0.3, 100.0)  # the client played 0.3 s already
+    assert planned(alone) == 5  # 0.9 s buffered
+    book.ack_playback(alone.stream.id, 0.0, 100.0)
+    assert planned(alone) == 10
+    now[0] = 100.3  # time passes: 0.9 s buffered at the next plan
+    send(alone)  # (the 10 frames planned at 100.0)
+    assert planned(alone) == 10  # 1.2 - 0.3 + 0.8 = 1.7 s buffered
+    other = new_stream()
+    assert planned(alone) == 5  # not alone: re-planned plain at once
+    assert planned(other) == 5
+    book.cancel(other.stream.id)
+    assert planned(alone) == 10  # alone again
+    send(alone)
+    assert alone.frames.emitted_frames == 35

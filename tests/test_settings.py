@@ -81,7 +81,12 @@ def test_default_yaml_loads_as_the_piper_deployment():
         policy="edf", active_stream_window=1, first_chunk_ms=100.0, safety_margin_ms=50.0
     )
     assert settings.chunking == ChunkingConfig(
-        chunk_frames=64, ramp=(8, 16, 32), left_context_frames=8, right_context_frames=8
+        chunk_frames=64,
+        ramp=(8, 16, 32),
+        left_context_frames=8,
+        right_context_frames=8,
+        solo_chunk_frames=128,
+        solo_slack_s=1.0,
     )
     assert settings.chunking == DEFAULT_CHUNKING
     assert settings.admission.enabled is True

@@ -11,13 +11,14 @@ it notes which streams each call decodes while the call runs.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import threading
 from collections.abc import Sequence
 
 import numpy as np
 import pytest
-from conftest import FAST_SIM, EngineFactory, read_all, until
+from conftest import FAST_SIM, TEST_CHUNKING, EngineFactory, read_all, until
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -29,6 +30,7 @@ from pipeline.engine import Engine
 from pipeline.errors import StreamCancelled
 from pipeline.stream import StreamState
 from pipeline.vocoder import _BusyTime
+from scheduling import ChunkingConfig
 
 TEXTS = [
     f"Stream {i} says a few sentences. Each one is long enough for several chunks. "
@@ -175,6 +177,59 @@ async def test_a_lone_stream_gets_both_workers_and_the_same_pcm(
     _, one_worker, _ = await _run(make_engine, workers=1, texts=LONE)
     assert np.array_equal(ahead[0], one_at_a_time[0])
     assert np.array_equal(ahead[0], one_worker[0])
+
+
+class SizeRecordingSim(OverlappingSim):
+    """Records the new frames of every vocode item."""
+
+    def __init__(self, config: SimConfig) -> None:
+        super().__init__(config)
+        self.emitted: list[int] = []
+
+    def vocode(self, items: Sequence[VocodeItem]) -> list[np.ndarray]:
+        with self._lock:
+            self.emitted.extend(item.emit_frames for item in items)
+        return super().vocode(items)
+
+
+SOLO_CHUNKING = dataclasses.replace(TEST_CHUNKING, solo_chunk_frames=24, solo_slack_s=0.0)
+
+
+async def _sizes(
+    make_engine: EngineFactory, texts: Sequence[str], chunking: ChunkingConfig
+) -> tuple[list[int], list[np.ndarray]]:
+    backend = SizeRecordingSim(SLOW_VOCODER)
+    engine = await make_engine(
+        backend,
+        window=1,
+        chunking=chunking,
+        vocoder=VocoderConfig(workers=2, work_ahead_streams=1),
+        talker=TalkerConfig(high_water_s=3600.0, batch=8),
+    )
+    streams = [engine.submit(text, voice="sim") for text in texts]
+    pcms = await asyncio.gather(*(read_all(stream) for stream in streams))
+    for pcm, text in zip(pcms, texts, strict=True):
+        _check(pcm, text)
+    return backend.emitted, pcms
+
+
+async def test_a_lone_stream_gets_solo_chunks_and_the_same_pcm(
+    make_engine: EngineFactory,
+) -> None:
+    """chunking.solo_chunk_frames: a stream alone on the vocoder (with its slack over
+    solo_slack_s, 0 here) is decoded in chunks of 24 frames past its first (8 otherwise);
+    the audio is complete, in order and bit-identical to plain chunks. Streams that run
+    together get plain chunks."""
+    sizes, solo = await _sizes(make_engine, LONE, SOLO_CHUNKING)
+    assert sizes[0] == TEST_CHUNKING.initial_chunk_frames
+    assert sizes.count(24) >= 3 and max(sizes) == 24, sizes
+    plain_sizes, plain = await _sizes(make_engine, LONE, TEST_CHUNKING)
+    assert max(plain_sizes) == TEST_CHUNKING.chunk_frames
+    assert len(sizes) < len(plain_sizes)
+    assert np.array_equal(solo[0], plain[0])
+    together, _ = await _sizes(make_engine, TEXTS[:4], SOLO_CHUNKING)
+    # the last stream left may have its tail alone: the first half of the calls never
+    assert max(together[: len(together) // 2]) == TEST_CHUNKING.chunk_frames
 
 
 class GatedSim(OverlappingSim):
