@@ -805,10 +805,11 @@ class StreamBook:
     def _solo(self, stream_id: str) -> bool:
         """The stream may be planned a solo chunk: it is alone on the vocoder and its
         player has `chunking.solo_slack_s` or more of audio buffered."""
-        if self._solo_slack_s is None or not self._may_work_ahead():
+        threshold_s = self._solo_slack_s
+        if threshold_s is None or not self._may_work_ahead():
             return False
         slack_s = self.scheduler.slack_s(stream_id, self._clock())
-        return slack_s is not None and slack_s >= self._solo_slack_s
+        return slack_s is not None and slack_s >= threshold_s
 
     def _plan(self, record: StreamRecord) -> Chunk | None:
         frames = record.frames
@@ -828,9 +829,9 @@ class StreamBook:
             and record.talking is None
             and frames.is_last(segment)
         )
-        return self.planner.next_chunk(
-            stream_id, segment.available_frames, done, stream_done, self._solo(stream_id)
-        )
+        # (the solo test costs nothing where solo chunks are off: the sim, the codec LM)
+        solo = self._solo_slack_s is not None and self._solo(stream_id)
+        return self.planner.next_chunk(stream_id, segment.available_frames, done, stream_done, solo)
 
     def _commit(self, record: StreamRecord, chunk: Chunk) -> None:
         """The chunk left (or, empty, needed no decode): advance the planner, free frames."""
