@@ -802,11 +802,10 @@ class StreamBook:
             if other_id != stream_id:
                 self._mark_dirty(other)
 
-    def _solo(self, stream_id: str) -> bool:
+    def _solo(self, stream_id: str, threshold_s: float) -> bool:
         """The stream may be planned a solo chunk: it is alone on the vocoder and its
-        player has `chunking.solo_slack_s` or more of audio buffered."""
-        threshold_s = self._solo_slack_s
-        if threshold_s is None or not self._may_work_ahead():
+        player has `threshold_s` (`chunking.solo_slack_s`) or more of audio buffered."""
+        if not self._may_work_ahead():
             return False
         slack_s = self.scheduler.slack_s(stream_id, self._clock())
         return slack_s is not None and slack_s >= threshold_s
@@ -830,7 +829,8 @@ class StreamBook:
             and frames.is_last(segment)
         )
         # (the solo test costs nothing where solo chunks are off: the sim, the codec LM)
-        solo = self._solo_slack_s is not None and self._solo(stream_id)
+        threshold_s = self._solo_slack_s
+        solo = threshold_s is not None and self._solo(stream_id, threshold_s)
         return self.planner.next_chunk(stream_id, segment.available_frames, done, stream_done, solo)
 
     def _commit(self, record: StreamRecord, chunk: Chunk) -> None:

@@ -1,9 +1,10 @@
 """The engine's pure parts: segment frame queues, the capacity estimate, and the stream
-book's view of a segment's urgency (a fake clock)."""
+book on a fake clock (a segment's urgency, solo chunks)."""
 
 from __future__ import annotations
 
 from functools import partial
+from typing import Any
 
 import numpy as np
 import pytest
@@ -86,6 +87,22 @@ def test_pipeline_capacity_is_the_slowest_measured_stage() -> None:
     assert pipeline_capacity(0.0, 0.0) == 0.0
 
 
+def _fake_clock_book(now: list[float], chunking: ChunkingConfig, **options: Any) -> StreamBook:
+    """A stream book on the clock `now[0]`, with no wakes, sentences uncut and no cap."""
+    return StreamBook(
+        scheduler=PlaybackScheduler(SchedulingConfig()),
+        planner=ChunkPlanner(chunking),
+        segmenter=partial(Segmenter, **segment_options(TalkerConfig(first_fragment_words=0))),
+        max_pending_audio_s=1e9,
+        left_context_frames=0,
+        first_chunk_s=0.1,
+        clock=lambda: now[0],
+        events=NullEvents(),
+        wakes=Wakes(talker=lambda: None, vocoder=lambda: None),
+        **options,
+    )
+
+
 def test_a_segment_is_urgent_until_its_stream_has_a_second_of_audio_ahead() -> None:
     """`TalkRequest.urgent` (talker.urgent_slack_s, 1 s): a stream's segment is opened
     urgent while the stream has no audio, or less than 1 s ahead of its player (in the
@@ -96,18 +113,7 @@ def test_a_segment_is_urgent_until_its_stream_has_a_second_of_audio_ahead() -> N
     backend = SimBackend(SimConfig(talker_frames_per_step=1000))  # a segment per step
     voice = backend.voices()[0]
     frame_s = voice.samples_per_frame / voice.sample_rate_hz
-    book = StreamBook(
-        scheduler=PlaybackScheduler(SchedulingConfig()),
-        planner=ChunkPlanner(ChunkingConfig(chunk_frames=20)),
-        segmenter=partial(Segmenter, **segment_options(TalkerConfig(first_fragment_words=0))),
-        max_pending_audio_s=1e9,
-        left_context_frames=0,
-        first_chunk_s=0.1,
-        clock=lambda: now[0],
-        events=NullEvents(),
-        wakes=Wakes(talker=lambda: None, vocoder=lambda: None),
-        urgent_slack_s=1.0,
-    )
+    book = _fake_clock_book(now, ChunkingConfig(chunk_frames=20), urgent_slack_s=1.0)
     text = "One two three four five sixty. Six seven eight nine ten."  # 25 frames, then more
     records = []
     for _ in range(3):
@@ -143,16 +149,9 @@ def test_a_stream_alone_with_a_second_buffered_is_planned_solo_chunks() -> None:
     now = [100.0]
     backend = SimBackend(SimConfig(talker_frames_per_step=1000))  # a segment per step
     voice = backend.voices()[0]
-    book = StreamBook(
-        scheduler=PlaybackScheduler(SchedulingConfig()),
-        planner=ChunkPlanner(ChunkingConfig(chunk_frames=5, solo_chunk_frames=10)),
-        segmenter=partial(Segmenter, **segment_options(TalkerConfig(first_fragment_words=0))),
-        max_pending_audio_s=1e9,
-        left_context_frames=0,
-        first_chunk_s=0.1,
-        clock=lambda: now[0],
-        events=NullEvents(),
-        wakes=Wakes(talker=lambda: None, vocoder=lambda: None),
+    book = _fake_clock_book(
+        now,
+        ChunkingConfig(chunk_frames=5, solo_chunk_frames=10),
         max_in_flight=2,
         work_ahead_streams=1,
         vocoder_workers=2,
