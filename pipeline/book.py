@@ -16,7 +16,9 @@ Two sets are kept incrementally, so that no turn scans every stream:
 - `ahead_ids` (with `max_in_flight` > 1): streams whose chunk a worker is decoding and
   whose NEXT chunk is planned (the talker ran ahead: its frames exist), with fewer than
   `max_in_flight` chunks in flight, once the stream's first chunk was sent (that one
-  decodes alone: TTFA), while at most `work_ahead_streams` streams have work left. A
+  decodes alone: TTFA), while at most `work_ahead_streams` streams have work left, and
+  (unless `work_ahead_while_talking`) not while a talker step of that stream runs: the
+  talker then has the other core, and its frames are what the stream waits for. A
   worker takes one of these only when `ready_ids` is empty (work-conserving: no other
   stream waits for it). A stream's chunks are emitted strictly in order: a chunk decoded
   before an earlier one is held on its record (`StreamRecord.in_flight`) until the
@@ -141,6 +143,11 @@ def _queued_audio_s(record: StreamRecord) -> float:
     )
 
 
+def _stepping(record: StreamRecord) -> bool:
+    """A talker lane is stepping the stream's open segment now."""
+    return record.talking is not None and record.talking.in_flight
+
+
 def _waits_for_text(record: StreamRecord) -> bool:
     """Nothing to talk or vocode until the client sends more text."""
     return (
@@ -173,13 +180,16 @@ class StreamBook:
         start_lane_chunks: int = 0,
         first_audio_yield: bool = False,
         urgent_slack_s: float = float("inf"),
+        work_ahead_while_talking: bool = True,
     ) -> None:
         """`max_in_flight`: most chunks of one stream decoded at once (the vocoder's
         workers); more than 1 only while no other stream has a chunk ready and at most
         `work_ahead_streams` streams have work left. `start_lane_chunks`: a ready stream
         that has sent fewer chunks than this is offered in `start_lane_ids` too (0: none).
         `urgent_slack_s`: a segment opened while its stream has less audio ahead than this
-        is urgent (`TalkRequest.urgent`; the default: every segment)."""
+        is urgent (`TalkRequest.urgent`; the default: every segment).
+        `work_ahead_while_talking`: False holds a stream's chunk ahead back while a talker
+        step of the stream runs (see `ahead_ids`)."""
         self.scheduler = scheduler
         self.planner = planner
         self.ledger = PlayingLedger()
@@ -203,6 +213,8 @@ class StreamBook:
         self._ahead: dict[str, None] = {}
         self._max_in_flight = max(1, max_in_flight)
         self._work_ahead_streams = work_ahead_streams
+        self._work_ahead_while_talking = work_ahead_while_talking
+        self._ahead_held = False  # ahead_ids held a stream back for its talker step
         self._vocoder_workers = max(1, vocoder_workers)
         self._turns = 0  # vocoder turns running now (turn_started .. turn_ended)
         # first_audio_yield: the stages count their calls that make a stream's first audio
@@ -270,15 +282,24 @@ class StreamBook:
         return [stream_id for stream_id in ids if stream_id not in vocoding]
 
     @property
-    def ahead_ids(self) -> KeysView[str]:
+    def ahead_ids(self) -> KeysView[str] | list[str]:
         """Streams whose chunk a worker is decoding and whose next chunk is planned (valid
         after `refresh`), fewer than `max_in_flight` in flight: for a worker that finds
         `ready_ids` empty. Empty while more than `work_ahead_streams` streams have work
         left: the CPU is then busy with their talker work, which a chunk decoded ahead
-        would only slow down."""
+        would only slow down. Unless `work_ahead_while_talking`, a stream whose talker
+        step runs now is left out (woken again by `talk_step_ended`): on a CPU a third
+        thread would take from the talker, whose frames the stream needs next."""
         if not self._may_work_ahead():
             return {}.keys()
-        return self._ahead.keys()
+        ahead = self._ahead
+        if self._work_ahead_while_talking or not ahead:
+            return ahead.keys()
+        records = self._records
+        ids = [stream_id for stream_id in ahead if not _stepping(records[stream_id])]
+        if len(ids) != len(ahead):
+            self._ahead_held = True
+        return ids
 
     def _may_work_ahead(self) -> bool:
         """A stream may have more than one chunk in flight now (work-ahead): with many
@@ -358,7 +379,7 @@ class StreamBook:
 
     def _busy(self, stream_id: str) -> bool:
         record = self._records[stream_id]
-        return record.sender.parked or (record.talking is not None and record.talking.in_flight)
+        return record.sender.parked or _stepping(record)
 
     def playing_streams(self, now_s: float) -> int:
         """Streams a player listens to: those with work left, and those whose audio is
@@ -559,6 +580,19 @@ class StreamBook:
             stream.state = StreamState.VOCODING
         self._mark_dirty(record)
         self._check_finished(record)
+
+    def talk_steps_started(self, batch: list[OpenSegment]) -> None:
+        """A talker lane steps these segments now (they pass the talker's next plans)."""
+        for opened in batch:
+            opened.in_flight = True
+
+    def talk_steps_ended(self, batch: list[OpenSegment]) -> None:
+        """A talker lane's step of these segments ended (its outcome was booked)."""
+        for opened in batch:
+            opened.in_flight = False
+        if self._ahead_held:  # a worker may take the chunk ahead it was held from
+            self._ahead_held = False
+            self._wakes.vocoder()
 
     # Transitions: work on a stream's first audio (with first_audio_yield).
 

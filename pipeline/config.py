@@ -125,6 +125,10 @@ class VocoderConfig:
     # buffered waits for it, leaving the core to it (more than one worker: Piper).
     # 0: never waits. 1 s, the measured default (README, "The default voice")
     yield_slack_s: float = 1.0
+    # False, the measured default: a worker takes no chunk ahead of a stream (work-ahead)
+    # while a talker step of that stream runs; on a CPU the talker then keeps the other
+    # core, and its frames are what the stream waits for (README, "Vocoder workers")
+    work_ahead_while_talking: bool = False
 
     def __post_init__(self) -> None:
         check_int("intra_op_threads", self.intra_op_threads, 1)
@@ -132,6 +136,7 @@ class VocoderConfig:
         check_int("work_ahead_streams", self.work_ahead_streams, 0)
         check_non_negative("yield_slack_s", self.yield_slack_s)
         check_int("start_lane_chunks", self.start_lane_chunks, 0)
+        check_bool("work_ahead_while_talking", self.work_ahead_while_talking)
 
 
 @dataclass(frozen=True)

@@ -149,9 +149,8 @@ class Talker:
         for stream_id in step_ids:
             record = book.record(stream_id)
             assert record is not None, "a talker candidate is a live stream"
-            opened = record.talking or book.open_segment(record)
-            opened.in_flight = True
-            batch.append(opened)
+            batch.append(record.talking or book.open_segment(record))
+        book.talk_steps_started(batch)
         if step_ids:
             self._events.talker_step(step_ids)
         return batch
@@ -171,8 +170,7 @@ class Talker:
             if first:
                 book.first_audio_ended()
             self.lanes_busy -= 1
-            for opened in batch:
-                opened.in_flight = False
+            book.talk_steps_ended(batch)
             self.wake.set()  # the lane is free: plan again
 
     async def _step(

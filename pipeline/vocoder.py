@@ -16,7 +16,8 @@ book leaves them out of the ready ids until their chunk is committed, so the nex
 worker's selection is the next most urgent streams. A worker that finds no stream ready
 takes the NEXT chunk of a stream already being decoded (`StreamBook.ahead_ids`, at most
 `workers` chunks of a stream in flight, while at most `vocoder.work_ahead_streams`
-streams have work left): a lone request uses every worker. One stream's chunks still
+streams have work left, and by default not while a talker step of that stream runs): a
+lone request uses every worker. One stream's chunks still
 leave in order: the book holds a chunk decoded before an earlier one until that one is
 emitted. The rate (the capacity estimate) is
 audio per second of the time any worker was busy.

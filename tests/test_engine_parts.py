@@ -3,6 +3,7 @@ book on a fake clock (a segment's urgency, solo chunks)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -87,8 +88,14 @@ def test_pipeline_capacity_is_the_slowest_measured_stage() -> None:
     assert pipeline_capacity(0.0, 0.0) == 0.0
 
 
-def _fake_clock_book(now: list[float], chunking: ChunkingConfig, **options: Any) -> StreamBook:
-    """A stream book on the clock `now[0]`, with no wakes, sentences uncut and no cap."""
+def _fake_clock_book(
+    now: list[float],
+    chunking: ChunkingConfig,
+    vocoder_wake: Callable[[], None] = lambda: None,
+    **options: Any,
+) -> StreamBook:
+    """A stream book on the clock `now[0]`, sentences uncut and no cap; no wakes but the
+    vocoder's (`vocoder_wake`)."""
     return StreamBook(
         scheduler=PlaybackScheduler(SchedulingConfig()),
         planner=ChunkPlanner(chunking),
@@ -98,7 +105,7 @@ def _fake_clock_book(now: list[float], chunking: ChunkingConfig, **options: Any)
         first_chunk_s=0.1,
         clock=lambda: now[0],
         events=NullEvents(),
-        wakes=Wakes(talker=lambda: None, vocoder=lambda: None),
+        wakes=Wakes(talker=lambda: None, vocoder=vocoder_wake),
         **options,
     )
 
@@ -202,3 +209,54 @@ def test_a_stream_alone_with_a_second_buffered_is_planned_solo_chunks() -> None:
     assert planned(alone) == 10  # alone again
     send(alone)
     assert alone.frames.emitted_frames == 35
+
+
+@pytest.mark.parametrize("while_talking", [False, True])
+def test_no_chunk_ahead_of_a_lone_stream_while_its_talker_step_runs(while_talking: bool) -> None:
+    """vocoder.work_ahead_while_talking false: a lone stream whose chunk is being decoded
+    offers its next chunk (`ahead_ids`) only while no talker step of it runs; the end of
+    the step wakes the vocoder, which may then take it. True: offered either way."""
+    vocoder_wakes: list[None] = []
+    book = _fake_clock_book(
+        [100.0],
+        ChunkingConfig(chunk_frames=4),
+        lambda: vocoder_wakes.append(None),
+        max_in_flight=2,
+        work_ahead_streams=1,
+        vocoder_workers=2,
+        work_ahead_while_talking=while_talking,
+    )
+    backend = SimBackend(SimConfig(talker_frames_per_step=12))
+    voice = backend.voices()[0]
+    stream = book.add_stream(voice, speed=1.0, now_s=100.0)
+    book.add_text(stream.id, "one two three four five six seven eight nine ten", final=True)
+    record = book.record(stream.id)
+    assert record is not None
+    opened = book.open_segment(record)
+    state = backend.open_segment(opened.request)
+
+    def step() -> None:
+        book.talk_steps_started([opened])
+        (result,) = backend.step([state])
+        book.talked(opened, result.frames, result.done)
+        book.refresh()
+
+    def send_first() -> None:  # the stream's first chunk leaves; its next is decoded
+        chunk = record.chunk
+        assert chunk is not None
+        book.start_vocoding(record)
+        book.emit(record, chunk, np.zeros(chunk.frames * voice.samples_per_frame), 100.0)
+        book.refresh()
+        book.start_vocoding(record)  # the worker takes the next chunk
+        book.refresh()
+
+    step()
+    book.talk_steps_ended([opened])
+    send_first()
+    assert stream.id in book.ahead_ids  # its talker idles: a second worker may help
+    step()  # the next step runs (its frames are booked, the lane not yet freed)
+    assert (stream.id in book.ahead_ids) is while_talking
+    vocoder_wakes.clear()
+    book.talk_steps_ended([opened])
+    assert stream.id in book.ahead_ids
+    assert len(vocoder_wakes) == (0 if while_talking else 1)

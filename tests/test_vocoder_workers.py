@@ -179,6 +179,57 @@ async def test_a_lone_stream_gets_both_workers_and_the_same_pcm(
     assert np.array_equal(ahead[0], one_worker[0])
 
 
+# talker steps as long as a decode: a lone stream's talker is busy most of the time
+SLOW_TALKER = SimConfig(
+    talker_frames_per_step=8,
+    talker_step_base_ms=3.0,
+    talker_step_per_stream_ms=0.0,
+    vocoder_base_ms=2.0,
+    vocoder_per_frame_ms=0.1,
+)
+
+
+async def _ahead_takes(
+    make_engine: EngineFactory, *, while_talking: bool
+) -> tuple[list[bool], np.ndarray]:
+    """Whether the stream's talker step ran at each take of a chunk ahead of a lone
+    stream's chunk in flight, and its PCM."""
+    engine = await make_engine(
+        OverlappingSim(SLOW_TALKER),
+        window=1,
+        vocoder=VocoderConfig(
+            workers=2, work_ahead_streams=1, work_ahead_while_talking=while_talking
+        ),
+        talker=TalkerConfig(high_water_s=3600.0, batch=8),
+    )
+    book = engine.book
+    stepping: list[bool] = []
+    start_vocoding = book.start_vocoding
+
+    def watched(record: StreamRecord) -> None:
+        if record.in_flight:
+            stepping.append(record.talking is not None and record.talking.in_flight)
+        start_vocoding(record)
+
+    book.start_vocoding = watched  # type: ignore[method-assign]
+    (pcm,) = await asyncio.gather(read_all(engine.submit(LONE[0], voice="sim")))
+    _check(pcm, LONE[0])
+    return stepping, pcm
+
+
+async def test_no_chunk_ahead_while_the_streams_talker_step_runs(
+    make_engine: EngineFactory,
+) -> None:
+    """vocoder.work_ahead_while_talking false (the default): a second worker takes a lone
+    stream's next chunk only between its talker steps or after them; true: during them
+    too. The audio is the same either way."""
+    held, held_pcm = await _ahead_takes(make_engine, while_talking=False)
+    assert held and not any(held)  # chunks ahead were taken, none during a step
+    free, free_pcm = await _ahead_takes(make_engine, while_talking=True)
+    assert any(free)
+    assert np.array_equal(held_pcm, free_pcm)
+
+
 class SizeRecordingSim(OverlappingSim):
     """Records the new frames of every vocode item."""
 
