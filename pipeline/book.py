@@ -288,7 +288,7 @@ class StreamBook:
         `ready_ids` empty. Empty while more than `work_ahead_streams` streams have work
         left: the CPU is then busy with their talker work, which a chunk decoded ahead
         would only slow down. Unless `work_ahead_while_talking`, a stream whose talker
-        step runs now is left out (woken again by `talk_step_ended`): on a CPU a third
+        step runs now is left out (the vocoder is woken at `talk_steps_ended`): on a CPU a third
         thread would take from the talker, whose frames the stream needs next."""
         if not self._may_work_ahead():
             return {}.keys()

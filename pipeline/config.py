@@ -127,7 +127,7 @@ class VocoderConfig:
     yield_slack_s: float = 1.0
     # False, the measured default: a worker takes no chunk ahead of a stream (work-ahead)
     # while a talker step of that stream runs; on a CPU the talker then keeps the other
-    # core, and its frames are what the stream waits for (README, "Vocoder workers")
+    # core, and its frames are what the stream waits for (README, "The default voice")
     work_ahead_while_talking: bool = False
 
     def __post_init__(self) -> None:

@@ -17,10 +17,9 @@ worker's selection is the next most urgent streams. A worker that finds no strea
 takes the NEXT chunk of a stream already being decoded (`StreamBook.ahead_ids`, at most
 `workers` chunks of a stream in flight, while at most `vocoder.work_ahead_streams`
 streams have work left, and by default not while a talker step of that stream runs): a
-lone request uses every worker. One stream's chunks still
-leave in order: the book holds a chunk decoded before an earlier one until that one is
-emitted. The rate (the capacity estimate) is
-audio per second of the time any worker was busy.
+lone request uses every worker. One stream's chunks still leave in order: the book holds
+a chunk decoded before an earlier one until that one is emitted. The rate (the capacity
+estimate) is audio per second of the time any worker was busy.
 
 The start lane (`vocoder.start_lane_chunks`, with a `start_stage`): one more loop, its
 own thread, that takes turns only while every worker is decoding, and only for streams
