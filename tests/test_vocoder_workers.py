@@ -179,9 +179,10 @@ async def test_a_lone_stream_gets_both_workers_and_the_same_pcm(
     assert np.array_equal(ahead[0], one_worker[0])
 
 
-# talker steps as long as a decode: a lone stream's talker is busy most of the time
+# talker steps as long as a decode, each making four chunks' frames: a lone stream's
+# talker is stepping most of the time while chunks ahead of the one decoded are ready
 SLOW_TALKER = SimConfig(
-    talker_frames_per_step=8,
+    talker_frames_per_step=32,
     talker_step_base_ms=3.0,
     talker_step_per_stream_ms=0.0,
     vocoder_base_ms=2.0,
