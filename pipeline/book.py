@@ -214,7 +214,6 @@ class StreamBook:
         self._max_in_flight = max(1, max_in_flight)
         self._work_ahead_streams = work_ahead_streams
         self._work_ahead_while_talking = work_ahead_while_talking
-        self._ahead_held = False  # ahead_ids held a stream back for its talker step
         self._vocoder_workers = max(1, vocoder_workers)
         self._turns = 0  # vocoder turns running now (turn_started .. turn_ended)
         # first_audio_yield: the stages count their calls that make a stream's first audio
@@ -288,18 +287,15 @@ class StreamBook:
         `ready_ids` empty. Empty while more than `work_ahead_streams` streams have work
         left: the CPU is then busy with their talker work, which a chunk decoded ahead
         would only slow down. Unless `work_ahead_while_talking`, a stream whose talker
-        step runs now is left out (the vocoder is woken at `talk_steps_ended`): on a CPU a third
-        thread would take from the talker, whose frames the stream needs next."""
+        step runs now is left out (the vocoder is woken at `talk_steps_ended`): on a CPU
+        a third thread would take from the talker, whose frames the stream needs next."""
         if not self._may_work_ahead():
             return {}.keys()
         ahead = self._ahead
         if self._work_ahead_while_talking or not ahead:
             return ahead.keys()
         records = self._records
-        ids = [stream_id for stream_id in ahead if not _stepping(records[stream_id])]
-        if len(ids) != len(ahead):
-            self._ahead_held = True
-        return ids
+        return [stream_id for stream_id in ahead if not _stepping(records[stream_id])]
 
     def _may_work_ahead(self) -> bool:
         """A stream may have more than one chunk in flight now (work-ahead): with many
@@ -588,11 +584,13 @@ class StreamBook:
 
     def talk_steps_ended(self, batch: list[OpenSegment]) -> None:
         """A talker lane's step of these segments ended (its outcome was booked)."""
+        ahead = self._ahead
+        held = False  # a chunk ahead of one of them was held back during the step
         for opened in batch:
             opened.in_flight = False
-        if self._ahead_held:  # a worker may take the chunk ahead it was held from
-            self._ahead_held = False
-            self._wakes.vocoder()
+            held = held or opened.record.stream.id in ahead
+        if held and not self._work_ahead_while_talking:
+            self._wakes.vocoder()  # a worker may take it now
 
     # Transitions: work on a stream's first audio (with first_audio_yield).
 
