@@ -215,6 +215,9 @@ class PiperConfig:
     # ONNX Runtime threads of an encoder or vocoder call that finds no other Piper call
     # running (a lone stream: the other cores are idle); 1: no such sessions
     solo_threads: int = 1
+    # The vocoder's stages after its first decode only a chunk's emitted frames and their
+    # own reach, not the chunk's whole context (bit-identical audio; README)
+    vocoder_trim: bool = True
 
     def __post_init__(self) -> None:
         for name in ("model_path", "voices_dir", "cache_dir"):
@@ -229,6 +232,7 @@ class PiperConfig:
         check_bool("ort_cpu_arena", self.ort_cpu_arena)
         check_bool("ort_spinning", self.ort_spinning)
         check_int("solo_threads", self.solo_threads, 1)
+        check_bool("vocoder_trim", self.vocoder_trim)
         if self.flow_max_chunk_frames < self.flow_first_chunk_frames:
             raise ConfigError(
                 f"flow_max_chunk_frames ({self.flow_max_chunk_frames}) must be >= "

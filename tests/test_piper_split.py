@@ -29,6 +29,7 @@ from pipeline.backends.piper.graph_split import (
     find_cut,
 )
 from pipeline.backends.piper.reference import whole_model_session
+from pipeline.backends.piper.vocoder_trim import TRIM_START, TRIM_STOP, Trim, add_trim
 from pipeline.config import PiperConfig
 
 OUTPUT_GAIN = 0.8
@@ -91,7 +92,9 @@ def test_cut_graphs_declare_the_latent_and_are_cached(cache_dir: Path) -> None:
         (LATENT_NAME, ["batch_size", 192, "frames"])
     ]
     assert [(i.name, i.shape) for i in vocoder.get_inputs()] == [
-        (LATENT_NAME, ["batch_size", 192, "frames"])
+        (LATENT_NAME, ["batch_size", 192, "frames"]),
+        (TRIM_START, [1]),
+        (TRIM_STOP, [1]),
     ]
     assert [o.name for o in vocoder.get_outputs()] == ["output"]
     for path in paths:
@@ -124,7 +127,7 @@ def test_an_unwritable_cache_keeps_the_graphs_in_memory(tmp_path: Path) -> None:
     split = load_split(bundled_model_path(), blocker, "en_US-joe-medium")
     assert all(isinstance(p, bytes) for p in (split.encoder, split.flow, split.vocoder))
     vocoder = ort.InferenceSession(split.vocoder)
-    assert [i.name for i in vocoder.get_inputs()] == [LATENT_NAME]
+    assert [i.name for i in vocoder.get_inputs()] == [LATENT_NAME, TRIM_START, TRIM_STOP]
 
 
 @pytest.mark.slow
@@ -194,3 +197,98 @@ def test_talker_then_vocoder_reproduces_the_whole_model(
     assert pcm.shape == whole.shape == (latent.shape[0] * 256,)
     expected = np.clip(whole * OUTPUT_GAIN, -1.0, 1.0)
     assert float(np.max(np.abs(pcm - expected))) < 1e-6
+
+
+def _conv(name: str, source: str, target: str, kernel: int, **attributes: object):
+    """A 2-channel 1-D Conv (or ConvTranspose, with `strides`) and its weight."""
+    weight = helper.make_tensor(f"{name}.w", TensorProto.FLOAT, [2, 2, kernel], [0.1] * 4 * kernel)
+    op = "ConvTranspose" if "strides" in attributes else "Conv"
+    node = helper.make_node(op, [source, weight.name], [target], name=name, **attributes)
+    return node, weight
+
+
+def _decoder(after_second_upsampling: str) -> onnx.ModelProto:
+    """A toy decoder: conv, two upsampling layers, then one op on the audio."""
+    parts = [
+        _conv("pre", "latent", "a", 3, pads=[1, 1]),
+        _conv("up0", "a", "b", 4, pads=[1, 1], strides=[2]),
+        _conv("up1", "b", "c", 4, pads=[1, 1], strides=[2]),
+    ]
+    nodes = [node for node, _ in parts]
+    nodes.append(helper.make_node(after_second_upsampling, ["c"], ["output"], name="last"))
+    graph = helper.make_graph(
+        nodes,
+        "toy-decoder",
+        [helper.make_tensor_value_info("latent", TensorProto.FLOAT, [1, 2, "frames"])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["d0", "d1", "d2"])],
+        [weight for _, weight in parts],
+    )
+    return helper.make_model(graph)
+
+
+def test_the_trim_reach_is_computed_from_the_graph() -> None:
+    model = _decoder("Tanh")
+    trim = add_trim(model)
+    # the cut is up1's input (2 samples per frame); its reach: up1 (kernel 4, stride 2,
+    # pad 1: 2 input samples), then Tanh (none): 2 samples = 1 frame
+    assert trim == Trim(samples_per_frame=2, margin_frames=1)
+    onnx.checker.check_model(model)
+    assert [i.name for i in model.graph.input] == ["latent", TRIM_START, TRIM_STOP]
+    props = {p.key: p.value for p in model.metadata_props}
+    assert props["playhead.trim_samples_per_frame"] == "2"
+
+
+def test_a_decoder_it_does_not_recognise_is_left_untrimmed() -> None:
+    """An op after the cut that moves samples in time (here a transpose of the axes):
+    no trim, the graph as it was."""
+    model = _decoder("Transpose")
+    before = model.SerializeToString()
+    assert add_trim(model) is None
+    assert model.SerializeToString() == before
+
+
+@pytest.mark.slow
+def test_trimmed_decoding_is_bit_identical_to_the_whole_chunk(
+    backend: PiperBackend, cache_dir: Path
+) -> None:
+    """The bundled voice's vocoder is trimmed after its first stage (8 samples per frame,
+    a reach of 2 frames, both computed from the graph); every chunk shape the planner
+    makes (ramp, steady, solo, at a segment's start, middle and end, two items of
+    different offsets in one call) decodes to exactly the untrimmed graph's audio. The
+    margin matters: without it the audio changes."""
+    voice = backend.default_voice()
+    loaded = backend._voices[voice]
+    assert loaded.trim == Trim(samples_per_frame=8, margin_frames=2)
+    whole = PiperBackend(
+        PiperConfig(cache_dir=str(cache_dir), output_gain=OUTPUT_GAIN, vocoder_trim=False),
+        noise_scale=0.0,
+        noise_w=0.0,
+    )
+    text = "A sentence long enough to be decoded in several chunks, with context on each side."
+    latent = backend.talk_ids(voice, backend.phoneme_ids(voice, text), backend.scales(voice))
+    frames = latent.shape[0]
+    assert frames > 200
+    # (first frame given, emit offset, emit count, frames given)
+    shapes = [
+        (0, 0, 8, 16),  # the first ramp chunk: no left context
+        (0, 8, 16, 32),
+        (16, 8, 32, 48),
+        (100, 8, 64, 80),  # steady
+        (40, 8, 128, 144),  # solo
+        (frames - 40, 8, 32, 40),  # the segment's tail: no right context
+    ]
+    items = [VocodeItem(voice, latent[a : a + n], off, count) for a, off, count, n in shapes]
+    batch = [VocodeItem(voice, latent[50:130], 8, 64), VocodeItem(voice, latent[0:80], 0, 72)]
+    for call in [*([item] for item in items), batch]:
+        trimmed, untrimmed = backend.vocode(call), whole.vocode(call)
+        for got, expected in zip(trimmed, untrimmed, strict=True):
+            assert got.shape == expected.shape
+            assert np.array_equal(got, expected)
+
+    object.__setattr__(loaded, "trim", Trim(samples_per_frame=8, margin_frames=0))
+    try:
+        (got,) = backend.vocode([items[3]])
+    finally:
+        object.__setattr__(loaded, "trim", Trim(samples_per_frame=8, margin_frames=2))
+    (expected,) = whole.vocode([items[3]])
+    assert not np.array_equal(got, expected)

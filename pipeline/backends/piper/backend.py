@@ -27,6 +27,7 @@ from pipeline.backend import TalkRequest, TalkStep, VocodeItem, Voice
 from pipeline.backends.piper.errors import UnknownPiperVoice, VoiceLoadError
 from pipeline.backends.piper.graph_split import SplitGraphs, load_split
 from pipeline.backends.piper.phonemes import text_to_ids
+from pipeline.backends.piper.vocoder_trim import TRIM_START, TRIM_STOP, Trim, read_trim, trim_range
 from pipeline.backends.piper.voices import (
     VoiceSpec,
     bundled_model_path,
@@ -67,6 +68,7 @@ class _LoadedVoice:
     solo_vocoder: ort.InferenceSession | None
     latent_name: str  # the vocoder's input
     channels: int
+    trim: Trim | None  # the vocoder graph's trim inputs (None: an untrimmed graph)
 
 
 _OPTIMIZATION_LEVELS = {
@@ -152,6 +154,7 @@ class PiperBackend:
         self._flow_context = piper.flow_context_frames
         self._flow_first_chunk = piper.flow_first_chunk_frames
         self._flow_max_chunk = piper.flow_max_chunk_frames
+        self._vocoder_trim = piper.vocoder_trim
         self._phonemize_lock = threading.Lock()
         self._calls_lock = threading.Lock()
         self._calls = 0  # talker steps and vocoder calls running now
@@ -208,9 +211,11 @@ class PiperBackend:
                 and [i.name for i in flow.get_inputs()] == encoder_outputs[:2]
             )
         )
+        vocoder_inputs = [i.name for i in vocoder_session.get_inputs()]
+        trim = read_trim(vocoder_session.get_modelmeta().custom_metadata_map, vocoder_inputs)
         if (
             not fits
-            or [i.name for i in vocoder_session.get_inputs()] != [latent]
+            or vocoder_inputs != [latent, *(() if trim is None else (TRIM_START, TRIM_STOP))]
             or not isinstance(channels, int)
         ):
             raise VoiceLoadError(
@@ -233,6 +238,7 @@ class PiperBackend:
             solo_vocoder,
             latent,
             channels,
+            trim,
         )
 
     # Backend protocol
@@ -384,16 +390,25 @@ class PiperBackend:
                 continue
             groups.setdefault((item.voice, frames.shape[0]), []).append(index)
 
-        for (voice_id, _), indices in groups.items():
+        for (voice_id, length), indices in groups.items():
             loaded = self._voices[voice_id]
             batch = np.stack([np.asarray(items[i].frames, dtype=np.float32).T for i in indices])
             session = loaded.solo_vocoder if alone and loaded.solo_vocoder else loaded.vocoder
-            (audio,) = session.run(None, {loaded.latent_name: batch}, run_options)
+            feed: dict[str, np.ndarray] = {loaded.latent_name: batch}
+            first = 0  # the first frame the output covers
+            trim = loaded.trim
+            if trim is not None:
+                # the later stages decode only the emitted frames and their reach
+                emits = [(items[i].emit_offset_frames, items[i].emit_frames) for i in indices]
+                first, last = trim_range(length, emits, trim, self._vocoder_trim)
+                feed[TRIM_START] = np.array([first * trim.samples_per_frame], np.int64)
+                feed[TRIM_STOP] = np.array([last * trim.samples_per_frame], np.int64)
+            (audio,) = session.run(None, feed, run_options)
             audio = audio.reshape(len(indices), -1)
             hop = loaded.spec.samples_per_frame
             for row, index in enumerate(indices):
                 item = items[index]
-                start = item.emit_offset_frames * hop
+                start = (item.emit_offset_frames - first) * hop
                 piece = audio[row, start : start + item.emit_frames * hop] * self._output_gain
                 pcm[index] = np.clip(piece, -1.0, 1.0).astype(np.float32, copy=False)
         return pcm  # type: ignore[return-value]  # every slot is filled above

@@ -11,7 +11,9 @@ encoder = text encoder + duration predictor (+ the flow when it is not cut off):
                                              frame count [batch]
           (uncut: latent [batch, channels, frames], frame count [batch])
 flow    = the flow, reversed: z_p, frame mask -> latent [batch, channels, frames] (z, masked)
-vocoder = HiFi-GAN decoder: latent -> output [batch, 1, 1, samples]
+vocoder = HiFi-GAN decoder: latent -> output [batch, 1, 1, samples], with a trim after
+          its first stage where the graph allows (`trim_start`, `trim_stop`:
+          pipeline/backends/piper/vocoder_trim.py)
 
 The decoder's cut is found by name first (`/Mul_7_output_0`, `/Cast_output_0` in Piper's
 exports), else by structure: the latent is the data input of the decoder's first conv
@@ -36,10 +38,11 @@ from onnx import helper
 
 from pipeline.backends.piper.durations import make_length_scale_exact
 from pipeline.backends.piper.errors import GraphSplitError
+from pipeline.backends.piper.vocoder_trim import add_trim
 
 logger = logging.getLogger("playhead.piper")
 
-SPLIT_VERSION = 3  # bump when the cut changes: old cache entries are then ignored
+SPLIT_VERSION = 4  # bump when the cut changes: old cache entries are then ignored
 TALKER_INPUTS = ("input", "input_lengths", "scales")
 AUDIO_OUTPUT = "output"
 LATENT_NAME = "/Mul_7_output_0"
@@ -65,7 +68,7 @@ class SplitGraphs:
 
     encoder: Path | bytes  # outputs: prior, mask, frame count (with flow), else latent, count
     flow: Path | bytes | None  # inputs: prior, mask; output: latent (None: not cut off)
-    vocoder: Path | bytes  # input: latent; output: audio
+    vocoder: Path | bytes  # inputs: latent (and the trim's, where added); output: audio
     cached: bool  # True: found in the cache, not cut now
 
 
@@ -205,6 +208,8 @@ def split_model(
 
     extractor = onnx.utils.Extractor(model)
     vocoder = extractor.extract_model([cut.latent], [AUDIO_OUTPUT])
+    if add_trim(vocoder) is None:
+        logger.info("voice %s: the vocoder graph is not trimmed (structure not handled)", voice_id)
     _check(vocoder, voice_id, "vocoder")
     flow = None
     if cut.prior is not None and cut.mask is not None:
