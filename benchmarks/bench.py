@@ -281,11 +281,16 @@ def run_load(url: str, n: int, plan: LoadPlan, *, capacity: bool = False) -> Loa
 
 
 def measure_capacity(
-    config: Path, settings: Sequence[str], clients: int, plan: LoadPlan, log_path: Path
+    config: Path,
+    settings: Sequence[str],
+    clients: int,
+    plan: LoadPlan,
+    log_path: Path,
+    policy: Policy = Policy("fifo", 0, False),
 ) -> tuple[float, LoadResult]:
-    """C: audio per second a fifo server without a window delivers to `clients` saturating
-    clients, from the first to the last burst of the window (see burst_throughput)."""
-    policy = Policy("fifo", 0, False)
+    """C: audio per second a server under `policy` (by default fifo without a window)
+    delivers to `clients` saturating clients, from the first to the last burst of the
+    window (see burst_throughput)."""
     with serve(config, [*settings, *policy.overrides()], log_path) as url:
         result = run_load(url, clients, plan, capacity=True)
     return result.burst_throughput(), result

@@ -174,9 +174,12 @@ def limit_line(results: Mapping[str, Any]) -> str:
     if not limit:
         return ""
     layouts = ", ".join(f"{r['layout']}: {r['audio_s_per_s']:.2f}" for r in limit["runs"])
+    by_policy = results.get("capacity_by_policy") or {}
+    measured = ", ".join(f"{label} {value:.2f}" for label, value in by_policy.items())
+    source = f" (the larger of {measured}, saturated, no admission)" if measured else ""
     return (
         f"Capacity against the machine's limit: C = {limit['capacity_audio_s_per_s']:.2f} audio "
-        f"s per s; limit = {limit['audio_s_per_s']:.2f} (piper's whole model, best layout "
+        f"s per s{source}; limit = {limit['audio_s_per_s']:.2f} (piper's whole model, best layout "
         f"{limit['layout']} processes x threads; {layouts}); C / limit = "
         f"{limit['capacity_ratio']:.2f}.\n"
     )
