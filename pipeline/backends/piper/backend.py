@@ -355,7 +355,9 @@ class PiperBackend:
     def vocode(
         self, items: Sequence[VocodeItem], abort: VocodeAbort | None = None
     ) -> list[np.ndarray]:
-        """Items of one voice and equal length share one decoder call. A call that finds
+        """Items of one voice and equal length share one decoder call; where the voice's
+        graph is trimmed (`vocoder_trim.py`, `piper.vocoder_trim`), its later stages decode
+        only the union of those items' emitted frames plus their reach. A call that finds
         no other talker step or vocoder call running uses the voice's solo session
         (`piper.solo_threads`), when there is one. `abort` (from `vocode_abort`): called,
         it ends the call early (the engine does when every stream of the call is gone)."""
