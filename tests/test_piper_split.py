@@ -238,6 +238,46 @@ def test_the_trim_reach_is_computed_from_the_graph() -> None:
     assert props["playhead.trim_samples_per_frame"] == "2"
 
 
+def test_a_cut_read_before_the_second_upsampling_layer_is_trimmed_before_its_readers() -> None:
+    """The cut tensor also feeds a branch whose node comes before the second upsampling
+    layer in the graph's order: the Slice goes right after the cut's producer, and the
+    emitted samples are those of the untrimmed graph."""
+    parts = [
+        _conv("pre", "latent", "a", 3, pads=[1, 1]),
+        _conv("up0", "a", "b", 4, pads=[1, 1], strides=[2]),
+        _conv("up1", "b", "c", 4, pads=[1, 1], strides=[2]),
+        _conv("up1b", "b_relu", "d", 4, pads=[1, 1], strides=[2]),
+    ]
+    nodes = [parts[0][0], parts[1][0], helper.make_node("Relu", ["b"], ["b_relu"])]
+    nodes += [parts[2][0], parts[3][0], helper.make_node("Add", ["c", "d"], ["output"])]
+    graph = helper.make_graph(
+        nodes,
+        "toy-branch",
+        [helper.make_tensor_value_info("latent", TensorProto.FLOAT, [1, 2, "frames"])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 2, "samples"])],
+        [weight for _, weight in parts],
+    )
+    model = helper.make_model(graph)
+    untrimmed = ort.InferenceSession(model.SerializeToString())
+    trim = add_trim(model)
+    assert trim is not None
+    onnx.checker.check_model(model)
+    trimmed = ort.InferenceSession(model.SerializeToString())
+    latent = np.random.default_rng(0).standard_normal((1, 2, 20)).astype(np.float32)
+    (whole,) = untrimmed.run(None, {"latent": latent})
+    first, last = 6 - trim.margin_frames, 10 + trim.margin_frames  # emit frames [6, 10)
+    rate = trim.samples_per_frame
+    feed = {
+        "latent": latent,
+        TRIM_START: np.array([first * rate]),
+        TRIM_STOP: np.array([last * rate]),
+    }
+    (part,) = trimmed.run(None, feed)
+    per_frame = whole.shape[2] // 20
+    emitted = slice((6 - first) * per_frame, (10 - first) * per_frame)
+    assert np.array_equal(part[:, :, emitted], whole[:, :, 6 * per_frame : 10 * per_frame])
+
+
 def test_a_decoder_it_does_not_recognise_is_left_untrimmed() -> None:
     """An op after the cut that moves samples in time (here a transpose of the axes):
     no trim, the graph as it was."""

@@ -109,13 +109,15 @@ def add_trim(vocoder: onnx.ModelProto) -> Trim | None:
             step = reach[1]
         for output in node.output:
             rate[output] = known[0] * step
-    if cut not in rate:
+    producers = [index for index, node in enumerate(nodes) if cut in node.output]
+    if cut not in rate or len(producers) != 1:
         return None
     cut_rate = rate[cut]
+    after_cut = producers[0] + 1  # the Slice goes here, before every reader of the cut
 
     # the reach after the cut, in samples of the cut tensor
     reach: dict[str, tuple[float, int]] = {cut: (0.0, 1)}  # (reach, rate relative to the cut)
-    for node in nodes[nodes.index(upsampling[1]) :]:
+    for node in nodes[after_cut:]:
         tracked = [reach[name] for name in node.input if name in reach]
         if not tracked:
             continue
@@ -153,7 +155,7 @@ def add_trim(vocoder: onnx.ModelProto) -> Trim | None:
     )
     graph.initializer.append(helper.make_tensor(_TRIM_AXIS, onnx.TensorProto.INT64, [1], [2]))
     graph.node.insert(
-        nodes.index(upsampling[1]),
+        after_cut,
         helper.make_node(
             "Slice", [cut, TRIM_START, TRIM_STOP, _TRIM_AXIS], [trimmed], name="playhead_trim"
         ),
