@@ -26,6 +26,8 @@ from pipeline.backends.piper.graph_split import (
     LATENT_NAME,
     MASK_NAME,
     PRIOR_NAME,
+    SPLIT_VERSION,
+    file_sha256,
     find_cut,
 )
 from pipeline.backends.piper.reference import whole_model_session
@@ -108,6 +110,22 @@ def test_cut_graphs_declare_the_latent_and_are_cached(cache_dir: Path) -> None:
     assert sorted(p.name for p in split.encoder.parent.iterdir()) == sorted(
         p.name for p in paths
     ), "no temporary files left behind"
+
+
+@pytest.mark.slow
+def test_cutting_removes_this_models_entries_of_other_versions(tmp_path: Path) -> None:
+    folder = tmp_path / "piper-split"
+    folder.mkdir()
+    sha = file_sha256(bundled_model_path())
+    stale = [folder / f"{sha}.v{SPLIT_VERSION - 1}.{part}.onnx" for part in ("encoder", "vocoder")]
+    other_model = folder / f"{'0' * 64}.v{SPLIT_VERSION - 1}.encoder.onnx"
+    for path in (*stale, other_model):
+        path.write_bytes(b"an older cut")
+    split = load_split(bundled_model_path(), tmp_path, "en_US-joe-medium")
+    assert not split.cached
+    assert not any(path.exists() for path in stale)
+    assert other_model.exists(), "another model's entry is not this cut's to remove"
+    assert isinstance(split.encoder, Path) and split.encoder.exists()
 
 
 @pytest.mark.slow

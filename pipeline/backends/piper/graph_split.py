@@ -263,7 +263,8 @@ def load_split(
     """
     model_path = Path(model_path)
     folder = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / "piper-split"
-    key = f"{file_sha256(model_path)}.v{SPLIT_VERSION}"
+    sha = file_sha256(model_path)
+    key = f"{sha}.v{SPLIT_VERSION}"
     encoder_path = folder / f"{key}.encoder.onnx"
     flow_path = folder / f"{key}.flow.onnx"
     vocoder_path = folder / f"{key}.vocoder.onnx"
@@ -285,6 +286,7 @@ def load_split(
         else:
             flow_path.unlink(missing_ok=True)
         _write_atomically(encoder, encoder_path)  # last: its presence marks a complete entry
+        _remove_other_versions(folder, sha)
     except OSError as error:
         logger.warning(
             "voice %s: cannot cache the cut graphs in %s (%s); keeping them in memory",
@@ -300,6 +302,16 @@ def load_split(
         )
     logger.info("voice %s: cut graphs written to %s", voice_id, folder / key)
     return SplitGraphs(encoder_path, flow_path if flow is not None else None, vocoder_path, False)
+
+
+def _remove_other_versions(folder: Path, sha: str) -> None:
+    """Delete this model's cut graphs of other split versions (about the model's size
+    each); other models' entries are left alone."""
+    current = f"{sha}.v{SPLIT_VERSION}."
+    for path in folder.glob(f"{sha}.v*.onnx"):
+        if not path.name.startswith(current):
+            path.unlink(missing_ok=True)
+            logger.info("removed %s (another split version)", path.name)
 
 
 def _write_atomically(model: onnx.ModelProto, path: Path) -> None:
