@@ -584,13 +584,13 @@ class StreamBook:
 
     def talk_steps_ended(self, batch: list[OpenSegment]) -> None:
         """A talker lane's step of these segments ended (its outcome was booked)."""
-        ahead = self._ahead
-        held = False  # a chunk ahead of one of them was held back during the step
         for opened in batch:
             opened.in_flight = False
-            held = held or opened.record.stream.id in ahead
-        if held and not self._work_ahead_while_talking:
-            self._wakes.vocoder()  # a worker may take it now
+        ahead = self._ahead
+        if not self._work_ahead_while_talking and any(
+            opened.record.stream.id in ahead for opened in batch
+        ):
+            self._wakes.vocoder()  # a chunk ahead was held back during the step: take it now
 
     # Transitions: work on a stream's first audio (with first_audio_yield).
 
