@@ -39,6 +39,9 @@ SENTENCES = (
     "We will meet at the station at half past seven and then take the bus to the old town "
     "hall together.",
     "Please call me back tomorrow morning after nine o'clock.",
+    # its first clause ends after 15 words: the first fragment is cut there
+    "When the old lighthouse keeper finally climbed the narrow spiral stairs for the last "
+    "time, he paused at every window to look out over the grey water.",
 )
 
 

@@ -49,8 +49,8 @@ class TalkerConfig:
     # streams have work), a stream with this much audio talked but not yet vocoded sits
     # out: more would take the cores from the chunks waiting (0: no cap)
     busy_max_queued_s: float = 2.0
-    # a first sentence longer than this is cut at its first clause end, if that comes
-    # within this many words (0: never; docs/text.md)
+    # a first sentence longer than this is cut at its first clause end, wherever it falls
+    # (0: never; docs/text.md)
     first_fragment_words: int = 13
     max_segment_chars: int = 300  # sentences longer than this split at clause boundaries
     # no segment has more estimated phonemes than this (pipeline/text.py's proxy)

@@ -5,11 +5,9 @@ A stream's text is cut into segments, one talker call each:
 - sentences (ended by . ! ? … followed by whitespace, or a blank line), except after
   common abbreviations and initials ("Dr.", "e.g.", "J.");
 - with `first_fragment_words` > 0, a stream's first sentence longer than that is cut at
-  its first clause end (, ; : or a dash) when that falls within `first_fragment_words`
-  words, so that the first chunk comes sooner; never between two words without a
-  natural pause (0, this class's default, never cuts: the Piper talker encodes a whole
-  sentence and returns its frames in chunks, so a long first sentence needs no cut to
-  start);
+  its first clause end (, ; : or a dash), wherever it falls, so that the first chunk
+  comes sooner (the Piper talker encodes a whole segment before its first frames); never
+  between two words without a natural pause (0, this class's default, never cuts);
 - a sentence longer than `max_segment_chars` characters or `max_segment_phonemes`
   estimated phonemes (`estimated_phonemes`) is split at clause boundaries (, ; : and
   spaced dashes), else at a word boundary; a single token longer than that (a URL, a run
@@ -102,17 +100,19 @@ def _has_word(text: str) -> bool:
 
 def _first_fragment(text: str, max_words: int) -> int | None:
     """Where to cut the stream's first fragment off normalised `text` (its first
-    sentence): at its first clause end (a natural pause: , ; : or a dash) when the
-    sentence has more than `max_words` words and that clause ends within them. None when
-    the sentence is short enough as it is, when no clause ends early enough (a sentence is
-    never cut between two words that the voice would join), or when the cut would leave a
-    remainder of a word or two (a segment that short is a talker call and a vocoder turn
-    for a fraction of a second of audio)."""
+    sentence): at its first clause end (a natural pause: , ; : or a dash), wherever it
+    falls, when the sentence has more than `max_words` words. The talker's first step
+    encodes the whole first segment before any audio, so a shorter first segment is
+    earlier audio, and the machine's other core gets vocoder work sooner. None when the
+    sentence is short enough as it is, when it has no clause end (a sentence is never cut
+    between two words that the voice would join), or when the cut would leave a remainder
+    of a word or two (a segment that short is a talker call and a vocoder turn for a
+    fraction of a second of audio)."""
     if max_words <= 0 or len(text.split()) <= max_words:
         return None
     # the first clause end with a word before it (a leading dash is no clause)
     clause = next((m for m in _CLAUSE_END.finditer(text) if _has_word(text[: m.start()])), None)
-    if clause is None or len(text[: clause.end()].split()) > max_words:
+    if clause is None:
         return None
     cut = clause.end()
     if len(text[cut:].split()) < MIN_REST_WORDS:

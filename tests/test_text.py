@@ -15,18 +15,38 @@ def test_first_fragment_is_the_first_clause() -> None:
     assert segments == ["Well then,", "we should all go home before the rain starts.", "Fine."]
 
 
-def test_a_long_first_sentence_without_an_early_clause_is_not_cut() -> None:
-    # no natural pause within the first 4 words: the sentence stays whole (a cut between
-    # two words the voice would join adds a pause and a sentence-final intonation)
+def test_a_long_first_sentence_without_a_clause_end_is_not_cut() -> None:
+    # no natural pause: the sentence stays whole (a cut between two words the voice would
+    # join adds a pause and a sentence-final intonation)
     text = "The quick brown fox jumps over the lazy dog today. It sleeps."
     assert split_text(text, first_fragment_words=4) == [
         "The quick brown fox jumps over the lazy dog today.",
         "It sleeps.",
     ]
+    # a clause end that would leave a one-word remainder is no cut either
     text = "The quick brown fox jumps over the lazy dog, today. It sleeps."
     assert split_text(text, first_fragment_words=4)[0] == (
         "The quick brown fox jumps over the lazy dog, today."
     )
+
+
+def test_the_first_clause_end_is_the_cut_wherever_it_falls() -> None:
+    # the whole first segment is encoded before its first frames: a clause end after the
+    # first 13 words still makes the first fragment shorter than the sentence
+    text = (
+        "When the old lighthouse keeper finally climbed the narrow spiral stairs for the last "
+        "time, he paused at every window to look out over the grey water. He smiled."
+    )
+    # (first_segment_chars 0, as served: no cap on the first segment's length)
+    assert split_text(text, first_fragment_words=13, first_segment_chars=0) == [
+        "When the old lighthouse keeper finally climbed the narrow spiral stairs for the "
+        "last time,",
+        "he paused at every window to look out over the grey water.",
+        "He smiled.",
+    ]
+    # only the stream's first sentence: the second keeps its comma
+    second = split_text("Hi. " + text, first_fragment_words=13, first_segment_chars=0)[1]
+    assert second == text[: text.index(" He")]
 
 
 def test_short_first_sentence_is_not_cut_and_zero_disables_the_cut() -> None:
