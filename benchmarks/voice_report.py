@@ -70,9 +70,9 @@ def voice_tables(results: Mapping[str, Any]) -> str:
         lines += [
             "",
             f"Targets: TTFA p50 (short first sentence, one stream) "
-            f"{fmt(t['ttfa_p50_short_ms'], '.2f')} ms vs <= {t['ttfa_p50_short_target_ms']:.0f} "
-            f"ms: "
-            f"{'met' if t['ttfa_met'] else 'MISSED'}. Concurrent streams all playing without "
+            f"{fmt(t['ttfa_p50_short_ms'], '.2f')} ms vs <= "
+            f"{t['ttfa_p50_short_target_ms']:.0f} ms: {'met' if t['ttfa_met'] else 'MISSED'}. "
+            f"Concurrent streams all playing without "
             f"a stall (and no 429): {best['streams']} ({best['config']}) vs >= "
             f"{t['stall_free_streams_target']}: {'met' if t['stall_free_met'] else 'MISSED'} "
             f"(largest such N measured, per config: {per_config}).",

@@ -57,9 +57,15 @@ def _kernel(node: onnx.NodeProto, weights: dict[str, onnx.TensorProto]) -> int |
     return int(weight.dims[2]) if weight is not None and len(weight.dims) == 3 else None
 
 
-def _conv_reach(node: onnx.NodeProto, kernel: int) -> tuple[float, int] | None:
+def _conv_reach(
+    node: onnx.NodeProto, weights: dict[str, onnx.TensorProto]
+) -> tuple[float, int] | None:
     """(reach in input samples, output samples per input sample) of a 1-D conv node,
-    or None for a form not handled (strided conv, asymmetric transposed padding...)."""
+    or None for a form not handled (unknown kernel, strided conv, asymmetric transposed
+    padding...)."""
+    kernel = _kernel(node, weights)
+    if kernel is None:
+        return None
     attributes = _attributes(node)
     strides = attributes.get("strides", [1])
     dilations = attributes.get("dilations", [1])
@@ -102,11 +108,10 @@ def add_trim(vocoder: onnx.ModelProto) -> Trim | None:
             break
         step = 1
         if node.op_type in ("Conv", "ConvTranspose"):
-            kernel = _kernel(node, weights)
-            reach = None if kernel is None else _conv_reach(node, kernel)
-            if reach is None:
+            conv = _conv_reach(node, weights)
+            if conv is None:
                 return None
-            step = reach[1]
+            step = conv[1]
         for output in node.output:
             rate[output] = known[0] * step
     producers = [index for index, node in enumerate(nodes) if cut in node.output]
@@ -122,8 +127,7 @@ def add_trim(vocoder: onnx.ModelProto) -> Trim | None:
         if not tracked:
             continue
         if node.op_type in ("Conv", "ConvTranspose"):
-            kernel = _kernel(node, weights)
-            conv = None if kernel is None else _conv_reach(node, kernel)
+            conv = _conv_reach(node, weights)
             if conv is None or len(tracked) != 1:
                 return None
             (before, relative) = tracked[0]
