@@ -19,14 +19,16 @@ own HTTP server, in one run on this machine.
    stall-free, TTFA p99 under 300 ms). Right after C, the machine's limit
    (benchmarks/voice_limit.py: piper's whole model in one single-thread process per core,
    and in one process with a thread per core; the better counts) on the same texts, and
-   C / limit.
+   C / limit. C and the limit are measured in `--capacity-rounds` rounds (2; C, then the
+   limit), each figure the mean of its rounds: the host's speed drifts within minutes.
 4. benchmarks/results/voice-<timestamp>/: results.json, table.md, plots, server logs;
    copied to benchmarks/results/voice-latest.json and benchmarks/results/voice-latest/.
 
 Every figure comes from the client side (benchmarks/player.py): the server is never asked
 how it did. RTF = (last byte - request sent) / audio duration: lower is faster.
 results.json: {"machine", "date", "backend", "voice", "capacity_audio_s_per_s",
-"machine_limit" ({"audio_s_per_s", "layout", "runs", "capacity_ratio"} or null),
+"machine_limit" ({"audio_s_per_s", "layout", "by_layout", "runs", "rounds",
+"capacity_ratio"} or null; each round: C per policy, the limit per layout, its own ratio),
 "single_stream": {server: {"short"|"long": row}}, "concurrency": {server: [row]},
 "runs": [policy rows as in benchmarks/bench.py], "targets", ...}; a row is a
 benchmarks.player.Summary (as_dict) plus streams, stall_free_streams, ttfa_ms, errors.
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -218,26 +221,24 @@ class Bench:
         with piper_server(bundled_model_path(), self.out_dir / "server-piper-http.log") as url:
             return self._measure(PIPER, url, plan)
 
-    def capacity(self) -> tuple[float, int, dict[str, Any], dict[str, float]]:
+    def capacity(self, round_index: int = 0) -> dict[str, tuple[float, LoadResult, Policy]]:
         """Audio per second received by clients that send their next request at the last
         byte (as benchmarks/bench.py), from fifo without a window and from edf with the
-        served window, both without admission: C is the larger. fifo without a window
-        batches every ready stream into one turn, the most a batching backend can do;
-        on a CPU, whose vocoder workers decode one chunk after another, one worker then
-        takes every ready stream and the other waits for more, so the served schedule
-        (edf) delivers more there."""
-        n_sat = self.args.capacity_streams
+        served window, both without admission (C is the larger: `capacity_and_limit`).
+        fifo without a window batches every ready stream into one turn, the most a
+        batching backend can do; on a CPU, whose vocoder workers decode one chunk after
+        another, one worker then takes every ready stream and the other waits for more,
+        so the served schedule (edf) delivers more there."""
         measured: dict[str, tuple[float, LoadResult, Policy]] = {}
         for policy in (Policy("fifo", 0, False), Policy("edf", self.args.window, False)):
-            log_path = self.out_dir / f"server-capacity-{policy.slug}.log"
+            log_path = self.out_dir / f"server-capacity-{policy.slug}-{round_index}.log"
             capacity, result = measure_capacity(
-                self.args.config, self.settings, n_sat, self.plan, log_path, policy
-            )
+                self.args.config, self.settings, self.args.capacity_streams, self.plan,
+                log_path, policy,
+            )  # fmt: skip
             measured[policy.label] = (capacity, result, policy)
             _log(f"capacity under {policy.label}: {capacity:.2f} audio s per s")
-        capacity, result, policy = max(measured.values(), key=lambda m: m[0])
-        by_policy = {label: m[0] for label, m in measured.items()}
-        return capacity, n_sat, run_row(policy, result, capacity), by_policy
+        return measured
 
     def policies(self, capacity: float) -> list[dict[str, Any]]:
         a = self.args
@@ -264,15 +265,61 @@ def seam_figures(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def machine_limit(args: argparse.Namespace, texts: Sequence[str]) -> dict[str, Any]:
+def machine_limit(args: argparse.Namespace, texts: Sequence[str]) -> list[LimitRun]:
     """The machine's limit on this voice (benchmarks/voice_limit.py): piper's whole model in
-    one single-thread process per core (and one process with a thread per core; the best
-    layout counts), audio seconds per wall second, over the load's own texts."""
-    best, runs = measure_limit(texts, seconds=args.limit_seconds)
+    one single-thread process per core, and in one process with a thread per core, audio
+    seconds per wall second over the load's own texts; every layout's run."""
+    _, runs = measure_limit(texts, seconds=args.limit_seconds)
     for run in runs:
         _log(f"limit layout {run.layout} (processes x threads): {_limit_line(run)}")
-    return {"audio_s_per_s": best.audio_s_per_s, "layout": best.layout,
-            "runs": [r.as_dict() for r in runs]}  # fmt: skip
+    return runs
+
+
+def capacity_and_limit(
+    bench: Bench, args: argparse.Namespace
+) -> tuple[float, dict[str, Any] | None, dict[str, float], dict[str, Any] | None]:
+    """C and the machine's limit, measured in `args.capacity_rounds` rounds (C under both
+    policies, then the limit right after, on the same texts): the host's speed drifts by
+    10-20% within minutes, and C and the limit measured once each, a minute apart, gave
+    C / limit anywhere from 0.74 to 1.03 for the same code. Each policy's C and each
+    layout's limit is the mean over the rounds; C is the larger policy's, the limit the
+    best layout's. Returns (C, the chosen policy's last saturated run as a row, C per
+    policy, the limit with C / limit and every round, or None with --no-limit)."""
+    rounds: list[dict[str, Any]] = []
+    results: dict[str, tuple[LoadResult, Policy]] = {}
+    for index in range(args.capacity_rounds):
+        measured = bench.capacity(index)
+        results.update({label: (result, policy) for label, (_, result, policy) in measured.items()})
+        entry: dict[str, Any] = {"capacity_by_policy": {k: m[0] for k, m in measured.items()}}
+        if not args.no_limit:
+            runs = machine_limit(args, bench.plan.texts)
+            entry["limit_by_layout"] = {r.layout: r.audio_s_per_s for r in runs}
+            entry["limit_runs"] = [r.as_dict() for r in runs]
+        rounds.append(entry)
+    by_policy = _mean_by_key([r["capacity_by_policy"] for r in rounds])
+    label = max(by_policy, key=lambda k: by_policy[k])
+    capacity = by_policy[label]
+    result, policy = results[label]
+    capacity_run = run_row(policy, result, capacity)
+    if args.no_limit:
+        return capacity, capacity_run, by_policy, None
+    by_layout = _mean_by_key([r["limit_by_layout"] for r in rounds])
+    layout = max(by_layout, key=lambda k: by_layout[k])
+    for entry in rounds:  # each round's own ratio, to show the spread
+        best = max(entry["limit_by_layout"].values())
+        entry["capacity_ratio"] = max(entry["capacity_by_policy"].values()) / best if best else 0.0
+    limit = {
+        "audio_s_per_s": by_layout[layout],
+        "layout": layout,
+        "by_layout": by_layout,
+        "runs": [run for entry in rounds for run in entry.pop("limit_runs")],
+        "rounds": rounds,
+    }
+    return capacity, capacity_run, by_policy, capacity_vs_limit(capacity, limit)
+
+
+def _mean_by_key(values: Sequence[dict[str, float]]) -> dict[str, float]:
+    return {key: statistics.fmean(v[key] for v in values) for key in values[0]}
 
 
 def _limit_line(run: LimitRun) -> str:
@@ -382,6 +429,12 @@ def _parser() -> argparse.ArgumentParser:
         "--limit-seconds", type=float, default=8.0, help="machine limit: seconds per layout"
     )
     parser.add_argument("--no-limit", action="store_true", help="skip the machine's limit")
+    parser.add_argument(
+        "--capacity-rounds",
+        type=int,
+        default=2,
+        help="rounds of C (both policies) then the limit; each figure is the rounds' mean",
+    )
     return parser
 
 
@@ -392,6 +445,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.capacity_duration, args.factors, args.policy_duration = 6.0, "1", 5.0
         args.limit_seconds = 4.0
         args.policy_counts = ""
+        args.capacity_rounds = 1
     args.counts = number_list(args.counts, int)
     args.policy_counts = number_list(args.policy_counts, int)
     args.extra_windows = number_list(args.extra_windows, int)
@@ -407,10 +461,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     capacity, n_sat, capacity_run, runs, limit = 0.0, 0, None, [], None
     by_policy: dict[str, float] = {}
     if not args.no_policies:
-        capacity, n_sat, capacity_run, by_policy = bench.capacity()
-        _log(f"C = {capacity:.2f} audio s per s (the larger, no admission, {n_sat} clients)")
-        if not args.no_limit:  # right after C, on the same texts
-            limit = capacity_vs_limit(capacity, machine_limit(args, bench.plan.texts))
+        n_sat = args.capacity_streams
+        capacity, capacity_run, by_policy, limit = capacity_and_limit(bench, args)
+        _log(
+            f"C = {capacity:.2f} audio s per s (the larger policy's mean of "
+            f"{args.capacity_rounds} rounds, no admission, {n_sat} clients)"
+        )
         runs = bench.policies(capacity)
 
     results: dict[str, Any] = {
@@ -426,7 +482,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"its next request at the last byte) in [{args.warmup:.0f} s, "
             f"{args.warmup + args.capacity_duration:.0f} s], from the first to the last burst "
             f"of audio inside it (LoadResult.burst_throughput); the larger of fifo without a "
-            f"window and edf K={args.window}, both without admission"
+            f"window and edf K={args.window}, both without admission, each the mean of "
+            f"{args.capacity_rounds} runs (one per round, the limit measured after each)"
         ),
         "capacity_by_policy": by_policy,
         "max_xrt_seen": max(

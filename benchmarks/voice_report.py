@@ -174,15 +174,22 @@ def limit_line(results: Mapping[str, Any]) -> str:
     limit = results.get("machine_limit")
     if not limit:
         return ""
-    layouts = ", ".join(f"{r['layout']}: {r['audio_s_per_s']:.2f}" for r in limit["runs"])
+    by_layout = limit.get("by_layout") or {r["layout"]: r["audio_s_per_s"] for r in limit["runs"]}
+    layouts = ", ".join(f"{layout}: {value:.2f}" for layout, value in by_layout.items())
     by_policy = results.get("capacity_by_policy") or {}
     measured = ", ".join(f"{label} {value:.2f}" for label, value in by_policy.items())
-    source = f" (the larger of {measured}, saturated, no admission)" if measured else ""
+    rounds = limit.get("rounds") or []
+    means = f", each the mean of {len(rounds)} runs" if len(rounds) > 1 else ""
+    source = f" (the larger of {measured}, saturated, no admission{means})" if measured else ""
+    spread = ""
+    if len(rounds) > 1:
+        each = ", ".join(f"{r['capacity_ratio']:.2f}" for r in rounds)
+        spread = f" (round by round, C then the limit right after: {each})"
     return (
         f"Capacity against the machine's limit: C = {limit['capacity_audio_s_per_s']:.2f} audio "
         f"s per s{source}; limit = {limit['audio_s_per_s']:.2f} (piper's whole model, best layout "
-        f"{limit['layout']} processes x threads; {layouts}); C / limit = "
-        f"{limit['capacity_ratio']:.2f}.\n"
+        f"{limit['layout']} processes x threads; {layouts}{means}); C / limit = "
+        f"{limit['capacity_ratio']:.2f}{spread}.\n"
     )
 
 
