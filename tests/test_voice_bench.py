@@ -103,7 +103,7 @@ def test_without_the_limit_only_c_is_measured(monkeypatch: pytest.MonkeyPatch) -
 def test_the_report_line_gives_the_means_and_each_rounds_ratio(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    capacity, _, by_policy, limit = _measure(
+    _, _, by_policy, limit = _measure(
         monkeypatch,
         [{"fifo K=0": 14.0, "edf K=1": 15.0}, {"fifo K=0": 14.0, "edf K=1": 13.0}],
         [(17.0, 15.0), (16.0, 12.0)],
