@@ -12,11 +12,11 @@ own HTTP server, in one run on this machine.
 2. The same against `python -m piper.http_server -m <bundled voice>` (whole requests,
    a WAV once synthesis ends; TTFA = first byte of the WAV), see benchmarks/voice_peer.py.
 3. Capacity C of Playhead on this voice: the audio per second a closed loop of clients
-   that never wait (next request at the last byte) gets from fifo with no window and no
-   admission. Then the policy comparison of benchmarks/bench.py (fifo K=0, fifo K,
-   edf K, edf K + admission with K=1, the CPU setting; plus edf K=4 for contrast) at
-   N = 10 and 0.9, 1 and 1.5 x C (the target at 0.9 C: every stream of edf K=1
-   stall-free, TTFA p99 under 300 ms). Right after C, the machine's limit
+   that never wait (next request at the last byte) gets, the larger of fifo with no window
+   and edf K=1, both without admission. Then the policy comparison of benchmarks/bench.py
+   (fifo K=0, fifo K, edf K, edf K + admission with K=1, the CPU setting; plus edf K=4 for
+   contrast) at N = 10 and 0.9, 1 and 1.5 x C (the target at 0.9 C: every stream of edf
+   K=1 stall-free, TTFA p99 under 300 ms). Right after C, the machine's limit
    (benchmarks/voice_limit.py: piper's whole model in one single-thread process per core,
    and in one process with a thread per core; the better counts) on the same texts, and
    C / limit. C and the limit are measured in `--capacity-rounds` rounds (2; C, then the
@@ -439,7 +439,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.capacity_rounds < 1:
+        parser.error(f"--capacity-rounds must be >= 1, got {args.capacity_rounds}")
     if args.quick:  # one point per policy, short texts (~5 s of audio at most)
         args.requests, args.counts, args.duration, args.max_text_chars = 4, "1,4", 6.0, 90
         args.capacity_duration, args.factors, args.policy_duration = 6.0, "1", 5.0
