@@ -286,6 +286,7 @@ def capacity_and_limit(
     best layout's. Returns (C, the chosen policy's last saturated run as a row, C per
     policy, the limit with C / limit and every round, or None with --no-limit)."""
     rounds: list[dict[str, Any]] = []
+    limit_runs: list[dict[str, Any]] = []  # every layout's run of every round
     results: dict[str, tuple[LoadResult, Policy]] = {}
     for index in range(args.capacity_rounds):
         measured = bench.capacity(index)
@@ -294,7 +295,7 @@ def capacity_and_limit(
         if not args.no_limit:
             runs = machine_limit(args, bench.plan.texts)
             entry["limit_by_layout"] = {r.layout: r.audio_s_per_s for r in runs}
-            entry["limit_runs"] = [r.as_dict() for r in runs]
+            limit_runs += [r.as_dict() for r in runs]
         rounds.append(entry)
     by_policy = _mean_by_key([r["capacity_by_policy"] for r in rounds])
     label = max(by_policy, key=lambda k: by_policy[k])
@@ -312,7 +313,7 @@ def capacity_and_limit(
         "audio_s_per_s": by_layout[layout],
         "layout": layout,
         "by_layout": by_layout,
-        "runs": [run for entry in rounds for run in entry.pop("limit_runs")],
+        "runs": limit_runs,
         "rounds": rounds,
     }
     return capacity, capacity_run, by_policy, capacity_vs_limit(capacity, limit)
