@@ -114,6 +114,8 @@ WINDOW = 1
 EXTRA_WINDOWS = (4,)
 TARGET_TTFA_P50_MS = 60.0  # short first sentence, one stream
 TARGET_STALL_FREE_STREAMS = 10
+TARGET_CAPACITY_RATIO = 0.8  # C against the machine's limit
+TARGET_RTF_VS_PEER = 1.0  # a single request's RTF p50 against piper's server's, same run
 
 
 def _log(message: str) -> None:
@@ -352,6 +354,20 @@ def all_stall_free(rows: Sequence[dict[str, Any]]) -> int:
     )
 
 
+def rtf_vs_peer(single: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per kind of text (short / long first sentence): Playhead's single-request RTF p50
+    against piper's server's in the same run, their ratio and whether it is at most
+    TARGET_RTF_VS_PEER; empty without the peer."""
+    ours, peer = single.get(PLAYHEAD) or {}, single.get(PIPER) or {}
+    out: dict[str, dict[str, Any]] = {}
+    for kind in ours.keys() & peer.keys():
+        a, b = ours[kind]["rtf_p50"], peer[kind]["rtf_p50"]
+        if a is None or not b:
+            continue
+        out[kind] = {"playhead": a, "peer": b, "ratio": a / b, "met": a / b <= TARGET_RTF_VS_PEER}
+    return dict(sorted(out.items(), key=lambda item: item[0] != "short"))
+
+
 def targets(results: dict[str, Any]) -> dict[str, Any]:
     ttfa = results["single_stream"][PLAYHEAD]["short"]["ttfa_p50_ms"]
     by_config = {"default config (N sweep)": all_stall_free(results["concurrency"][PLAYHEAD])}
@@ -375,7 +391,18 @@ def targets(results: dict[str, Any]) -> dict[str, Any]:
                 and r["ttfa_p99_ms"] is not None
                 and r["ttfa_p99_ms"] < TARGET_AT_0_9C_TTFA_P99_MS,
             }
+    limit = results.get("machine_limit")
+    seams = results.get("seams")
     return {
+        "capacity_ratio": None if not limit else limit["capacity_ratio"],
+        "capacity_ratio_target": TARGET_CAPACITY_RATIO,
+        "capacity_ratio_met": bool(limit) and limit["capacity_ratio"] >= TARGET_CAPACITY_RATIO,
+        "seams_worst_db": None if not seams else seams["worst_db"],
+        "seams_median_db": None if not seams else seams["median_db"],
+        "seams_target_db": SEAM_TARGET_DB,
+        "seams_met": bool(seams) and seams["worst_db"] >= SEAM_TARGET_DB,
+        "rtf_vs_peer": rtf_vs_peer(results["single_stream"]),
+        "rtf_vs_peer_target": TARGET_RTF_VS_PEER,
         "ttfa_p50_short_ms": ttfa,
         "ttfa_p50_short_target_ms": TARGET_TTFA_P50_MS,
         "ttfa_met": ttfa is not None and ttfa <= TARGET_TTFA_P50_MS,

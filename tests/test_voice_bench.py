@@ -1,7 +1,9 @@
 """`make bench-voice`'s capacity against the machine's limit: C and the limit measured in
 rounds (C under both schedules, then the limit), each figure the mean of its rounds, and
-the report line that prints them. The load runs and the limit's processes are stood in
-for by recorded figures: what is tested is how the rounds combine."""
+the report line that prints them; and the report's lines for the targets on the whole
+machine (C / limit, seams, a single request's RTF against piper's server). The load runs
+and the limit's processes are stood in for by recorded figures: what is tested is how
+they combine and are judged."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks import voice
+from benchmarks import voice, voice_report
 from benchmarks.bench import Policy
 from benchmarks.voice_limit import LimitRun
 from benchmarks.voice_report import limit_line
@@ -133,3 +135,54 @@ def test_a_single_round_report_reads_as_before() -> None:
         "model, best layout 2x1 processes x threads; 2x1: 16.63, 1x2: 12.59); C / limit = "
         "0.74.\n"
     )
+
+
+def _single(ours: tuple[float, float], peer: tuple[float, float]) -> dict[str, Any]:
+    return {
+        server: {"short": {"rtf_p50": rtfs[0]}, "long": {"rtf_p50": rtfs[1]}}
+        for server, rtfs in ((voice.PLAYHEAD, ours), (voice.PIPER, peer))
+    }
+
+
+def test_a_single_requests_rtf_is_judged_against_piper_in_the_same_run() -> None:
+    """At most piper's RTF p50 is met, per kind of text; short texts first."""
+    judged = voice.rtf_vs_peer(_single((0.080, 0.075), (0.080, 0.070)))
+    assert list(judged) == ["short", "long"]
+    assert judged["short"] == {"playhead": 0.080, "peer": 0.080, "ratio": 1.0, "met": True}
+    assert judged["long"]["ratio"] == pytest.approx(0.075 / 0.070)
+    assert not judged["long"]["met"]
+    # no peer (--no-peer): nothing to judge
+    assert (
+        voice.rtf_vs_peer({voice.PLAYHEAD: _single((0.08, 0.07), (0.1, 0.1))[voice.PLAYHEAD]}) == {}
+    )
+
+
+def test_the_report_states_every_machine_target() -> None:
+    """C / limit, the seams and the RTF against piper's each get a met / MISSED line."""
+    results: dict[str, Any] = {
+        "single_stream": _single((0.094, 0.085), (0.075, 0.075)),
+        "concurrency": {voice.PLAYHEAD: []},
+        "runs": [],
+        "machine_limit": {"capacity_ratio": 0.82},
+        "seams": {"worst_db": 42.74, "median_db": 65.13},
+    }
+    results["single_stream"][voice.PLAYHEAD]["short"]["ttfa_p50_ms"] = 55.0
+    t = voice.targets(results)
+    assert t["capacity_ratio_met"] and t["seams_met"]
+    assert not any(r["met"] for r in t["rtf_vs_peer"].values())
+    lines = voice_report._machine_targets(t)
+    assert lines == [
+        "C / limit 0.82 vs >= 0.8: met.",
+        "Seams against whole-segment synthesis: worst 42.7 dB (median 65.1) vs >= 40 dB: met.",
+        "Single-request RTF p50 against piper's server: short first sentence 0.094 vs 0.075 "
+        "(1.25x); 30+ word first sentence 0.085 vs 0.075 (1.13x), vs <= 1x: MISSED.",
+    ]
+    results["machine_limit"]["capacity_ratio"] = 0.79
+    results["seams"]["worst_db"] = 39.9
+    t = voice.targets(results)
+    assert voice_report._machine_targets(t)[:2] == [
+        "C / limit 0.79 vs >= 0.8: MISSED.",
+        "Seams against whole-segment synthesis: worst 39.9 dB (median 65.1) vs >= 40 dB: MISSED.",
+    ]
+    del results["machine_limit"], results["seams"]  # --no-limit, and no sweep
+    assert voice_report._machine_targets(voice.targets(results))[0].startswith("Single-request")
