@@ -360,12 +360,12 @@ def rtf_vs_peer(single: dict[str, Any]) -> dict[str, dict[str, Any]]:
     TARGET_RTF_VS_PEER; empty without the peer."""
     ours, peer = single.get(PLAYHEAD) or {}, single.get(PIPER) or {}
     out: dict[str, dict[str, Any]] = {}
-    for kind in ours.keys() & peer.keys():
-        a, b = ours[kind]["rtf_p50"], peer[kind]["rtf_p50"]
+    for kind, row in ours.items():  # in the run's order: short, then long
+        a, b = row["rtf_p50"], (peer.get(kind) or {}).get("rtf_p50")
         if a is None or not b:
             continue
         out[kind] = {"playhead": a, "peer": b, "ratio": a / b, "met": a / b <= TARGET_RTF_VS_PEER}
-    return dict(sorted(out.items(), key=lambda item: item[0] != "short"))
+    return out
 
 
 def targets(results: dict[str, Any]) -> dict[str, Any]:
