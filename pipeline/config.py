@@ -118,16 +118,16 @@ class VocoderConfig:
     # a stream's first this many chunks (the small ones of the ramp, due soonest) may be
     # decoded in one more thread, the start lane, while every worker is busy: a new
     # stream then does not wait behind other streams' decodes (backends whose vocode
-    # calls may overlap: Piper). 0, the measured default: off (README, "The default voice")
+    # calls may overlap: Piper). 0, the measured default: off (docs/voice-tuning.md)
     start_lane_chunks: int = 0
     # while a stream's first audio is being made (its first talker step, its first chunk's
     # decode), a worker whose most urgent streams all have at least this much audio
     # buffered waits for it, leaving the core to it (more than one worker: Piper).
-    # 0: never waits. 1 s, the measured default (README, "The default voice")
+    # 0: never waits. 1 s, the measured default (docs/voice-tuning.md)
     yield_slack_s: float = 1.0
     # False, the measured default: a worker takes no chunk ahead of a stream (work-ahead)
     # while a talker step of that stream runs; on a CPU the talker then keeps the other
-    # core, and its frames are what the stream waits for (README, "The default voice")
+    # core, and its frames are what the stream waits for (docs/voice-tuning.md)
     work_ahead_while_talking: bool = False
 
     def __post_init__(self) -> None:
@@ -208,7 +208,7 @@ class PiperConfig:
     flow_context_frames: int = 24
     flow_first_chunk_frames: int = 32
     flow_max_chunk_frames: int = 512
-    # ONNX Runtime session options of every Piper graph (measured: README, "The default voice")
+    # ONNX Runtime session options of every Piper graph (measured: docs/voice-tuning.md)
     ort_graph_optimization: str = "all"  # disable, basic, extended or all
     ort_cpu_arena: bool = True  # ORT's memory arena for intermediate tensors
     ort_spinning: bool = True  # with intra_op_threads > 1: idle pool threads spin (else sleep)
