@@ -78,6 +78,14 @@ class Metrics:
             buckets=_LATENCY_BUCKETS_S,
             registry=r,
         )
+        self.start_wait_s = Histogram(
+            "playhead_start_wait_seconds",
+            "Time an admitted request waited in the start queue for a start slot "
+            "(admission.max_starting_streams; 0 when one was free): the client's first audio "
+            "comes this long plus playhead_ttfa_seconds after admission",
+            buckets=_LATENCY_BUCKETS_S,
+            registry=r,
+        )
         self.stalls = Counter(
             "playhead_stalls", "Server-estimated stalls (a player would have run dry)", registry=r
         )
@@ -200,6 +208,9 @@ class Metrics:
 
     def rejected(self, reason: str) -> None:
         self.admission_rejections.labels(reason=reason or "unknown").inc()
+
+    def start_waited(self, seconds: float) -> None:
+        self.start_wait_s.observe(max(0.0, seconds))
 
     def stream_finished(self, stats: StreamStats, state: StreamState) -> None:
         self.streams.labels(state=state.value).inc()

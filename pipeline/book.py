@@ -938,10 +938,12 @@ class StreamBook:
         stats.finished_at_s = self._clock()
         self._streams.pop(stream.id, None)
         log.info(
-            "stream %s %s ttfa_ms=%s audio_s=%.2f stalls=%d stall_s=%.3f policy=%s",
+            "stream %s %s ttfa_ms=%s start_wait_ms=%.0f audio_s=%.2f stalls=%d stall_s=%.3f"
+            " policy=%s",
             stream.id,
             stream.state.value,
             "-" if stats.ttfa_s is None else f"{stats.ttfa_s * 1000:.0f}",
+            stats.start_wait_s * 1000,
             stats.audio_s,
             stats.stalls,
             stats.stall_s,

@@ -72,11 +72,15 @@ class Reservation:
     `await wait_start()` before `submit`. A reservation holds its start slot (or its
     place in the engine's start queue) until it is used or released."""
 
-    __slots__ = ("_engine", "_start", "_timer", "starting")
+    __slots__ = ("_engine", "_queued_at_s", "_start", "_timer", "start_wait_s", "starting")
 
     def __init__(self, engine: Engine) -> None:
         self._engine: Engine | None = engine
         self.starting = False  # holds a start slot (counts as a starting stream)
+        # how long it waited in the start queue for its slot (engine clock; 0: a slot was
+        # free at once); the stream's `StreamStats.start_wait_s`
+        self.start_wait_s = 0.0
+        self._queued_at_s = 0.0
         # while queued for a start slot: resolved when granted (None), refused at the
         # queue timeout (Rejected) or when the engine stops taking streams (NotReady)
         self._start: asyncio.Future[None] | None = None
@@ -486,6 +490,7 @@ class Engine:
         if not self._start_queue and self._start_slot_free():
             reservation.starting = True
             self._reserved_starting += 1
+            self._events.start_waited(0.0)
             return reservation
         timeout_s = self._admission.config.start_queue_timeout_s
         if timeout_s <= 0:  # no queue: the 429 at once
@@ -493,6 +498,7 @@ class Engine:
             reservation._engine = None
             raise self._refuse_start()
         loop = asyncio.get_running_loop()
+        reservation._queued_at_s = self._clock()
         reservation._start = loop.create_future()
         reservation._timer = loop.call_later(timeout_s, self._start_timed_out, reservation)
         self._start_queue.append(reservation)
@@ -527,6 +533,8 @@ class Engine:
                 continue
             reservation.starting = True
             self._reserved_starting += 1
+            reservation.start_wait_s = max(0.0, self._clock() - reservation._queued_at_s)
+            self._events.start_waited(reservation.start_wait_s)
             future.set_result(None)
 
     def _end_wait(self, reservation: Reservation) -> None:
@@ -628,6 +636,8 @@ class Engine:
             now_s = self._admit_check()
         book = self.book
         stream = book.add_stream(resolved, speed=speed, now_s=now_s)
+        if held:
+            stream.stats.start_wait_s = reservation.start_wait_s
         book.add_text(stream.id, text, final=final)
         return stream
 

@@ -35,6 +35,12 @@ class EngineEvents(Protocol):
 
     def rejected(self, reason: str) -> None: ...
 
+    def start_waited(self, seconds: float) -> None:
+        """A reservation got its start slot after waiting this long in the start queue
+        (0.0: one was free at once); a wait refused at the queue's timeout is a
+        `rejected("starting")` instead."""
+        ...
+
     def stream_finished(self, stats: StreamStats, state: StreamState) -> None: ...
 
     def capacity(self, audio_s_per_s: float) -> None: ...
@@ -103,6 +109,9 @@ class NullEvents:
         pass
 
     def rejected(self, reason: str) -> None:
+        pass
+
+    def start_waited(self, seconds: float) -> None:
         pass
 
     def stream_finished(self, stats: StreamStats, state: StreamState) -> None:

@@ -14,6 +14,7 @@ REQUIRED = (
     "playhead_active_streams",
     "playhead_parked_streams",
     "playhead_ttfa_seconds_bucket",
+    "playhead_start_wait_seconds_bucket",
     "playhead_stalls_total",
     "playhead_stall_seconds_total",
     "playhead_vocoder_batch_size_bucket",
@@ -50,6 +51,8 @@ def test_every_required_metric_is_exposed_after_events() -> None:
     m.vocoder_turn(3, 0.015)
     m.talker_call(0.04)
     m.rejected("max_streams")
+    m.start_waited(0.0)  # a start slot was free
+    m.start_waited(0.3)  # waited in the start queue
     m.stream_finished(StreamStats("a", 0.0, ttfa_s=0.12, audio_s=2.5), StreamState.DONE)
     m.capacity(3.0)  # the event is ignored: the scrape reads the engine's estimate
     text = m.render(_stats(active_streams=2, parked_streams=1, capacity_audio_s_per_s=7.5)).decode()
@@ -63,6 +66,9 @@ def test_every_required_metric_is_exposed_after_events() -> None:
     assert metric_value(text, "playhead_stall_seconds_total") == 0.25
     assert metric_value(text, "playhead_ttfa_seconds_count") == 1
     assert metric_value(text, "playhead_ttfa_seconds_sum") == 0.12
+    assert metric_value(text, "playhead_start_wait_seconds_count") == 2
+    assert metric_value(text, "playhead_start_wait_seconds_sum") == 0.3
+    assert metric_value(text, "playhead_start_wait_seconds_bucket", 'le="0.01"') == 1
     assert metric_value(text, "playhead_vocoder_batch_size_sum") == 3
     assert metric_value(text, "playhead_talker_call_seconds_count") == 1
     assert metric_value(text, "playhead_admission_rejections_total", 'reason="max_streams"') == 1

@@ -12,11 +12,19 @@ only their end frees a start slot): no timing decides these tests.
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import time
 
 import httpx
-from api_support import asgi_client, live_server, request_bytes, sim_settings, speech_body
+from api_support import (
+    asgi_client,
+    live_server,
+    metric_value,
+    request_bytes,
+    sim_settings,
+    speech_body,
+)
 
 from pipeline.engine import Engine
 
@@ -78,7 +86,8 @@ async def test_three_simultaneous_requests_on_an_idle_server_all_get_200() -> No
         assert nothing_held(engine)
 
 
-async def test_a_queued_request_starts_when_a_start_slot_frees() -> None:
+async def test_a_queued_request_starts_when_a_start_slot_frees(caplog) -> None:
+    caplog.set_level(logging.INFO, logger="playhead.engine")
     async with asgi_client(sim_settings(*HELD_START)) as client:
         engine = client.app.state.playhead.engine
         held = fill_start_phase(engine)
@@ -92,6 +101,20 @@ async def test_a_queued_request_starts_when_a_start_slot_frees() -> None:
         assert response.status_code == 200 and len(response.content) > 0
         engine.cancel(held[1])
         assert nothing_held(engine)
+        await until(lambda: engine.in_flight == 0)
+        # the wait is reported: the two held streams found a slot free (0), the request
+        # waited at least as long as the slot was held above
+        metrics = (await client.get("/metrics")).text
+    assert metric_value(metrics, "playhead_start_wait_seconds_count") == 3
+    assert metric_value(metrics, "playhead_start_wait_seconds_bucket", 'le="0.01"') == 2
+    assert metric_value(metrics, "playhead_start_wait_seconds_sum") >= 0.05
+    # each stream's end line: the request's (done) with its wait, every other (the held
+    # streams and the calibration's, all cancelled) with none
+    ended = [r.getMessage() for r in caplog.records if r.getMessage().startswith("stream ")]
+    waits = {m: int(m.split("start_wait_ms=")[1].split()[0]) for m in ended}
+    done = [m for m in ended if " done " in m]
+    assert len(done) == 1 and waits[done[0]] >= 50, ended
+    assert all(wait == 0 for m, wait in waits.items() if m not in done), ended
 
 
 async def test_a_request_that_waits_out_the_start_queue_gets_429_starting() -> None:
