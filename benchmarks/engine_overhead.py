@@ -28,6 +28,17 @@ very fast, so what is left of a turn is the engine's own cost. Per decoding turn
   of the old ones): at 10,000 streams 5 of 8 three-second windows held one with it, 0 of
   6 without.
 
+`--virtual` runs the same closed loop on a virtual clock (benchmarks/virtual_time.py): the
+stages' calls run inline on the event loop's thread and cost virtual time (the talker
+4 ms + 0.1 ms per stream per step, the vocoder 5 ms per turn, so that turns come about
+as often as in the real run at 10,000 streams and the window sees the same mix of first
+and later chunks), and the engine makes the same decisions on every run: the same turns,
+talker plans and chunks, whatever the machine does meanwhile. Only its CPU time per turn
+then varies, with the machine's own speed (here 6-10% between identical runs, also two
+runs side by side on the two cores), so a change to the engine's hot path can be
+profiled over exactly the same states before and after. Only the engine's CPU per turn
+is printed: wall times on a virtual clock mean nothing.
+
 `--warmup` (default 1 s) is how long the clients run before the measured window. Every
 client starts at once, so at 10,000 streams the default window sees the arrival of them
 all: in 4 s the engine sends about one chunk per stream, nearly every one a stream's
@@ -37,7 +48,7 @@ the steady state, once most streams have played several chunks and some have end
 been replaced.
 
     python -m benchmarks.engine_overhead [--streams 10 100] [--window 16] [--seconds 3]
-        [--warmup 1] [--no-gc] [--freeze]
+        [--warmup 1] [--no-gc] [--freeze] [--virtual]
 
 Target: engine work (engine_sync + talker_plan) at most 1 ms per turn at 10,000 streams.
 """
@@ -47,12 +58,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import itertools
 import json
 import random
 import statistics
 import time
 
 from benchmarks.loadgen import load_corpus
+from benchmarks.virtual_time import SpentTime, VirtualTimeLoop, virtual_stages
 from pipeline.backends.sim import SimBackend
 from pipeline.config import EngineConfig, SimConfig, TalkerConfig
 from pipeline.engine import Engine
@@ -70,6 +83,14 @@ ZERO_COST_SIM = SimConfig(
     talker_step_base_ms=0.0,
     talker_step_per_stream_ms=0.0,
     vocoder_base_ms=0.0,
+    vocoder_per_frame_ms=0.0,
+)
+# --virtual: model calls cost virtual time (see the module doc)
+VIRTUAL_SIM = SimConfig(
+    talker_frames_per_step=64,
+    talker_step_base_ms=4.0,
+    talker_step_per_stream_ms=0.1,
+    vocoder_base_ms=5.0,
     vocoder_per_frame_ms=0.0,
 )
 CHUNKING = ChunkingConfig(chunk_frames=8, ramp=(2, 4))
@@ -108,13 +129,9 @@ class _CollectorClock:
             self._started = None
 
 
-async def measure(
-    streams: int, window: int, seconds: float, warmup_s: float = 1.0, freeze_heap: bool = False
-) -> dict:
-    corpus = load_corpus()
-    recorder = _TurnRecorder()
-    engine = Engine(
-        SimBackend(ZERO_COST_SIM),
+def _engine(backend: SimBackend, window: int, recorder: _TurnRecorder, **clock: object) -> Engine:
+    return Engine(
+        backend,
         scheduling=SchedulingConfig(policy="edf", active_stream_window=window),
         chunking=CHUNKING,
         admission=AdmissionConfig(enabled=False),
@@ -122,7 +139,16 @@ async def measure(
         # no real-time pacing: zero cost throughout; a batched talker
         talker=TalkerConfig(high_water_s=1e6, batch=16, busy_max_queued_s=0),
         events=recorder,
+        **clock,  # type: ignore[arg-type]
     )
+
+
+async def measure(
+    streams: int, window: int, seconds: float, warmup_s: float = 1.0, freeze_heap: bool = False
+) -> dict:
+    corpus = load_corpus()
+    recorder = _TurnRecorder()
+    engine = _engine(SimBackend(ZERO_COST_SIM), window, recorder)
     plans: list[float] = []
     plans_cpu: list[float] = []
     plan_talker = engine.book.plan_talker
@@ -198,6 +224,72 @@ async def measure(
     }
 
 
+def measure_virtual(streams: int, window: int, seconds: float, warmup_s: float = 1.0) -> dict:
+    """The closed loop of `measure` on a virtual clock (see the module doc): the engine's
+    CPU time per turn over the same turns every run."""
+    loop = VirtualTimeLoop()
+    spent = SpentTime()
+    ticks = itertools.count()
+
+    def clock() -> float:
+        # distinct readings, as a real clock's: streams submitted at one virtual instant
+        # would otherwise share a first-audio deadline (one tie group of thousands)
+        return loop.time() + next(ticks) * 1e-12
+
+    async def run() -> dict:
+        corpus = load_corpus()
+        recorder = _TurnRecorder()
+        engine = _engine(SimBackend(VIRTUAL_SIM, sleep=spent), window, recorder, clock=clock)
+        plans_cpu: list[float] = []
+        plan_talker = engine.book.plan_talker
+
+        def timed_plan(now_s: float, order: TalkerOrderConfig) -> TalkerPlan:
+            started_cpu = time.thread_time()
+            plan = plan_talker(now_s, order)
+            if recorder.turns is not None:
+                plans_cpu.append(time.thread_time() - started_cpu)
+            return plan
+
+        engine.book.plan_talker = timed_plan  # type: ignore[method-assign]
+        await engine.start()
+
+        async def client(seed: int) -> None:
+            rng = random.Random(seed)
+            while True:
+                stream = engine.submit(rng.choice(corpus), voice="sim")
+                async for _ in stream.chunks():
+                    pass
+
+        clients = [asyncio.create_task(client(i)) for i in range(streams)]
+        try:
+            await asyncio.sleep(warmup_s)
+            recorder.turns = []
+            await asyncio.sleep(seconds)
+            turns, recorder.turns = recorder.turns, None
+        finally:
+            for task in clients:
+                task.cancel()
+            await asyncio.gather(*clients, return_exceptions=True)
+            await engine.stop()
+        return {
+            "streams": streams,
+            "window": window,
+            "turns": len(turns),
+            "chunks": sum(t.batch_size for t in turns),
+            "talker_plans": len(plans_cpu),
+            "engine_cpu_ms_per_turn": 1000.0
+            * (sum(t.engine_cpu_s for t in turns) + sum(plans_cpu))
+            / len(turns),
+            "talker_plan_cpu_ms_per_turn": 1000.0 * sum(plans_cpu) / len(turns),
+        }
+
+    with virtual_stages(spent):
+        try:
+            return loop.run_until_complete(run())
+        finally:
+            loop.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--streams", type=int, nargs="+", default=[10, 100, 1000, 10000])
@@ -215,9 +307,27 @@ def main() -> None:
         action="store_true",
         help="freeze the heap once the engine has started, as `playhead serve` does",
     )
+    parser.add_argument(
+        "--virtual",
+        action="store_true",
+        help="on a virtual clock: the same engine states every run (engine CPU per turn only)",
+    )
     args = parser.parse_args()
     if args.no_gc:
         gc.disable()
+    if args.virtual:
+        virtual = [measure_virtual(n, args.window, args.seconds, args.warmup) for n in args.streams]
+        if args.json:
+            print(json.dumps(virtual, indent=2))
+            return
+        print("virtual clock: streams  K  turns  chunks  talker plans  engine cpu ms/turn  (plan)")
+        for r in virtual:
+            print(
+                f"{r['streams']:22d} {r['window']:2d} {r['turns']:6d} {r['chunks']:7d}"
+                f" {r['talker_plans']:13d} {r['engine_cpu_ms_per_turn']:19.3f}"
+                f"  ({r['talker_plan_cpu_ms_per_turn']:.3f})"
+            )
+        return
     results = [
         asyncio.run(measure(n, args.window, args.seconds, args.warmup, freeze_heap=args.freeze))
         for n in args.streams

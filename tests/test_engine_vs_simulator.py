@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import selectors
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -24,13 +23,14 @@ import benchmarks.sim_replica as sim_replica
 import pipeline.engine
 from benchmarks.loadgen import load_corpus
 from benchmarks.simulate import Arrival, run_script
+from benchmarks.virtual_time import SpentTime, VirtualStage, VirtualTimeLoop
 from pipeline.backends.sim import SimBackend, decode_sim_signal
 from pipeline.book import StreamBook
 from pipeline.config import EngineConfig, SimConfig, TalkerConfig
 from pipeline.engine import Engine
 from pipeline.errors import Rejected, StreamCancelled
 from pipeline.events import NullEvents
-from pipeline.executor import StageClosed, Timed
+from pipeline.executor import Timed
 from scheduling import (
     AdmissionConfig,
     ChunkingConfig,
@@ -77,90 +77,6 @@ def script(seed: int, count: int = 40) -> list[Arrival]:
 # The engine on a virtual clock.
 
 
-class _VirtualSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
-    """Polls the loop's own descriptors; instead of blocking, moves the clock on."""
-
-    def __init__(self, loop: VirtualTimeLoop) -> None:
-        super().__init__()
-        self._loop = loop
-
-    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
-        ready = super().select(0)
-        if ready or timeout == 0:
-            return ready
-        if timeout is None:
-            raise RuntimeError("virtual time: every task waits and no timer is set")
-        self._loop.advance()
-        return ready
-
-
-class VirtualTimeLoop(asyncio.SelectorEventLoop):
-    """An event loop whose time() is virtual and jumps to the next timer when idle."""
-
-    def __init__(self) -> None:
-        self.virtual_s = 0.0
-        super().__init__(selector=_VirtualSelector(self))
-
-    def time(self) -> float:
-        return self.virtual_s
-
-    def advance(self) -> None:
-        # Exactly to the next timer's time (the loop dropped cancelled ones from the head),
-        # so that virtual times add up as the simulator's do.
-        timers = self._scheduled  # type: ignore[attr-defined]
-        if timers:
-            self.virtual_s = max(self.virtual_s, timers[0].when())
-
-
-class _Spent:
-    """The sim backend's `sleep`: what the call in progress costs."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-
-    def __call__(self, seconds: float) -> None:
-        self.seconds += seconds
-
-    def take(self) -> float:
-        seconds, self.seconds = self.seconds, 0.0
-        return seconds
-
-
-class VirtualStage:
-    """A StageExecutor stand-in: the call runs inline, then the stage stays busy for the
-    call's cost in virtual time (the other stage runs meanwhile)."""
-
-    def __init__(self, name: str, *, clock: Callable[[], float], spent: _Spent) -> None:
-        self.name = name
-        self._clock = clock
-        self._spent = spent
-        self._closed = False
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def in_stage_thread(self) -> bool:
-        return True
-
-    async def run(self, fn: Callable[..., object], /, *args: object) -> object:
-        return (await self.run_timed(fn, *args)).result
-
-    async def run_timed(self, fn: Callable[..., object], /, *args: object) -> Timed[object]:
-        if self._closed:
-            raise StageClosed(f"the {self.name} stage is closed")
-        started_s = self._clock()
-        self._spent.take()
-        result = fn(*args)
-        cost_s = self._spent.take()
-        if cost_s > 0:
-            await asyncio.sleep(cost_s)
-        return Timed(result, started_s, self._clock())
-
-    async def aclose(self) -> None:
-        self._closed = True
-
-
 class _Recorder(NullEvents):
     def __init__(self, clock: Callable[[], float]) -> None:
         self._clock = clock
@@ -194,7 +110,7 @@ def run_engine(
     setup: sim_replica.EngineSetup, arrivals: Sequence[Arrival], monkeypatch: pytest.MonkeyPatch
 ) -> Decisions:
     loop = VirtualTimeLoop()
-    spent = _Spent()
+    spent = SpentTime()
     monkeypatch.setattr(
         pipeline.engine,
         "StageExecutor",
@@ -208,7 +124,7 @@ def run_engine(
 
 async def _drive(
     loop: VirtualTimeLoop,
-    spent: _Spent,
+    spent: SpentTime,
     setup: sim_replica.EngineSetup,
     arrivals: Sequence[Arrival],
 ) -> Decisions:
@@ -361,7 +277,7 @@ def test_a_simulator_with_another_talker_order_is_caught(
 def test_virtual_stages_overlap() -> None:
     """The virtual executor lets the other stage run while one is busy."""
     loop = VirtualTimeLoop()
-    spent = _Spent()
+    spent = SpentTime()
     talker = VirtualStage("talker", clock=loop.time, spent=spent)
     vocoder = VirtualStage("vocoder", clock=loop.time, spent=spent)
 
