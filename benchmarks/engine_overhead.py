@@ -143,12 +143,8 @@ def _engine(backend: SimBackend, window: int, recorder: _TurnRecorder, **clock: 
     )
 
 
-async def measure(
-    streams: int, window: int, seconds: float, warmup_s: float = 1.0, freeze_heap: bool = False
-) -> dict:
-    corpus = load_corpus()
-    recorder = _TurnRecorder()
-    engine = _engine(SimBackend(ZERO_COST_SIM), window, recorder)
+def _time_talker_plans(engine: Engine, recorder: _TurnRecorder) -> tuple[list[float], list[float]]:
+    """Time the book's talker plans made while `recorder` records: (wall, CPU) seconds."""
     plans: list[float] = []
     plans_cpu: list[float] = []
     plan_talker = engine.book.plan_talker
@@ -162,29 +158,44 @@ async def measure(
         return plan
 
     engine.book.plan_talker = timed_plan  # type: ignore[method-assign]
-    await engine.start()
-    # as `playhead serve` does once its model is loaded (server.freeze_heap_after_load)
-    if freeze_heap:
-        gc.collect()
-        gc.freeze()
-    finished = 0
+    return plans, plans_cpu
+
+
+def _clients(engine: Engine, streams: int, finished: list[int]) -> list[asyncio.Task[None]]:
+    """`streams` closed-loop clients: each submits a corpus text, reads it as fast as it
+    can, counts it in `finished[0]` and submits the next."""
+    corpus = load_corpus()
 
     async def client(seed: int) -> None:
-        nonlocal finished
         rng = random.Random(seed)
         while True:
             stream = engine.submit(rng.choice(corpus), voice="sim")
             async for _ in stream.chunks():
                 pass
-            finished += 1
+            finished[0] += 1
 
-    clients = [asyncio.create_task(client(i)) for i in range(streams)]
+    return [asyncio.create_task(client(i)) for i in range(streams)]
+
+
+async def measure(
+    streams: int, window: int, seconds: float, warmup_s: float = 1.0, freeze_heap: bool = False
+) -> dict:
+    recorder = _TurnRecorder()
+    engine = _engine(SimBackend(ZERO_COST_SIM), window, recorder)
+    plans, plans_cpu = _time_talker_plans(engine, recorder)
+    await engine.start()
+    # as `playhead serve` does once its model is loaded (server.freeze_heap_after_load)
+    if freeze_heap:
+        gc.collect()
+        gc.freeze()
+    finished = [0]
+    clients = _clients(engine, streams, finished)
     collector = _CollectorClock()
     gc.callbacks.append(collector)
     try:
         await asyncio.sleep(warmup_s)
         recorder.turns = []
-        finished = 0
+        finished[0] = 0
         collector.on = True
         await asyncio.sleep(seconds)
         collector.on = False
@@ -205,7 +216,7 @@ async def measure(
         "turns": len(turns),
         "turns_per_s": len(turns) / seconds,
         "mean_batch": statistics.fmean(t.batch_size for t in turns),
-        "streams_finished_per_s": finished / seconds,
+        "streams_finished_per_s": finished[0] / seconds,
         "outside_model_ms_p50": _quantile_ms(outside, 0.5),
         "outside_model_ms_p95": _quantile_ms(outside, 0.95),
         "engine_sync_ms_p50": _quantile_ms(sync, 0.5),
@@ -237,30 +248,11 @@ def measure_virtual(streams: int, window: int, seconds: float, warmup_s: float =
         return loop.time() + next(ticks) * 1e-12
 
     async def run() -> dict:
-        corpus = load_corpus()
         recorder = _TurnRecorder()
         engine = _engine(SimBackend(VIRTUAL_SIM, sleep=spent), window, recorder, clock=clock)
-        plans_cpu: list[float] = []
-        plan_talker = engine.book.plan_talker
-
-        def timed_plan(now_s: float, order: TalkerOrderConfig) -> TalkerPlan:
-            started_cpu = time.thread_time()
-            plan = plan_talker(now_s, order)
-            if recorder.turns is not None:
-                plans_cpu.append(time.thread_time() - started_cpu)
-            return plan
-
-        engine.book.plan_talker = timed_plan  # type: ignore[method-assign]
+        _, plans_cpu = _time_talker_plans(engine, recorder)
         await engine.start()
-
-        async def client(seed: int) -> None:
-            rng = random.Random(seed)
-            while True:
-                stream = engine.submit(rng.choice(corpus), voice="sim")
-                async for _ in stream.chunks():
-                    pass
-
-        clients = [asyncio.create_task(client(i)) for i in range(streams)]
+        clients = _clients(engine, streams, [0])
         try:
             await asyncio.sleep(warmup_s)
             recorder.turns = []
