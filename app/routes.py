@@ -38,7 +38,7 @@ from app.request_id import REQUEST_ID_HEADER
 from app.schemas import SpeechRequest, is_openai_voice, model_accepted, parse_speech_request
 from app.state import AppState, StateDep
 from app.streaming import SSE_CONTENT_TYPE, SpeechBody, SpeechResponse
-from pipeline import Engine, Rejected, StreamFailed, UnknownVoice, Voice
+from pipeline import Engine, Rejected, StreamFailed, StreamStats, UnknownVoice, Voice
 from pipeline.engine import Reservation
 from pipeline.normalize import normalize_text, speakable
 
@@ -235,12 +235,22 @@ async def _admitted_speech(
         "Cache-Control": "no-cache",
         "X-Playhead-Stream-Id": stream.id,
         REQUEST_ID_HEADER: stream.id,
+        "Server-Timing": server_timing(stream.stats),
     }
     if sse:
         headers["X-Accel-Buffering"] = "no"
     return SpeechResponse(
         body, media_type=SSE_CONTENT_TYPE if sse else encoder.content_type, headers=headers
     )
+
+
+def server_timing(stats: StreamStats) -> str:
+    """The `Server-Timing` header of a speech response (sent with its first audio): the
+    wait for a start slot, then submit -> first audio, in ms."""
+    timings = [f"start-wait;dur={stats.start_wait_s * 1000:.1f}"]
+    if stats.ttfa_s is not None:
+        timings.append(f"first-audio;dur={stats.ttfa_s * 1000:.1f}")
+    return ", ".join(timings)
 
 
 def _model_entry(state: AppState, model_id: str) -> dict[str, Any]:

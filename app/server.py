@@ -67,7 +67,7 @@ def create_app(settings: Settings, *, backend_factory: BackendFactory | None = N
             allow_origins=list(server.cors_origins),
             allow_methods=["GET", "POST"],
             allow_headers=["Authorization", "Content-Type"],
-            expose_headers=["x-request-id", "X-Playhead-Stream-Id", "Retry-After"],
+            expose_headers=["x-request-id", "X-Playhead-Stream-Id", "Retry-After", "Server-Timing"],
         )
     app.add_middleware(RequestIdMiddleware)
     app.include_router(v1_router)

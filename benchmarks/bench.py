@@ -217,6 +217,8 @@ def run_row(policy: Policy, result: LoadResult, capacity: float) -> dict[str, ob
         ),
         "wait_p50_ms": s.wait_p50_ms,
         "wait_p99_ms": s.wait_p99_ms,
+        "server_start_wait_p99_ms": s.server_start_wait_p99_ms,
+        "server_first_audio_p99_ms": s.server_first_audio_p99_ms,
         "audio_s": s.audio_s,
         "window_s": s.wall_s,
         "errors": sorted({r.error for r in result.records if r.error})[:5],

@@ -54,6 +54,7 @@ from benchmarks.player import (
     StreamRecord,
     Summary,
     listening_in_window,
+    parse_server_timing,
     summarize,
 )
 
@@ -313,6 +314,7 @@ async def play_request(
     sent = answered = finished = clock()
     status: int | None = None
     outcome, error, retry_after = Outcome.FAILED, None, None
+    timing: dict[str, float] = {}
     try:
         async with client.stream("POST", url, json=body, headers=headers) as response:
             answered = clock()
@@ -323,6 +325,7 @@ async def play_request(
                 outcome = Outcome.REJECTED if status == 429 else Outcome.FAILED
                 finished = clock()
             else:
+                timing = parse_server_timing(response.headers.get("server-timing"))
                 async for data in response.aiter_raw():
                     now = clock()
                     seconds = reader.feed(now, data)
@@ -348,6 +351,8 @@ async def play_request(
         http_status=status,
         error=error,
         waited_s=waited_s,
+        server_start_wait_s=timing.get("start-wait"),
+        server_first_audio_s=timing.get("first-audio"),
     )
     return RequestResult(record, tuple(arrivals))
 

@@ -111,6 +111,10 @@ class StreamRecord:
     http_status: int | None = None
     error: str | None = None
     waited_s: float = 0.0  # 429s and Retry-After waits before this (accepted) attempt
+    # what the server says of the request in its Server-Timing header (Playhead: the wait
+    # for a start slot, then its submit -> first audio); None when it does not say
+    server_start_wait_s: float | None = None
+    server_first_audio_s: float | None = None
 
     @property
     def ttfa_s(self) -> float | None:
@@ -123,6 +127,24 @@ class StreamRecord:
         if self.playback.audio_s <= 0.0:
             return None
         return (self.finished_at_s - self.sent_at_s) / self.playback.audio_s
+
+
+def parse_server_timing(value: str | None) -> dict[str, float]:
+    """A `Server-Timing` header's metrics with a duration, in seconds by name (`dur` is
+    in ms); metrics without one, and malformed entries, are left out."""
+    timings: dict[str, float] = {}
+    for entry in (value or "").split(","):
+        name, *params = (part.strip() for part in entry.split(";"))
+        for param in params:
+            key, _, raw = param.partition("=")
+            if name and key.strip().lower() == "dur":
+                try:
+                    ms = float(raw.strip().strip('"'))
+                except ValueError:
+                    continue
+                if math.isfinite(ms) and ms >= 0:
+                    timings[name] = ms / 1000.0
+    return timings
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -172,6 +194,10 @@ class Summary:
     reject_latency_max_ms: float | None = None
     wait_p50_ms: float | None = None  # admission waits of the finished streams
     wait_p99_ms: float | None = None
+    # the server's own split of the finished streams' first audio (Server-Timing; None
+    # when the server does not send it): the wait for a start slot, then submit -> audio
+    server_start_wait_p99_ms: float | None = None
+    server_first_audio_p99_ms: float | None = None
     in_flight_mean: float = 0.0  # measured requests open (sent -> last byte), time-averaged
     # players between first audio and the end of playback (stalls included), time-averaged:
     # with production xRT, stall_ratio = listening_mean / xRT - 1 when the server is saturated
@@ -262,6 +288,12 @@ def summarize(
         reject_latency_max_ms=_ms(max(reject_lat)) if reject_lat else None,
         wait_p50_ms=_ms(percentile([r.waited_s for r in ok], 50)),
         wait_p99_ms=_ms(percentile([r.waited_s for r in ok], 99)),
+        server_start_wait_p99_ms=_ms(
+            percentile([w for r in ok if (w := r.server_start_wait_s) is not None], 99)
+        ),
+        server_first_audio_p99_ms=_ms(
+            percentile([t for r in ok if (t := r.server_first_audio_s) is not None], 99)
+        ),
         in_flight_mean=sum(r.finished_at_s - r.sent_at_s for r in ok) / wall_s
         if wall_s > 0
         else 0.0,

@@ -17,6 +17,7 @@ import httpx
 import pytest
 from api_support import asgi_client, decode, live_server, sim_settings, speech_body
 
+from benchmarks.player import parse_server_timing
 from pipeline.backends.sim import SimBackend
 
 SPEECH = "/v1/audio/speech"
@@ -55,6 +56,9 @@ async def test_a_valid_request_streams_audio(client: httpx.AsyncClient) -> None:
     assert response.headers["content-type"] == "audio/mpeg"
     assert response.headers["x-playhead-stream-id"]
     assert len(response.content) > 100
+    # sent with the first audio: no wait for a start slot, then submit -> first audio
+    timing = parse_server_timing(response.headers["server-timing"])
+    assert timing["start-wait"] == 0.0 and timing["first-audio"] > 0
 
 
 @pytest.mark.parametrize(

@@ -294,6 +294,8 @@ async def test_cors_is_off_by_default_and_configurable() -> None:
             headers={"origin": "https://app.example", "authorization": "Bearer k"},
         )
         assert response.headers["access-control-allow-origin"] == "https://app.example"
+        exposed = response.headers["access-control-expose-headers"].lower().split(",")
+        assert "server-timing" in [name.strip() for name in exposed]
 
 
 @pytest.mark.parametrize("text", ["9" * 200, "$" + "9" * 150, "9" * 150 + "th", "1/" + "9" * 150])

@@ -34,7 +34,7 @@ from benchmarks.loadgen import (
     open_loop,
     request_once,
 )
-from benchmarks.player import Outcome, Player, StreamRecord, summarize
+from benchmarks.player import Outcome, Player, StreamRecord, parse_server_timing, summarize
 from benchmarks.voice_peer import PEER_OPTIONS, peer_request
 
 RATE_HZ = 24000
@@ -229,6 +229,9 @@ async def test_closed_loop_retries_after_429(scripted_url: str) -> None:
         assert retried[0].waited_s >= 0.2
         assert retried[0].sent_at_s >= rec.sent_at_s + 0.2
     assert result.summary.wait_p99_ms is not None and result.summary.wait_p99_ms >= 200
+    # a server that sends no Server-Timing: nothing is made up
+    assert all(r.server_first_audio_s is None for r in result.records)
+    assert result.summary.server_start_wait_p99_ms is None
 
 
 async def test_open_loop_counts_and_measures(scripted_url: str) -> None:
@@ -340,7 +343,20 @@ async def test_playhead_sim_streams_arrive_whole(playhead_url: str) -> None:
         # every frame of the sim voice (80 ms) arrived, measured from the byte count
         frames = expected_frames(by_chars[rec.text_chars])
         assert rec.playback.audio_s == pytest.approx(frames * 0.08)
+        # the server's split of the first audio (Server-Timing), within what the client saw
+        assert rec.server_start_wait_s is not None and rec.server_first_audio_s is not None
+        assert rec.ttfa_s is not None
+        assert 0 < rec.server_start_wait_s + rec.server_first_audio_s <= rec.ttfa_s
     assert result.summary.ttfa_p99_ms is not None and result.summary.ttfa_p99_ms < 2000
+    assert result.summary.server_first_audio_p99_ms is not None
+    assert result.summary.server_first_audio_p99_ms <= result.summary.ttfa_p99_ms
+
+
+def test_server_timing_is_read_by_name_in_seconds() -> None:
+    header = 'start-wait;dur=12.5, first-audio;desc="submit";dur=80, cache;desc="hit", bad;dur=x'
+    assert parse_server_timing(header) == {"start-wait": 0.0125, "first-audio": 0.08}
+    assert parse_server_timing(None) == {}
+    assert parse_server_timing("total;dur=-1") == {}
 
 
 # piper's HTTP server as the peer client sees it (benchmarks/voice_peer.py): POST /synthesize

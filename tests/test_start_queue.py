@@ -26,6 +26,7 @@ from api_support import (
     speech_body,
 )
 
+from benchmarks.player import parse_server_timing
 from pipeline.engine import Engine
 
 LONG = "A long sentence that keeps its stream busy for a while. " * 20
@@ -99,6 +100,7 @@ async def test_a_queued_request_starts_when_a_start_slot_frees(caplog) -> None:
         engine.cancel(held[0])  # a start slot frees
         response = await asyncio.wait_for(request, 5)
         assert response.status_code == 200 and len(response.content) > 0
+        assert parse_server_timing(response.headers["server-timing"])["start-wait"] >= 0.05
         engine.cancel(held[1])
         assert nothing_held(engine)
         await until(lambda: engine.in_flight == 0)

@@ -186,3 +186,37 @@ def test_the_report_states_every_machine_target() -> None:
     ]
     del results["machine_limit"], results["seams"]  # --no-limit, and no sweep
     assert voice_report._machine_targets(voice.targets(results))[0].startswith("Single-request")
+
+
+def test_the_0_9c_target_line_gives_the_servers_split_where_the_run_has_it() -> None:
+    """The TTFA p99 at 0.9 C, and (runs from 2026-12-02) the server's Server-Timing split
+    of a first audio: the wait for a start slot, then submit -> first audio."""
+    run = {
+        "label": f"edf K={voice.WINDOW} + admission",
+        "streams": 13,
+        "stall_free_share": 1.0,
+        "ttfa_p99_ms": 424.0,
+        "rejected": 2,
+        "streams_ok": 80,
+        "stall_free_streams": 80,
+        "server_start_wait_p99_ms": 251.0,
+        "server_first_audio_p99_ms": 183.0,
+    }
+    results: dict[str, Any] = {
+        "single_stream": _single((0.094, 0.085), (0.075, 0.075)),
+        "concurrency": {voice.PLAYHEAD: []},
+        "runs": [run],
+        "capacity_audio_s_per_s": 14.0,
+    }
+    results["single_stream"][voice.PLAYHEAD]["short"]["ttfa_p50_ms"] = 55.0
+    line = (
+        f"At N = 0.9 C (13 streams), edf K={voice.WINDOW} + admission: 100% stall-free, "
+        "TTFA p99 424 ms vs < 300 ms (2 x 429): MISSED."
+    )
+    split = (
+        " The server's split (Server-Timing), p99: waiting for a start slot 251 ms, "
+        "submit to first audio 183 ms."
+    )
+    assert voice_report._at_0_9c_targets(voice.targets(results)) == [line + split]
+    del run["server_start_wait_p99_ms"], run["server_first_audio_p99_ms"]  # an older run
+    assert voice_report._at_0_9c_targets(voice.targets(results)) == [line]
