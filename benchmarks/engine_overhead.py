@@ -63,6 +63,7 @@ import json
 import random
 import statistics
 import time
+from collections.abc import Callable
 
 from benchmarks.loadgen import load_corpus
 from benchmarks.virtual_time import SpentTime, VirtualTimeLoop, virtual_stages
@@ -129,7 +130,12 @@ class _CollectorClock:
             self._started = None
 
 
-def _engine(backend: SimBackend, window: int, recorder: _TurnRecorder, **clock: object) -> Engine:
+def _engine(
+    backend: SimBackend,
+    window: int,
+    recorder: _TurnRecorder,
+    clock: Callable[[], float] = time.monotonic,
+) -> Engine:
     return Engine(
         backend,
         scheduling=SchedulingConfig(policy="edf", active_stream_window=window),
@@ -139,7 +145,7 @@ def _engine(backend: SimBackend, window: int, recorder: _TurnRecorder, **clock: 
         # no real-time pacing: zero cost throughout; a batched talker
         talker=TalkerConfig(high_water_s=1e6, batch=16, busy_max_queued_s=0),
         events=recorder,
-        **clock,  # type: ignore[arg-type]
+        clock=clock,
     )
 
 

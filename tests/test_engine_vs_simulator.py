@@ -20,10 +20,9 @@ import numpy as np
 import pytest
 
 import benchmarks.sim_replica as sim_replica
-import pipeline.engine
 from benchmarks.loadgen import load_corpus
 from benchmarks.simulate import Arrival, run_script
-from benchmarks.virtual_time import SpentTime, VirtualStage, VirtualTimeLoop
+from benchmarks.virtual_time import SpentTime, VirtualStage, VirtualTimeLoop, virtual_stages
 from pipeline.backends.sim import SimBackend, decode_sim_signal
 from pipeline.book import StreamBook
 from pipeline.config import EngineConfig, SimConfig, TalkerConfig
@@ -106,18 +105,12 @@ def _named(
     return [(t, tuple(index[s] for s in ids)) for t, ids in entries]
 
 
-def run_engine(
-    setup: sim_replica.EngineSetup, arrivals: Sequence[Arrival], monkeypatch: pytest.MonkeyPatch
-) -> Decisions:
+def run_engine(setup: sim_replica.EngineSetup, arrivals: Sequence[Arrival]) -> Decisions:
     loop = VirtualTimeLoop()
     spent = SpentTime()
-    monkeypatch.setattr(
-        pipeline.engine,
-        "StageExecutor",
-        lambda name, clock, **_: VirtualStage(name, clock=clock, spent=spent),
-    )
     try:
-        return loop.run_until_complete(_drive(loop, spent, setup, arrivals))
+        with virtual_stages(spent):
+            return loop.run_until_complete(_drive(loop, spent, setup, arrivals))
     finally:
         loop.close()
 
@@ -231,9 +224,9 @@ def assert_same(engine: Decisions, simulator: Decisions) -> None:
 
 
 @pytest.mark.parametrize("seed", [1, 2])
-def test_engine_and_simulator_decide_alike(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_engine_and_simulator_decide_alike(seed: int) -> None:
     arrivals = script(seed)
-    engine = run_engine(SETUP, arrivals, monkeypatch)
+    engine = run_engine(SETUP, arrivals)
     simulator = run_simulator(SETUP, arrivals)
     assert_same(engine, simulator)
     # The script exercises what it is for: batched steps, full vocoder windows,
@@ -246,7 +239,7 @@ def test_engine_and_simulator_decide_alike(seed: int, monkeypatch: pytest.Monkey
     assert any(i in engine.chunks for i in cancelled)
 
 
-def test_engine_and_simulator_decide_alike_under_fifo(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_engine_and_simulator_decide_alike_under_fifo() -> None:
     setup = replace(
         SETUP,
         scheduling=SchedulingConfig(policy="fifo", active_stream_window=3),
@@ -254,7 +247,7 @@ def test_engine_and_simulator_decide_alike_under_fifo(monkeypatch: pytest.Monkey
         talker=TalkerConfig(batch=2, high_water_s=3.0),
     )
     arrivals = script(5, count=25)
-    assert_same(run_engine(setup, arrivals, monkeypatch), run_simulator(setup, arrivals))
+    assert_same(run_engine(setup, arrivals), run_simulator(setup, arrivals))
 
 
 def _newest_first(book: StreamBook, now_s: float, config: TalkerOrderConfig) -> TalkerPlan:
@@ -266,7 +259,7 @@ def test_a_simulator_with_another_talker_order_is_caught(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     arrivals = script(1)
-    engine = run_engine(SETUP, arrivals, monkeypatch)
+    engine = run_engine(SETUP, arrivals)
     monkeypatch.setattr(sim_replica, "plan_talker", _newest_first)
     # the talker order decides whose audio comes first: depending on the texts' segments
     # the first record to part is the talker steps or an admission that follows from them
