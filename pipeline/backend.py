@@ -26,6 +26,16 @@ one thread. Likewise `concurrent_vocode_calls = True` says that `vocode` may run
 several threads at once; the engine then runs `vocoder.workers` vocoder turns side by
 side (see pipeline/vocoder.py).
 
+A backend may also offer `prepare_segment(request)`: the talker will open this segment
+soon (the stream's next one), so the backend may start its costly part in the background,
+on a helper thread of its own, and return at once; `open_segment` for a request with the
+same text, voice and speed then takes that work. The engine calls it from the talker
+thread, only while few streams have work (`talker.prepare_ahead_streams`), and never
+relies on it: a backend without it, or a prepared segment never opened, changes nothing
+but the time. With it goes `drop_prepared()`, which the engine calls (from the event
+loop: it must only set flags) once more streams have work: the backend gives up the work
+not yet taken, so that no talker waits on a background thread that the busy cores starve.
+
 Errors: an exception from `open_segment` fails that one stream; one from `step` fails
 the streams of that step; one from `vocode` fails the streams of that turn. The engine's
 loops survive all three.

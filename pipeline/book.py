@@ -542,6 +542,23 @@ class StreamBook:
             stream.state = StreamState.TALKING
         return opened
 
+    def next_request(self, record: StreamRecord) -> TalkRequest | None:
+        """The request `open_segment` would make for the stream's next text segment (not
+        taken; for `backend.prepare_segment`), or None when no text waits. Its `urgent` and
+        `first_frame_index` are as of now: the segment is opened later."""
+        if not record.text:
+            return None
+        stream = record.stream
+        return TalkRequest(
+            text=record.text[0],
+            voice=stream.voice.id,
+            speed=stream.speed,
+            stream_tag=record.tag,
+            segment_index=record.next_segment,
+            first_frame_index=record.frames.produced_frames,
+            urgent=False,
+        )
+
     def _urgent(self, record: StreamRecord) -> bool:
         """The stream's player needs its next frames soon: no audio yet, or less than
         `urgent_slack_s` of audio ahead of it (in the player, and talked not yet vocoded)."""

@@ -16,6 +16,7 @@ from scheduling.validation import (
     check_bool,
     check_choice,
     check_int,
+    check_int_in,
     check_non_negative,
     check_number_in,
     check_optional_non_negative,
@@ -63,6 +64,10 @@ class TalkerConfig:
     # Piper then runs its flow in small first steps; otherwise over the whole segment at
     # once (up to piper.flow_max_chunk_frames), which costs less per frame (no flow context)
     urgent_slack_s: float = 1.0
+    # while at most this many streams have work left, a stream's next text segment is
+    # prepared (backend.prepare_segment: Piper's phonemiser and encoder, on a helper
+    # thread) while the talker steps the one before it (0: never)
+    prepare_ahead_streams: int = 1
 
     def __post_init__(self) -> None:
         check_int("intra_op_threads", self.intra_op_threads, 1)
@@ -76,6 +81,7 @@ class TalkerConfig:
         check_int("max_segment_phonemes", self.max_segment_phonemes, 20)
         check_int("first_segment_chars", self.first_segment_chars, 0)
         check_non_negative("urgent_slack_s", self.urgent_slack_s)
+        check_int("prepare_ahead_streams", self.prepare_ahead_streams, 0)
 
 
 NORMALIZE_LANGUAGES = ("en",)  # languages with normalisation rules
@@ -215,6 +221,10 @@ class PiperConfig:
     # ONNX Runtime threads of an encoder or vocoder call that finds no other Piper call
     # running (a lone stream: the other cores are idle); 1: no such sessions
     solo_threads: int = 1
+    # OS niceness of the helper thread that prepares a stream's next segment
+    # (talker.prepare_ahead_streams): 19 = it runs on otherwise idle CPU, so it never
+    # slows a first chunk (0: the process's own priority; Linux only)
+    prepare_nice: int = 19
     # The vocoder's stages after its first decode only a chunk's emitted frames and their
     # own reach, not the chunk's whole context (bit-identical audio; README)
     vocoder_trim: bool = True
@@ -232,6 +242,7 @@ class PiperConfig:
         check_bool("ort_cpu_arena", self.ort_cpu_arena)
         check_bool("ort_spinning", self.ort_spinning)
         check_int("solo_threads", self.solo_threads, 1)
+        check_int_in("prepare_nice", self.prepare_nice, (0, 19))
         check_bool("vocoder_trim", self.vocoder_trim)
         if self.flow_max_chunk_frames < self.flow_first_chunk_frames:
             raise ConfigError(

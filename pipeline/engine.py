@@ -223,6 +223,7 @@ class Engine:
             capacity_window_s=engine.capacity_window_s,
             initial_capacity_audio_s_per_s=engine.initial_capacity_audio_s_per_s,
             urgent_stage=self.urgent_stage,
+            prepare_ahead_streams=talker.prepare_ahead_streams,
         )
         self.vocoder = Vocoder(
             self.book,

@@ -13,8 +13,12 @@ Each turn of the loop:
    stream with more than `talker.busy_max_queued_s` of frames waiting for it sits out;
 2. the chosen streams without an open segment get their next text segment opened;
 3. one call in the talker thread closes the segments of streams that ended (orphans),
-   opens the new segments (`backend.open_segment`), runs one `backend.step` over the
-   whole batch, and closes the segments that ended;
+   opens the new segments (`backend.open_segment`), hands the backend the next segment
+   of a stream it just opened one for, to prepare in the background
+   (`backend.prepare_segment`, while at most `talker.prepare_ahead_streams` streams have
+   work: a lone request's next sentence is then encoded on the core its first chunks
+   leave idle), runs one `backend.step` over the whole batch, and closes the segments
+   that ended;
 4. back on the event loop, each segment's new frames go to the stream book.
 
 Streams join and leave the batch between steps: that is continuous batching. A backend
@@ -39,7 +43,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from pipeline.backend import Backend, TalkStep
+from pipeline.backend import Backend, TalkRequest, TalkStep
 from pipeline.book import OpenSegment, StreamBook
 from pipeline.capacity import CapacityEstimate
 from pipeline.config import TalkerConfig
@@ -89,10 +93,14 @@ class Talker:
         capacity_window_s: float,
         initial_capacity_audio_s_per_s: float = 0.0,
         urgent_stage: StageExecutor | None = None,
+        prepare_ahead_streams: int = 0,
     ) -> None:
         """`urgent_stage`: a second talker lane (its own thread) that takes streams with no
         audio yet while the first lane is busy; only for a
-        backend whose talker steps may run side by side (`concurrent_talker_steps`)."""
+        backend whose talker steps may run side by side (`concurrent_talker_steps`).
+        `prepare_ahead_streams`: while at most this many streams have work, a segment
+        opened for a stream with more text has its next one prepared
+        (`backend.prepare_segment`, where the backend has it; 0: never)."""
         self._book = book
         self._backend = backend
         self._stage = stage
@@ -106,6 +114,16 @@ class Talker:
         self.urgent_steps = 0  # of those, run by the second lane
         self.idle_waits = 0  # times the loop found nothing to do and waited
         self.lanes_busy = 0  # talker calls running now
+        prepare = getattr(backend, "prepare_segment", None)
+        self._prepare: Callable[[TalkRequest], None] | None = (
+            prepare if callable(prepare) and prepare_ahead_streams > 0 else None
+        )
+        drop = getattr(backend, "drop_prepared", None)
+        self._drop_prepared: Callable[[], None] | None = drop if callable(drop) else None
+        self._prepare_ahead_streams = prepare_ahead_streams
+        self._prepared_out = False  # segments handed to prepare_segment, maybe not opened
+        self.prepares = 0  # next segments given to backend.prepare_segment
+        self.prepare_drops = 0  # times they were dropped (more streams came)
 
     async def run(self) -> None:
         book = self._book
@@ -114,24 +132,28 @@ class Talker:
             urgent: asyncio.Task[None] | None = None
             while True:
                 self.wake.clear()
+                if self._prepared_out and len(book) > self._prepare_ahead_streams:
+                    self._drop_prepares()
                 now_s = self._clock()
                 retry_in_s: float | None = None
                 if main is None or main.done():
                     orphans = book.take_orphans()
                     plan = book.plan_talker(now_s, self._order)
                     if plan.step_ids or orphans:
-                        batch = self._dispatch(plan.step_ids)
+                        batch, prepare = self._dispatch(plan.step_ids)
                         self.lanes_busy += 1  # from here: its orphans are no longer listed
-                        main = lanes.create_task(self._lane(self._stage, batch, orphans))
+                        main = lanes.create_task(self._lane(self._stage, batch, orphans, prepare))
                         continue
                     retry_in_s = plan.retry_in_s
                 elif self._urgent_stage is not None and (urgent is None or urgent.done()):
                     fresh = book.plan_first_audio_talker(now_s, self._order)
                     if fresh:
-                        batch = self._dispatch(fresh)
+                        batch, prepare = self._dispatch(fresh)
                         self.urgent_steps += 1
                         self.lanes_busy += 1
-                        urgent = lanes.create_task(self._lane(self._urgent_stage, batch, []))
+                        urgent = lanes.create_task(
+                            self._lane(self._urgent_stage, batch, [], prepare)
+                        )
                         continue
                 if main is None or main.done():
                     self.idle_waits += 1  # nothing to do at all (not just a lane busy)
@@ -142,21 +164,48 @@ class Talker:
                         async with asyncio.timeout(max(retry_in_s, 0.0)):
                             await self.wake.wait()
 
-    def _dispatch(self, step_ids: Sequence[str]) -> list[OpenSegment]:
-        """The segments of the next step, opened where new and marked in flight."""
+    def _dispatch(self, step_ids: Sequence[str]) -> tuple[list[OpenSegment], list[TalkRequest]]:
+        """The segments of the next step, opened where new and marked in flight, and the
+        next segments to prepare (`prepare_ahead_streams`)."""
         book = self._book
         batch: list[OpenSegment] = []
+        prepare: list[TalkRequest] = []
         for stream_id in step_ids:
             record = book.record(stream_id)
             assert record is not None, "a talker candidate is a live stream"
-            batch.append(record.talking or book.open_segment(record))
+            if record.talking is not None:
+                batch.append(record.talking)
+                continue
+            batch.append(book.open_segment(record))
+            if self._prepare is not None and len(book) <= self._prepare_ahead_streams:
+                ahead = book.next_request(record)
+                if ahead is not None:
+                    prepare.append(ahead)
+                    self.prepares += 1
+                    self._prepared_out = True
         book.talk_steps_started(batch)
         if step_ids:
             self._events.talker_step(step_ids)
-        return batch
+        return batch, prepare
+
+    def _drop_prepares(self) -> None:
+        """More streams have work than prepare_ahead_streams: the backend gives up what it
+        prepares (its helper thread runs at a low priority and could wait long for a core
+        while a talker lane waits for it). Not a model call: it sets a flag and returns."""
+        self._prepared_out = False
+        if self._drop_prepared is not None:
+            self.prepare_drops += 1
+            try:
+                self._drop_prepared()
+            except Exception:
+                log.exception("drop_prepared failed")
 
     async def _lane(
-        self, stage: StageExecutor, batch: list[OpenSegment], orphans: list[OpenSegment]
+        self,
+        stage: StageExecutor,
+        batch: list[OpenSegment],
+        orphans: list[OpenSegment],
+        prepare: list[TalkRequest],
     ) -> None:
         book = self._book
         # a stream with no frames yet: this step makes its first audio (vocoder workers
@@ -165,7 +214,7 @@ class Talker:
         if first:
             book.first_audio_started()
         try:
-            await self._step(stage, batch, orphans)
+            await self._step(stage, batch, orphans, prepare)
         finally:
             if first:
                 book.first_audio_ended()
@@ -174,11 +223,15 @@ class Talker:
             self.wake.set()  # the lane is free: plan again
 
     async def _step(
-        self, stage: StageExecutor, batch: list[OpenSegment], orphans: list[OpenSegment]
+        self,
+        stage: StageExecutor,
+        batch: list[OpenSegment],
+        orphans: list[OpenSegment],
+        prepare: list[TalkRequest],
     ) -> None:
         book = self._book
         try:
-            timed = await stage.run_timed(self._in_thread, batch, orphans)
+            timed = await stage.run_timed(self._in_thread, batch, orphans, prepare)
         except asyncio.CancelledError:
             for opened in batch:
                 opened.cancelled = True
@@ -209,8 +262,11 @@ class Talker:
             self.rate.record(timed.started_s, timed.finished_s, audio_s)
             self._events.talker_call(timed.seconds)
 
-    def _in_thread(self, batch: list[OpenSegment], orphans: list[OpenSegment]) -> _StepOutcome:
-        """Runs in the talker thread: close orphans, open new segments, step, close ended."""
+    def _in_thread(
+        self, batch: list[OpenSegment], orphans: list[OpenSegment], prepare: list[TalkRequest]
+    ) -> _StepOutcome:
+        """Runs in the talker thread: close orphans, open new segments, have the next ones
+        prepared, step, close ended."""
         backend = self._backend
         for opened in orphans:
             self._close(opened)
@@ -221,6 +277,12 @@ class Talker:
                     opened.state = backend.open_segment(opened.request)
                 except Exception as error:
                     open_errors.append((opened, error))
+        if prepare and self._prepare is not None:  # after the opens: they come first
+            for request in prepare:
+                try:
+                    self._prepare(request)
+                except Exception:  # only time is lost: open_segment does the work
+                    log.exception("prepare_segment failed")
         failed = {id(opened) for opened, _ in open_errors}
         stepped = [
             o for o in batch if o.state is not None and not o.cancelled and id(o) not in failed

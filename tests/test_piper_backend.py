@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import shutil
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -13,7 +15,7 @@ from conftest import EngineFactory, read_all
 
 from pipeline.backend import Backend, TalkRequest, TalkStep, VocodeItem
 from pipeline.backends.piper import PiperBackend, UnknownPiperVoice, bundled_model_path
-from pipeline.backends.piper.backend import FLOW_GROWTH, PiperSegment
+from pipeline.backends.piper.backend import FLOW_GROWTH, PREPARED_MAX, PiperSegment
 from pipeline.book import StreamRecord
 from pipeline.config import PiperConfig, TalkerConfig, VocoderConfig
 from scheduling import Chunk, ChunkingConfig, ChunkPlanner
@@ -423,3 +425,146 @@ async def test_a_lone_streams_later_segments_run_their_flow_whole(
     assert all(urgent for urgent, _ in recording.opened)
     assert pcm.size == chunked.size
     assert snr_db(chunked, pcm) >= 40.0
+
+
+# prepare_segment: a segment's phonemiser and encoder run ahead on a helper thread
+
+SENTENCES = (
+    "The ferry leaves the north pier at seven every morning.",
+    "Tickets are sold on board, and dogs travel free.",
+    "On windy days the crossing takes a little longer than usual.",
+    "Please keep your bags away from the doors.",
+    "The cafe on the upper deck opens after the first stop.",
+    "We hope you enjoy the journey across the bay.",
+)
+
+
+def _request(text: str) -> TalkRequest:
+    return TalkRequest(text, VOICE, 1.0, stream_tag=0, segment_index=1, first_frame_index=0)
+
+
+def _prepare(backend: PiperBackend, text: str) -> None:
+    """Prepare `text` and wait until the helper thread has done it (a prepare that has not
+    started when its segment is opened is not waited for: the talker does the work)."""
+    backend.prepare_segment(_request(text))
+    for _ in range(20_000):
+        if backend.prepared_ready(_request(text)):
+            return
+        time.sleep(0.001)
+    raise AssertionError("the helper thread never prepared the segment")
+
+
+def test_a_prepared_segment_is_taken_once_and_gives_the_same_frames(
+    backend: PiperBackend,
+) -> None:
+    """open_segment takes the prepared phonemes and encoding of the same text, voice and
+    speed (the talker then only runs the flow): the frames are the same, sample for
+    sample, as without it; a second open of that text, or another text, does the work
+    itself."""
+    text, other = SENTENCES[:2]
+    plain = talk(backend, text)
+    used = backend.prepared_used
+    _prepare(backend, text)
+    assert np.array_equal(talk(backend, text), plain)
+    assert backend.prepared_used == used + 1
+    assert np.array_equal(talk(backend, text), plain)  # taken once: nothing left
+    _prepare(backend, other)
+    backend.prepare_segment(TalkRequest(text, VOICE, 2.0, 0, 1, 0))  # another speed
+    assert np.array_equal(talk(backend, text), plain)
+    assert backend.prepared_used == used + 1
+    assert np.array_equal(talk(backend, other), talk(backend, other))
+    assert backend.prepared_used == used + 2
+    backend.drop_prepared()
+
+
+def test_dropped_prepares_are_not_used_and_the_talker_does_the_work(
+    backend: PiperBackend,
+) -> None:
+    """drop_prepared: work not started never runs and a running encoder ends early (its
+    terminate flag); open_segment then phonemises and encodes itself, the same frames."""
+    plain = {text: talk(backend, text) for text in SENTENCES}
+    used = backend.prepared_used
+    for text in SENTENCES[:3]:
+        backend.prepare_segment(_request(text))
+    backend.drop_prepared()
+    for text in SENTENCES[:3]:
+        assert np.array_equal(talk(backend, text), plain[text])
+    assert backend.prepared_used == used
+
+
+def test_only_the_latest_prepared_segments_are_kept(backend: PiperBackend) -> None:
+    """At most PREPARED_MAX prepared segments wait to be opened (a stream that ends
+    before opening its prepared segment leaves nothing behind for long): the oldest go."""
+    assert len(SENTENCES) == PREPARED_MAX + 2
+    plain = {text: talk(backend, text) for text in SENTENCES}
+    used = backend.prepared_used
+    for text in SENTENCES:
+        _prepare(backend, text)
+    for text in SENTENCES[:2]:  # dropped
+        assert np.array_equal(talk(backend, text), plain[text])
+    assert backend.prepared_used == used
+    for text in SENTENCES[2:]:
+        assert np.array_equal(talk(backend, text), plain[text])
+    assert backend.prepared_used == used + PREPARED_MAX
+
+
+async def _prepared_stream(
+    make_engine: EngineFactory, backend: PiperBackend, prepare_ahead_streams: int
+) -> np.ndarray:
+    engine = await make_engine(
+        backend,
+        window=1,
+        talker=TalkerConfig(
+            high_water_s=3600.0, urgent_slack_s=1e9, prepare_ahead_streams=prepare_ahead_streams
+        ),
+    )
+    calls, used = backend.prepare_calls, backend.prepared_used
+    pcm = await read_all(engine.submit(ENGINE_TEXT, voice=VOICE))
+    # a lone stream of four segments (the first sentence cut at its comma): each of the
+    # last three is prepared while the one before it is talked. Whether the helper thread
+    # had started one when the talker opened it depends on the OS (one it had not, the
+    # talker does itself): that it is then taken is the backend tests' matter.
+    assert engine.talker.prepares == (3 if prepare_ahead_streams else 0)
+    assert backend.prepare_calls - calls == engine.talker.prepares
+    assert backend.prepared_used - used <= engine.talker.prepares
+    return pcm
+
+
+async def test_a_lone_streams_next_segments_are_prepared_and_sound_the_same(
+    make_engine: EngineFactory, backend: PiperBackend
+) -> None:
+    """talker.prepare_ahead_streams (1): while a lone stream's talker steps one segment,
+    its next one is phonemised and encoded on the backend's helper thread, and the talker
+    takes that work when it opens it. The audio is the same as without it."""
+    prepared = await _prepared_stream(make_engine, backend, 1)
+    plain = await _prepared_stream(make_engine, backend, 0)
+    assert prepared.size == plain.size > 0
+    assert snr_db(plain, prepared) >= 60.0
+
+
+async def test_no_segment_is_prepared_while_more_streams_have_work(
+    make_engine: EngineFactory, backend: PiperBackend
+) -> None:
+    """Two streams submitted together: more than prepare_ahead_streams (1) have work, so
+    nothing is prepared (a helper thread would take CPU from the stage threads)."""
+    engine = await make_engine(backend, window=1)
+    streams = [engine.submit(ENGINE_TEXT, voice=VOICE) for _ in range(2)]
+    for stream in streams:
+        assert (await read_all(stream)).size > 0
+    assert engine.talker.prepares == 0
+
+
+async def test_a_second_stream_drops_what_is_prepared_for_the_first(
+    make_engine: EngineFactory, backend: PiperBackend
+) -> None:
+    """A lone stream has its next segment prepared; once a second stream has work, the
+    talker has the backend drop it (a low-priority helper could wait long for a busy
+    core while a talker lane waits for it). Both streams still get all their audio."""
+    engine = await make_engine(backend, window=1)
+    first = engine.submit(ENGINE_TEXT, voice=VOICE)
+    while engine.talker.prepares == 0:
+        await asyncio.sleep(0.001)
+    second = engine.submit(ENGINE_TEXT, voice=VOICE)
+    pcms = [await read_all(first), await read_all(second)]
+    assert engine.talker.prepare_drops >= 1
+    assert pcms[0].size == pcms[1].size > 0

@@ -9,14 +9,24 @@ segment (`TalkRequest.urgent`: its stream needs audio soon) is small
 (`flow_first_chunk_frames`) so that the vocoder can start early; each next one is
 FLOW_GROWTH times the one before, up to `flow_max_chunk_frames`. Any other segment starts
 at `flow_max_chunk_frames`: most segments then run the flow once, with no context.
+
+`prepare_segment` runs a segment's phonemiser and encoder ahead, on the backend's own
+helper thread, while the talker steps the segment before it; `open_segment` for the same
+text, voice and speed then takes that work instead of doing it again (waiting for it when
+it is running). The engine asks for it only while few streams have work (a lone request:
+its next sentence's encoder runs on the core its first chunks leave idle).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
+import sys
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +51,9 @@ logger = logging.getLogger("playhead.piper")
 # (each step's context costs 2 x flow_context_frames of flow), yet each step is short
 # beside the audio the chunks before it play for.
 FLOW_GROWTH = 4
+# Prepared segments kept for `open_segment` at most; an older one is dropped (a stream
+# that ended before opening its prepared segment leaves nothing behind for long).
+PREPARED_MAX = 4
 
 
 @dataclass(slots=True)
@@ -55,6 +68,15 @@ class PiperSegment:
     mask: np.ndarray | None = None  # [1, 1, frames]
     position: int = 0  # frames returned so far
     next_chunk: int = 0  # frames the next flow step returns
+
+
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    """A segment's work done ahead (`PiperBackend.prepare_segment`)."""
+
+    phoneme_ids: list[int]
+    prior: np.ndarray | None  # the encoder's output (None: not run)
+    mask: np.ndarray | None
 
 
 @dataclass(frozen=True)
@@ -97,14 +119,26 @@ def _session(
     return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 
 
+def _lower_priority(nice: int) -> None:
+    """Make the calling thread `nice` (Linux: niceness is per thread; elsewhere a no-op,
+    since setpriority there would change the whole process)."""
+    if nice <= 0 or not sys.platform.startswith("linux"):
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+    except OSError as error:  # a sandbox may forbid it: the helper runs at the usual priority
+        logger.warning("could not lower the prepare thread's priority: %s", error)
+
+
 def _non_negative_or_none(name: str, value: float | None) -> None:
     if value is not None and not (math.isfinite(value) and value >= 0):
         raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
 
 
 class VocodeAbort:
-    """Ends the `PiperBackend.vocode` call it was passed to (ONNX Runtime's terminate
-    flag, which the running call checks between nodes); harmless once the call is over."""
+    """Ends the `PiperBackend.vocode` call it was passed to, or a prepared segment's
+    encoder (ONNX Runtime's terminate flag, which the running call checks between nodes);
+    harmless once the call is over."""
 
     __slots__ = ("options",)
 
@@ -155,9 +189,18 @@ class PiperBackend:
         self._flow_first_chunk = piper.flow_first_chunk_frames
         self._flow_max_chunk = piper.flow_max_chunk_frames
         self._vocoder_trim = piper.vocoder_trim
+        self._prepare_nice = piper.prepare_nice
         self._phonemize_lock = threading.Lock()
         self._calls_lock = threading.Lock()
         self._calls = 0  # talker steps and vocoder calls running now
+        # prepare_segment's work: (voice, text, speed) -> its phoneme ids and encoding
+        self._prepared: OrderedDict[
+            tuple[str, str, float], tuple[Future[_Prepared], VocodeAbort]
+        ] = OrderedDict()
+        self._prepared_lock = threading.Lock()
+        self._prepare_pool: ThreadPoolExecutor | None = None
+        self.prepare_calls = 0  # prepare_segment calls that started work (tests, benchmarks)
+        self.prepared_used = 0  # segments opened with prepared work
 
         default_path = Path(piper.model_path) if piper.model_path else bundled_model_path()
         specs = [load_voice_spec(default_path)]
@@ -250,16 +293,103 @@ class PiperBackend:
         return self._default
 
     def open_segment(self, request: TalkRequest) -> PiperSegment:
-        """Phonemise the segment (espeak-ng); the talker graphs run in `step`."""
+        """Phonemise the segment (espeak-ng); the talker graphs run in `step`. A segment
+        `prepare_segment` was asked for takes that work (waits for it if it runs)."""
         loaded = self._get(request.voice)
         scales = self.scales(request.voice, request.speed)
-        with self._phonemize_lock:
-            ids = text_to_ids(loaded.spec, request.text)
         # an urgent segment's first frames come from a small first flow step; any other's
         # flow runs over the whole segment at once (up to flow_max_chunk_frames): no
         # context at its seams, so fewer frames of flow in all
         first = self._flow_first_chunk if request.urgent else self._flow_max_chunk
+        prepared = self._take_prepared(request)
+        if prepared is not None:
+            self.prepared_used += 1
+            return PiperSegment(
+                request.voice,
+                prepared.phoneme_ids,
+                scales,
+                prior=prepared.prior,
+                mask=prepared.mask,
+                next_chunk=first,
+            )
+        with self._phonemize_lock:
+            ids = text_to_ids(loaded.spec, request.text)
         return PiperSegment(request.voice, ids, scales, next_chunk=first)
+
+    def prepare_segment(self, request: TalkRequest) -> None:
+        """Start `request`'s phonemiser and encoder on the helper thread (returns at
+        once); `open_segment` for the same text, voice and speed takes the result.
+        Best effort: a failure here only means `open_segment` does the work itself."""
+        key = (request.voice, request.text, request.speed)
+        with self._prepared_lock:
+            if key in self._prepared:
+                return
+            if self._prepare_pool is None:
+                self._prepare_pool = ThreadPoolExecutor(
+                    1,
+                    thread_name_prefix="playhead-prepare",
+                    initializer=_lower_priority,
+                    initargs=(self._prepare_nice,),
+                )
+            abort = VocodeAbort()
+            future = self._prepare_pool.submit(self._prepare, request, abort)
+            self.prepare_calls += 1
+            self._prepared[key] = (future, abort)
+            while len(self._prepared) > PREPARED_MAX:
+                _, (dropped, dropped_abort) = self._prepared.popitem(last=False)
+                dropped.cancel()  # not started: it never runs
+                dropped_abort()  # running: it ends early
+
+    def prepared_ready(self, request: TalkRequest) -> bool:
+        """Whether the work prepared for `request` is done and waits to be taken."""
+        with self._prepared_lock:
+            entry = self._prepared.get((request.voice, request.text, request.speed))
+        return entry is not None and entry[0].done() and not entry[0].cancelled()
+
+    def drop_prepared(self) -> None:
+        """Give up every prepared segment: those not started never run, a running one ends
+        early (ONNX Runtime's terminate flag); `open_segment` then does the work itself, at
+        the talker's own priority. The engine calls it when more streams have work: a
+        helper thread of low priority may then wait long for a core."""
+        with self._prepared_lock:
+            dropped = list(self._prepared.values())
+            self._prepared.clear()
+        for future, abort in dropped:
+            future.cancel()
+            abort()
+
+    def _prepare(self, request: TalkRequest, abort: VocodeAbort) -> _Prepared:
+        loaded = self._get(request.voice)
+        scales = self.scales(request.voice, request.speed)
+        with self._phonemize_lock:
+            ids = text_to_ids(loaded.spec, request.text)
+        if not ids or loaded.flow is None:  # nothing to encode ahead: a one-call talker
+            return _Prepared(ids, None, None)
+        self._enter()
+        try:
+            prior, mask = self._encode(loaded, ids, scales, run_options=abort.options)
+        finally:
+            self._leave()
+        return _Prepared(ids, prior, mask)
+
+    def _take_prepared(self, request: TalkRequest) -> _Prepared | None:
+        """The prepared work for `request`, waiting for it if it runs; None when there is
+        none, it had not started (then it never will), was dropped or failed."""
+        with self._prepared_lock:
+            entry = self._prepared.pop((request.voice, request.text, request.speed), None)
+        if entry is None:
+            return None
+        future, abort = entry
+        if future.cancel():
+            return None
+        try:
+            return future.result()
+        except CancelledError:
+            return None
+        except Exception:
+            if not abort.options.terminate:  # an abort is no failure
+                logger.exception("preparing a segment failed; the talker encodes it itself")
+            return None
 
     def step(self, segments: Sequence[PiperSegment]) -> list[TalkStep]:
         """The next chunk of each segment: float32 [frames, channels] (none for text with
@@ -312,9 +442,11 @@ class PiperBackend:
         phoneme_ids: Sequence[int],
         scales: tuple[float, float, float],
         alone: bool = False,
+        run_options: ort.RunOptions | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """The encoder over a whole segment: (z_p [1, channels, frames], mask [1, 1, frames]);
-        `alone`: no other model call is running (the solo session, if any, runs it)."""
+        `alone`: no other model call is running (the solo session, if any, runs it);
+        `run_options`: the call's (its terminate flag ends it early)."""
         ids = np.asarray(phoneme_ids, dtype=np.int64)[np.newaxis, :]
         session = loaded.solo_encoder if alone and loaded.solo_encoder else loaded.encoder
         prior, mask, frame_count = session.run(
@@ -324,6 +456,7 @@ class PiperBackend:
                 "input_lengths": np.array([ids.shape[1]], dtype=np.int64),
                 "scales": np.asarray(scales, dtype=np.float32),
             },
+            run_options,
         )
         frames = int(frame_count[0])
         return prior[:, :, :frames], mask[:, :, :frames]
@@ -416,6 +549,14 @@ class PiperBackend:
         return pcm  # type: ignore[return-value]  # every slot is filled above
 
     def close(self) -> None:
+        with self._prepared_lock:
+            pool, self._prepare_pool = self._prepare_pool, None
+            for future, abort in self._prepared.values():
+                future.cancel()
+                abort()
+            self._prepared.clear()
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
         self._voices.clear()
 
     # Helpers used by tests and benchmarks
