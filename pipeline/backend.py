@@ -28,13 +28,16 @@ side (see pipeline/vocoder.py).
 
 A backend may also offer `prepare_segment(request)`: the talker will open this segment
 soon (the stream's next one), so the backend may start its costly part in the background,
-on a helper thread of its own, and return at once; `open_segment` for a request with the
-same text, voice and speed then takes that work. The engine calls it from the talker
-thread, only while few streams have work (`talker.prepare_ahead_streams`), and never
-relies on it: a backend without it, or a prepared segment never opened, changes nothing
-but the time. With it goes `drop_prepared()`, which the engine calls (from the event
-loop: it must only set flags) once more streams have work: the backend gives up the work
-not yet taken, so that no talker waits on a background thread that the busy cores starve.
+on a helper thread of its own, and return at once (a concurrent.futures.Future done when
+that work is, or None); `open_segment` for a request with the same text, voice and speed
+then takes that work. Meanwhile the stream counts as talking (no chunk of it is decoded
+ahead on a second vocoder worker: `vocoder.work_ahead_while_talking`). The engine calls
+it from the talker thread, only while few streams have work
+(`talker.prepare_ahead_streams`), and never relies on it: a backend without it, or a
+prepared segment never opened, changes nothing but the time. With it goes
+`drop_prepared()`, which the engine calls from the event loop (it must only set flags)
+once more streams have work: the backend gives up the work not yet taken, so that no
+talker waits on a background thread that the busy cores starve.
 
 Errors: an exception from `open_segment` fails that one stream; one from `step` fails
 the streams of that step; one from `vocode` fails the streams of that turn. The engine's

@@ -125,6 +125,7 @@ class StreamRecord:
     talking: OpenSegment | None = None  # the talker segment open for this stream
     chunk: Chunk | None = None  # the planner's answer, valid while the record is clean
     in_flight: deque[InFlight] = field(default_factory=deque)  # taken chunks, in order
+    preparing: int = 0  # its next segments the backend prepares now (prepare_segment)
 
     @property
     def talked_all(self) -> bool:
@@ -146,6 +147,12 @@ def _queued_audio_s(record: StreamRecord) -> float:
 def _stepping(record: StreamRecord) -> bool:
     """A talker lane is stepping the stream's open segment now."""
     return record.talking is not None and record.talking.in_flight
+
+
+def _talking_now(record: StreamRecord) -> bool:
+    """A talker lane is stepping the stream's open segment, or the backend prepares its
+    next one (the stream's talker work runs on a core now)."""
+    return bool(record.preparing) or _stepping(record)
 
 
 def _waits_for_text(record: StreamRecord) -> bool:
@@ -287,15 +294,16 @@ class StreamBook:
         `ready_ids` empty. Empty while more than `work_ahead_streams` streams have work
         left: the CPU is then busy with their talker work, which a chunk decoded ahead
         would only slow down. Unless `work_ahead_while_talking`, a stream whose talker
-        step runs now is left out (the vocoder is woken at `talk_steps_ended`): on a CPU
-        a third thread would take from the talker, whose frames the stream needs next."""
+        step runs now, or whose next segment the backend prepares, is left out (the
+        vocoder is woken at `talk_steps_ended` and `prepare_ended`): on a CPU a third
+        thread would take from the talker, whose frames the stream needs next."""
         if not self._may_work_ahead():
             return {}.keys()
         ahead = self._ahead
         if self._work_ahead_while_talking or not ahead:
             return ahead.keys()
         records = self._records
-        return [stream_id for stream_id in ahead if not _stepping(records[stream_id])]
+        return [stream_id for stream_id in ahead if not _talking_now(records[stream_id])]
 
     def _may_work_ahead(self) -> bool:
         """A stream may have more than one chunk in flight now (work-ahead): with many
@@ -608,6 +616,19 @@ class StreamBook:
             opened.record.stream.id in ahead for opened in batch
         ):
             self._wakes.vocoder()  # a chunk ahead was held back during the step: take it now
+
+    def prepare_started(self, record: StreamRecord) -> None:
+        """The backend prepares the stream's next segment now (talker.prepare_ahead_streams)."""
+        record.preparing += 1
+
+    def prepare_ended(self, stream_id: str) -> None:
+        """That preparation ended (done, dropped or failed)."""
+        record = self._records.get(stream_id)
+        if record is None or not record.preparing:
+            return
+        record.preparing -= 1
+        if not record.preparing and not self._work_ahead_while_talking and stream_id in self._ahead:
+            self._wakes.vocoder()  # a chunk ahead was held back meanwhile: take it now
 
     # Transitions: work on a stream's first audio (with first_audio_yield).
 

@@ -16,7 +16,6 @@ from scheduling.validation import (
     check_bool,
     check_choice,
     check_int,
-    check_int_in,
     check_non_negative,
     check_number_in,
     check_optional_non_negative,
@@ -221,10 +220,10 @@ class PiperConfig:
     # ONNX Runtime threads of an encoder or vocoder call that finds no other Piper call
     # running (a lone stream: the other cores are idle); 1: no such sessions
     solo_threads: int = 1
-    # OS niceness of the helper thread that prepares a stream's next segment
-    # (talker.prepare_ahead_streams): 19 = it runs on otherwise idle CPU, so it never
-    # slows a first chunk (0: the process's own priority; Linux only)
-    prepare_nice: int = 19
+    # the helper thread that prepares a stream's next segment (talker.prepare_ahead_streams)
+    # runs at the OS's idle priority (Linux SCHED_IDLE): only on otherwise idle CPU, so it
+    # never slows a first chunk (false: the process's own priority)
+    prepare_idle_priority: bool = True
     # The vocoder's stages after its first decode only a chunk's emitted frames and their
     # own reach, not the chunk's whole context (bit-identical audio; README)
     vocoder_trim: bool = True
@@ -242,7 +241,7 @@ class PiperConfig:
         check_bool("ort_cpu_arena", self.ort_cpu_arena)
         check_bool("ort_spinning", self.ort_spinning)
         check_int("solo_threads", self.solo_threads, 1)
-        check_int_in("prepare_nice", self.prepare_nice, (0, 19))
+        check_bool("prepare_idle_priority", self.prepare_idle_priority)
         check_bool("vocoder_trim", self.vocoder_trim)
         if self.flow_max_chunk_frames < self.flow_first_chunk_frames:
             raise ConfigError(

@@ -41,6 +41,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from pipeline.backend import Backend, TalkRequest, TalkStep
@@ -115,18 +116,20 @@ class Talker:
         self.idle_waits = 0  # times the loop found nothing to do and waited
         self.lanes_busy = 0  # talker calls running now
         prepare = getattr(backend, "prepare_segment", None)
-        self._prepare: Callable[[TalkRequest], None] | None = (
+        self._prepare: Callable[[TalkRequest], Future[object] | None] | None = (
             prepare if callable(prepare) and prepare_ahead_streams > 0 else None
         )
         drop = getattr(backend, "drop_prepared", None)
         self._drop_prepared: Callable[[], None] | None = drop if callable(drop) else None
         self._prepare_ahead_streams = prepare_ahead_streams
         self._prepared_out = False  # segments handed to prepare_segment, maybe not opened
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.prepares = 0  # next segments given to backend.prepare_segment
         self.prepare_drops = 0  # times they were dropped (more streams came)
 
     async def run(self) -> None:
         book = self._book
+        self._loop = asyncio.get_running_loop()
         async with asyncio.TaskGroup() as lanes:
             main: asyncio.Task[None] | None = None
             urgent: asyncio.Task[None] | None = None
@@ -164,12 +167,14 @@ class Talker:
                         async with asyncio.timeout(max(retry_in_s, 0.0)):
                             await self.wake.wait()
 
-    def _dispatch(self, step_ids: Sequence[str]) -> tuple[list[OpenSegment], list[TalkRequest]]:
+    def _dispatch(
+        self, step_ids: Sequence[str]
+    ) -> tuple[list[OpenSegment], list[tuple[str, TalkRequest]]]:
         """The segments of the next step, opened where new and marked in flight, and the
         next segments to prepare (`prepare_ahead_streams`)."""
         book = self._book
         batch: list[OpenSegment] = []
-        prepare: list[TalkRequest] = []
+        prepare: list[tuple[str, TalkRequest]] = []
         for stream_id in step_ids:
             record = book.record(stream_id)
             assert record is not None, "a talker candidate is a live stream"
@@ -180,13 +185,29 @@ class Talker:
             if self._prepare is not None and len(book) <= self._prepare_ahead_streams:
                 ahead = book.next_request(record)
                 if ahead is not None:
-                    prepare.append(ahead)
+                    prepare.append((stream_id, ahead))
+                    book.prepare_started(record)  # until _prepare_ended
                     self.prepares += 1
                     self._prepared_out = True
         book.talk_steps_started(batch)
         if step_ids:
             self._events.talker_step(step_ids)
         return batch, prepare
+
+    def _watch_prepare(self, stream_id: str, done: Future[object] | None) -> None:
+        """Talker thread: book the preparation's end on the event loop once `done` is
+        (at once without a future: nothing was started)."""
+        loop = self._loop
+        assert loop is not None, "the talker runs"
+
+        def ended(_: object = None) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: nothing to book
+                loop.call_soon_threadsafe(self._book.prepare_ended, stream_id)
+
+        if done is None:
+            ended()
+        else:
+            done.add_done_callback(ended)
 
     def _drop_prepares(self) -> None:
         """More streams have work than prepare_ahead_streams: the backend gives up what it
@@ -205,7 +226,7 @@ class Talker:
         stage: StageExecutor,
         batch: list[OpenSegment],
         orphans: list[OpenSegment],
-        prepare: list[TalkRequest],
+        prepare: list[tuple[str, TalkRequest]],
     ) -> None:
         book = self._book
         # a stream with no frames yet: this step makes its first audio (vocoder workers
@@ -227,7 +248,7 @@ class Talker:
         stage: StageExecutor,
         batch: list[OpenSegment],
         orphans: list[OpenSegment],
-        prepare: list[TalkRequest],
+        prepare: list[tuple[str, TalkRequest]],
     ) -> None:
         book = self._book
         try:
@@ -263,7 +284,10 @@ class Talker:
             self._events.talker_call(timed.seconds)
 
     def _in_thread(
-        self, batch: list[OpenSegment], orphans: list[OpenSegment], prepare: list[TalkRequest]
+        self,
+        batch: list[OpenSegment],
+        orphans: list[OpenSegment],
+        prepare: list[tuple[str, TalkRequest]],
     ) -> _StepOutcome:
         """Runs in the talker thread: close orphans, open new segments, have the next ones
         prepared, step, close ended."""
@@ -278,11 +302,13 @@ class Talker:
                 except Exception as error:
                     open_errors.append((opened, error))
         if prepare and self._prepare is not None:  # after the opens: they come first
-            for request in prepare:
+            for stream_id, request in prepare:
+                done: Future[object] | None = None
                 try:
-                    self._prepare(request)
+                    done = self._prepare(request)
                 except Exception:  # only time is lost: open_segment does the work
                     log.exception("prepare_segment failed")
+                self._watch_prepare(stream_id, done)
         failed = {id(opened) for opened, _ in open_errors}
         stepped = [
             o for o in batch if o.state is not None and not o.cancelled and id(o) not in failed

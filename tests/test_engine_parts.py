@@ -260,3 +260,55 @@ def test_no_chunk_ahead_of_a_lone_stream_while_its_talker_step_runs(while_talkin
     book.talk_steps_ended([opened])
     assert stream.id in book.ahead_ids
     assert len(vocoder_wakes) == (0 if while_talking else 1)
+
+
+@pytest.mark.parametrize("while_talking", [False, True])
+def test_no_chunk_ahead_of_a_lone_stream_while_its_next_segment_is_prepared(
+    while_talking: bool,
+) -> None:
+    """talker.prepare_ahead_streams: while the backend prepares a lone stream's next
+    segment (its encoder on a helper thread), the stream counts as talking: no chunk of
+    it is offered ahead, so the helper has the idle core; its end wakes the vocoder. The
+    talker itself may still step the stream meanwhile (the preparation is not a step)."""
+    vocoder_wakes: list[None] = []
+    book = _fake_clock_book(
+        [100.0],
+        ChunkingConfig(chunk_frames=4),
+        lambda: vocoder_wakes.append(None),
+        max_in_flight=2,
+        work_ahead_streams=1,
+        vocoder_workers=2,
+        work_ahead_while_talking=while_talking,
+    )
+    backend = SimBackend(SimConfig(talker_frames_per_step=12))
+    voice = backend.voices()[0]
+    stream = book.add_stream(voice, speed=1.0, now_s=100.0)
+    book.add_text(stream.id, "One two three four five. Six seven eight nine ten.", final=True)
+    record = book.record(stream.id)
+    assert record is not None
+    opened = book.open_segment(record)
+    ahead = book.next_request(record)
+    assert ahead is not None and ahead.text.startswith("Six") and ahead.segment_index == 1
+    state = backend.open_segment(opened.request)
+    book.talk_steps_started([opened])
+    (result,) = backend.step([state])
+    book.talked(opened, result.frames, result.done)
+    book.talk_steps_ended([opened])
+    book.refresh()
+    chunk = record.chunk
+    assert chunk is not None
+    book.start_vocoding(record)
+    book.emit(record, chunk, np.zeros(chunk.frames * voice.samples_per_frame), 100.0)
+    book.refresh()
+    book.start_vocoding(record)  # a worker takes the next chunk
+    book.refresh()
+    assert stream.id in book.ahead_ids
+    book.prepare_started(record)
+    assert (stream.id in book.ahead_ids) is while_talking
+    assert not book._busy(stream.id)  # the talker may step it
+    vocoder_wakes.clear()
+    book.prepare_ended(stream.id)
+    assert stream.id in book.ahead_ids
+    assert len(vocoder_wakes) == (0 if while_talking else 1)
+    book.prepare_ended(stream.id)  # a second end (a dropped future's callback) is harmless
+    assert record.preparing == 0

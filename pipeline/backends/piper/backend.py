@@ -119,15 +119,18 @@ def _session(
     return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 
 
-def _lower_priority(nice: int) -> None:
-    """Make the calling thread `nice` (Linux: niceness is per thread; elsewhere a no-op,
-    since setpriority there would change the whole process)."""
-    if nice <= 0 or not sys.platform.startswith("linux"):
+def _idle_priority(enabled: bool) -> None:
+    """Run the calling thread at the OS's idle priority (Linux SCHED_IDLE): it gets a CPU
+    only when nothing else wants one, and a waking thread takes that CPU from it at once
+    (the scheduler counts a CPU running only such threads as idle when it places a wakeup).
+    A no-op elsewhere, or when `enabled` is false."""
+    policy = getattr(os, "SCHED_IDLE", None)
+    if not enabled or policy is None or not sys.platform.startswith("linux"):
         return
     try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+        os.sched_setscheduler(0, policy, os.sched_param(0))  # 0: this thread (Linux)
     except OSError as error:  # a sandbox may forbid it: the helper runs at the usual priority
-        logger.warning("could not lower the prepare thread's priority: %s", error)
+        logger.warning("could not give the prepare thread the idle priority: %s", error)
 
 
 def _non_negative_or_none(name: str, value: float | None) -> None:
@@ -189,7 +192,7 @@ class PiperBackend:
         self._flow_first_chunk = piper.flow_first_chunk_frames
         self._flow_max_chunk = piper.flow_max_chunk_frames
         self._vocoder_trim = piper.vocoder_trim
-        self._prepare_nice = piper.prepare_nice
+        self._prepare_idle_priority = piper.prepare_idle_priority
         self._phonemize_lock = threading.Lock()
         self._calls_lock = threading.Lock()
         self._calls = 0  # talker steps and vocoder calls running now
@@ -316,20 +319,21 @@ class PiperBackend:
             ids = text_to_ids(loaded.spec, request.text)
         return PiperSegment(request.voice, ids, scales, next_chunk=first)
 
-    def prepare_segment(self, request: TalkRequest) -> None:
-        """Start `request`'s phonemiser and encoder on the helper thread (returns at
-        once); `open_segment` for the same text, voice and speed takes the result.
-        Best effort: a failure here only means `open_segment` does the work itself."""
+    def prepare_segment(self, request: TalkRequest) -> Future[_Prepared] | None:
+        """Start `request`'s phonemiser and encoder on the helper thread and return at
+        once: the future is done when the work is (None: it was already asked for).
+        `open_segment` for the same text, voice and speed takes the result. Best effort:
+        a failure here only means `open_segment` does the work itself."""
         key = (request.voice, request.text, request.speed)
         with self._prepared_lock:
             if key in self._prepared:
-                return
+                return None
             if self._prepare_pool is None:
                 self._prepare_pool = ThreadPoolExecutor(
                     1,
                     thread_name_prefix="playhead-prepare",
-                    initializer=_lower_priority,
-                    initargs=(self._prepare_nice,),
+                    initializer=_idle_priority,
+                    initargs=(self._prepare_idle_priority,),
                 )
             abort = VocodeAbort()
             future = self._prepare_pool.submit(self._prepare, request, abort)
@@ -339,6 +343,7 @@ class PiperBackend:
                 _, (dropped, dropped_abort) = self._prepared.popitem(last=False)
                 dropped.cancel()  # not started: it never runs
                 dropped_abort()  # running: it ends early
+        return future
 
     def prepared_ready(self, request: TalkRequest) -> bool:
         """Whether the work prepared for `request` is done and waits to be taken."""
