@@ -314,6 +314,19 @@ def test_burst_throughput_counts_whole_turns() -> None:
     assert result.burst_throughput() == pytest.approx(8.0)
 
 
+def test_burst_throughput_of_a_stream_with_few_gaps_is_its_rate() -> None:
+    # 10 audio s per s in 10 ms arrivals, with two 60 ms gaps that cut it into three long
+    # bursts: the rate after the first burst, not the audio of two bursts over the time
+    # to the last one's start (11.8x).
+    times = [0.3 + 0.01 * i for i in range(271)]
+    times += [times[-1] + 0.06 + 0.01 * i for i in range(300)]
+    times += [times[-1] + 0.06 + 0.01 * i for i in range(380)]
+    arrivals = tuple(Arrival(t, 0.1) for t in times)
+    summary = summarize([], wall_s=10.0, audio_received_s=0.1 * len(times))
+    result = LoadResult("closed", 16, (), summary, (0.2, 10.2), 0, RequestOptions(), arrivals)
+    assert result.burst_throughput() == pytest.approx(10.0, rel=0.02)
+
+
 @pytest.fixture(scope="module")
 def playhead_url() -> Iterator[str]:
     from app.server import create_app
