@@ -40,7 +40,7 @@ class AdmissionConfig:
     # 429 "starting" with `start_retry_after_s` only after `start_queue_timeout_s`.
     # Applies only to an engine that calibrated its capacity (as the default max_streams
     # does).
-    max_starting_streams: int = 2
+    max_starting_streams: int = 3
     # a stream is in its start phase until it has sent this many chunks
     start_phase_chunks: int = 3
     start_retry_after_s: int = 1  # Retry-After of a 429 for "starting": a start ends soon
