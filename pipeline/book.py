@@ -533,6 +533,10 @@ class StreamBook:
         """The talker takes the stream's next text segment."""
         stream = record.stream
         text = record.text.popleft()
+        # a preparation of this segment (prepare_started) ends here for the book, whatever
+        # its own end: the talker lane that opens the segment takes or waits for it (a
+        # talker call that failed before it started the preparation holds nothing longer)
+        record.preparing = 0
         index = record.next_segment
         record.next_segment += 1
         request = TalkRequest(
@@ -622,7 +626,7 @@ class StreamBook:
         record.preparing += 1
 
     def prepare_ended(self, stream_id: str) -> None:
-        """That preparation ended (done, dropped or failed)."""
+        """That preparation ended (done, dropped or failed), or its segment was opened."""
         record = self._records.get(stream_id)
         if record is None or not record.preparing:
             return

@@ -312,3 +312,6 @@ def test_no_chunk_ahead_of_a_lone_stream_while_its_next_segment_is_prepared(
     assert len(vocoder_wakes) == (0 if while_talking else 1)
     book.prepare_ended(stream.id)  # a second end (a dropped future's callback) is harmless
     assert record.preparing == 0
+    book.prepare_started(record)
+    book.open_segment(record)  # its segment opened: the talker lane holds the stream now
+    assert record.preparing == 0
