@@ -125,7 +125,8 @@ class StreamRecord:
     talking: OpenSegment | None = None  # the talker segment open for this stream
     chunk: Chunk | None = None  # the planner's answer, valid while the record is clean
     in_flight: deque[InFlight] = field(default_factory=deque)  # taken chunks, in order
-    preparing: int = 0  # its next segments the backend prepares now (prepare_segment)
+    # the index of its next segment while the backend prepares it (prepare_segment)
+    preparing: int | None = None
 
     @property
     def talked_all(self) -> bool:
@@ -152,7 +153,21 @@ def _stepping(record: StreamRecord) -> bool:
 def _talking_now(record: StreamRecord) -> bool:
     """A talker lane is stepping the stream's open segment, or the backend prepares its
     next one (the stream's talker work runs on a core now)."""
-    return bool(record.preparing) or _stepping(record)
+    return record.preparing is not None or _stepping(record)
+
+
+def _talk_request(record: StreamRecord, text: str, index: int, *, urgent: bool) -> TalkRequest:
+    """The talker's request for the stream's segment `index` of `text`."""
+    stream = record.stream
+    return TalkRequest(
+        text=text,
+        voice=stream.voice.id,
+        speed=stream.speed,
+        stream_tag=record.tag,
+        segment_index=index,
+        first_frame_index=record.frames.produced_frames,
+        urgent=urgent,
+    )
 
 
 def _waits_for_text(record: StreamRecord) -> bool:
@@ -536,18 +551,10 @@ class StreamBook:
         # a preparation of this segment (prepare_started) ends here for the book, whatever
         # its own end: the talker lane that opens the segment takes or waits for it (a
         # talker call that failed before it started the preparation holds nothing longer)
-        record.preparing = 0
+        record.preparing = None
         index = record.next_segment
         record.next_segment += 1
-        request = TalkRequest(
-            text=text,
-            voice=stream.voice.id,
-            speed=stream.speed,
-            stream_tag=record.tag,
-            segment_index=index,
-            first_frame_index=record.frames.produced_frames,
-            urgent=self._urgent(record),
-        )
+        request = _talk_request(record, text, index, urgent=self._urgent(record))
         opened = OpenSegment(record, record.frames.open_segment(index), request)
         record.talking = opened
         if stream.state is StreamState.QUEUED:
@@ -560,16 +567,7 @@ class StreamBook:
         `first_frame_index` are as of now: the segment is opened later."""
         if not record.text:
             return None
-        stream = record.stream
-        return TalkRequest(
-            text=record.text[0],
-            voice=stream.voice.id,
-            speed=stream.speed,
-            stream_tag=record.tag,
-            segment_index=record.next_segment,
-            first_frame_index=record.frames.produced_frames,
-            urgent=False,
-        )
+        return _talk_request(record, record.text[0], record.next_segment, urgent=False)
 
     def _urgent(self, record: StreamRecord) -> bool:
         """The stream's player needs its next frames soon: no audio yet, or less than
@@ -621,17 +619,19 @@ class StreamBook:
         ):
             self._wakes.vocoder()  # a chunk ahead was held back during the step: take it now
 
-    def prepare_started(self, record: StreamRecord) -> None:
-        """The backend prepares the stream's next segment now (talker.prepare_ahead_streams)."""
-        record.preparing += 1
+    def prepare_started(self, record: StreamRecord, segment_index: int) -> None:
+        """The backend prepares the stream's segment `segment_index` now (its next one;
+        talker.prepare_ahead_streams)."""
+        record.preparing = segment_index
 
-    def prepare_ended(self, stream_id: str) -> None:
-        """That preparation ended (done, dropped or failed), or its segment was opened."""
+    def prepare_ended(self, stream_id: str, segment_index: int) -> None:
+        """That preparation ended (done, dropped or failed). A late end of one whose segment
+        was opened meanwhile (the book's hold ended there) changes nothing."""
         record = self._records.get(stream_id)
-        if record is None or not record.preparing:
+        if record is None or record.preparing != segment_index:
             return
-        record.preparing -= 1
-        if not record.preparing and not self._work_ahead_while_talking and stream_id in self._ahead:
+        record.preparing = None
+        if not self._work_ahead_while_talking and stream_id in self._ahead:
             self._wakes.vocoder()  # a chunk ahead was held back meanwhile: take it now
 
     # Transitions: work on a stream's first audio (with first_audio_yield).

@@ -186,7 +186,7 @@ class Talker:
                 ahead = book.next_request(record)
                 if ahead is not None:
                     prepare.append((stream_id, ahead))
-                    book.prepare_started(record)  # until _prepare_ended
+                    book.prepare_started(record, ahead.segment_index)  # until it ends
                     self.prepares += 1
                     self._prepared_out = True
         book.talk_steps_started(batch)
@@ -194,7 +194,9 @@ class Talker:
             self._events.talker_step(step_ids)
         return batch, prepare
 
-    def _watch_prepare(self, stream_id: str, done: Future[object] | None) -> None:
+    def _watch_prepare(
+        self, stream_id: str, segment_index: int, done: Future[object] | None
+    ) -> None:
         """Talker thread: book the preparation's end on the event loop once `done` is
         (at once without a future: nothing was started)."""
         loop = self._loop
@@ -202,7 +204,7 @@ class Talker:
 
         def ended(_: object = None) -> None:
             with contextlib.suppress(RuntimeError):  # the loop closed: nothing to book
-                loop.call_soon_threadsafe(self._book.prepare_ended, stream_id)
+                loop.call_soon_threadsafe(self._book.prepare_ended, stream_id, segment_index)
 
         if done is None:
             ended()
@@ -308,7 +310,7 @@ class Talker:
                     done = self._prepare(request)
                 except Exception:  # only time is lost: open_segment does the work
                     log.exception("prepare_segment failed")
-                self._watch_prepare(stream_id, done)
+                self._watch_prepare(stream_id, request.segment_index, done)
         failed = {id(opened) for opened, _ in open_errors}
         stepped = [
             o for o in batch if o.state is not None and not o.cancelled and id(o) not in failed

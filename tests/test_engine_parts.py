@@ -303,15 +303,18 @@ def test_no_chunk_ahead_of_a_lone_stream_while_its_next_segment_is_prepared(
     book.start_vocoding(record)  # a worker takes the next chunk
     book.refresh()
     assert stream.id in book.ahead_ids
-    book.prepare_started(record)
+    book.prepare_started(record, ahead.segment_index)
     assert (stream.id in book.ahead_ids) is while_talking
     assert not book._busy(stream.id)  # the talker may step it
     vocoder_wakes.clear()
-    book.prepare_ended(stream.id)
+    book.prepare_ended(stream.id, ahead.segment_index)
     assert stream.id in book.ahead_ids
     assert len(vocoder_wakes) == (0 if while_talking else 1)
-    book.prepare_ended(stream.id)  # a second end (a dropped future's callback) is harmless
-    assert record.preparing == 0
-    book.prepare_started(record)
+    book.prepare_ended(stream.id, ahead.segment_index)  # a second end is harmless
+    assert record.preparing is None
+    book.prepare_started(record, ahead.segment_index)
     book.open_segment(record)  # its segment opened: the talker lane holds the stream now
-    assert record.preparing == 0
+    assert record.preparing is None
+    book.prepare_started(record, ahead.segment_index + 1)  # the one after it
+    book.prepare_ended(stream.id, ahead.segment_index)  # the opened one's late end
+    assert record.preparing == ahead.segment_index + 1  # holds the one being prepared
