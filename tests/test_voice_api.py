@@ -8,7 +8,8 @@ What "streamed and non-streamed output match" means here, since Playhead only ev
 
 1. Transport: the same request read incrementally (chunked transfer, piece by piece) and
    read in one go by a plain client give the same bytes, and the SSE deltas of the same
-   request, concatenated, are those bytes too. With noise scales 0 this is byte-exact.
+   request, concatenated, are those bytes too. With noise scales 0, and the engine's two
+   timing-led choices pinned (`settings` below), this is byte-exact.
 2. Audio: the engine decodes each segment in chunks with a few frames of context (the
    HiFi-GAN decoder is non-causal), so its output is not bit-exact against the original,
    uncut Piper graph run on each whole segment; it must be within 30 dB SNR of it, with
@@ -56,9 +57,20 @@ LONG_TEXT = (
 
 @pytest.fixture(scope="module")
 def settings() -> Settings:
+    """Noise scales 0, and the two choices that follow the stream's timing pinned, so that
+    the same request gives the same bytes: every segment urgent (its flow in the same
+    chunks whenever it is opened) and no solo chunks (a lone stream's steady chunks would
+    widen once its player has a second buffered, a moment that moves with the machine's
+    load). Both change the audio only within float noise of the whole flow and decode."""
     return load_settings(
         ROOT / "configs" / "default.yaml",
-        ["server.log_level=warning", "piper.noise_scale=0", "piper.noise_w=0"],
+        [
+            "server.log_level=warning",
+            "piper.noise_scale=0",
+            "piper.noise_w=0",
+            "talker.urgent_slack_s=1000000.0",
+            "chunking.solo_chunk_frames=0",
+        ],
         environ={},
     )
 
