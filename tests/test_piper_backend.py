@@ -6,7 +6,6 @@ import asyncio
 import os
 import shutil
 import threading
-import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -448,12 +447,9 @@ def _request(text: str) -> TalkRequest:
 def _prepare(backend: PiperBackend, text: str) -> None:
     """Prepare `text` and wait until the helper thread has done it (a prepare that has not
     started when its segment is opened is not waited for: the talker does the work)."""
-    backend.prepare_segment(_request(text))
-    for _ in range(20_000):
-        if backend.prepared_ready(_request(text)):
-            return
-        time.sleep(0.001)
-    raise AssertionError("the helper thread never prepared the segment")
+    done = backend.prepare_segment(_request(text))
+    assert done is not None, "a new text starts new work"
+    done.result(timeout=60)  # the timeout only guards against a hang
 
 
 def test_a_prepared_segment_is_taken_once_and_gives_the_same_frames(

@@ -345,12 +345,6 @@ class PiperBackend:
                 dropped_abort()  # running: it ends early
         return future
 
-    def prepared_ready(self, request: TalkRequest) -> bool:
-        """Whether the work prepared for `request` is done and waits to be taken."""
-        with self._prepared_lock:
-            entry = self._prepared.get((request.voice, request.text, request.speed))
-        return entry is not None and entry[0].done() and not entry[0].cancelled()
-
     def drop_prepared(self) -> None:
         """Give up every prepared segment: those not started never run, a running one ends
         early (ONNX Runtime's terminate flag); `open_segment` then does the work itself, at
