@@ -46,6 +46,10 @@ const state = {
   acks: 0,
   stopAt: null, // Stop pressed, the server's audio.done (cancelled) not yet in
   flushAt: null, // Stop pressed, the player not yet silent
+  // Stop cancels every utterance numbered below this; audio the server sent before it
+  // read the cancel is dropped (binary frames belong to the last audio.start's utterance)
+  cancelledBelow: 0,
+  discarding: false,
 };
 
 function setReadout(el, value, text) {
@@ -194,6 +198,8 @@ function stop() {
   state.flushAt = performance.now();
   state.stopAt = serverBusy ? state.flushAt : null;
   state.player?.port.postMessage({ type: "flush" });
+  state.cancelledBelow = state.nextIndex;
+  state.discarding = true;
   ui.cancelServer.textContent = serverBusy ? "server: cancelling…" : "server: all audio was in";
   send({ type: "cancel" });
   state.open = null;
@@ -218,6 +224,7 @@ function onEvent(event) {
   if (event.type === "audio.start") {
     const u = state.utterances.get(event.utterance) ?? { sentAt: performance.now() };
     u.firstAudioAt = performance.now();
+    state.discarding = event.utterance < state.cancelledBelow;
     u.startSample = state.pushed;
     state.utterances.set(event.utterance, u);
     state.receiving = event.utterance;
@@ -253,6 +260,7 @@ function onEvent(event) {
 }
 
 function onAudio(buffer) {
+  if (state.discarding) return;
   const pcm = new Int16Array(buffer);
   const samples = new Float32Array(pcm.length);
   for (let i = 0; i < pcm.length; i++) samples[i] = pcm[i] / 32768;
