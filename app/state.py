@@ -260,5 +260,11 @@ def get_state(request: Request) -> AppState:
     return state
 
 
+async def _state_dependency(request: Request) -> AppState:
+    """`get_state` as a coroutine: FastAPI runs a plain-function dependency in a worker
+    thread, a hop there and back on every request while the stages hold the cores."""
+    return get_state(request)
+
+
 # `state: StateDep` in a route's signature injects the AppState.
-StateDep = Annotated[AppState, Depends(get_state)]
+StateDep = Annotated[AppState, Depends(_state_dependency)]

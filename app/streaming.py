@@ -10,10 +10,13 @@ flac ~0.7 ms, wav/pcm ~0.2 ms. PyAV and soxr release the GIL while they work (a 
 encoding 20 s of mp3 left the loop thread gaps of at most 0.4 ms), so a chunk longer than
 `encoding.inline_encode_max_s` (default 0.1 s: < ~1.5 ms of work) is encoded in a worker
 thread and the event loop, which also runs the engine's loops, is never blocked for more
-than about a millisecond by an encoder. The worker threads are the encoders' own small
-pool (`EncoderThreads`, `encoding.encoder_threads`, default 1), not asyncio's default
-pool: encoding is a small share of the work, and on a 2-core machine every extra
-runnable thread takes CPU from the talker and vocoder threads whose turns players wait on.
+than about a millisecond by an encoder. pcm and wav have no codec (about 1 ms for the
+longest chunk, 2.2 s): they always encode inline, where the hand-off to a thread and back
+cost a lone request more than the encoding itself (docs/voice-tuning.md). The worker
+threads are the encoders' own small pool (`EncoderThreads`, `encoding.encoder_threads`,
+default 1), not asyncio's default pool: encoding is a small share of the work, and on a
+2-core machine every extra runnable thread takes CPU from the talker and vocoder threads
+whose turns players wait on.
 """
 
 from __future__ import annotations
@@ -153,7 +156,7 @@ class SpeechBody:
             return method(*args)
 
     async def _encode(self, pcm: np.ndarray) -> bytes:
-        if pcm.size <= self._inline_max_samples:
+        if self._encoder.raw or pcm.size <= self._inline_max_samples:
             return self._call_encoder(self._encoder.encode, pcm)
         if self._threads is not None:
             return await self._threads.run(self._call_encoder, self._encoder.encode, pcm)

@@ -270,7 +270,7 @@ def test_an_encoder_failure_after_the_first_byte_ends_the_stream(
     )
 
 
-def test_long_chunks_encode_in_the_encoders_own_threads(
+def test_long_chunks_of_a_codec_encode_in_the_encoders_own_threads(
     server: LiveServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     encode = StreamEncoder.encode
@@ -282,11 +282,21 @@ def test_long_chunks_encode_in_the_encoders_own_threads(
 
     monkeypatch.setattr(StreamEncoder, "encode", noting_thread)
     # sim chunks are 8 frames of 80 ms: longer than inline_encode_max_s, so not inline
-    response, _, _ = _post_stream(server.base_url, speech_body(TEXT, response_format="wav"))
+    response, _, _ = _post_stream(server.base_url, speech_body(TEXT, response_format="flac"))
     assert response.status_code == 200
     # not asyncio's default pool (its threads are asyncio_0, asyncio_1, ...)
     assert any(name.startswith(ENCODER_THREAD_PREFIX) for name in threads), threads
     assert not any(name.startswith("asyncio_") for name in threads), threads
+
+    # pcm and wav have no codec: every chunk, however long, encodes on the event loop
+    for response_format in ("pcm", "wav"):
+        threads.clear()
+        response, _, _ = _post_stream(
+            server.base_url, speech_body(TEXT, response_format=response_format)
+        )
+        assert response.status_code == 200
+        assert threads, response_format
+        assert not any(name.startswith(ENCODER_THREAD_PREFIX) for name in threads), threads
 
 
 def test_429_carries_retry_after_and_the_sdk_retry_succeeds() -> None:
