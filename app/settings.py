@@ -67,6 +67,7 @@ DEFAULT_CHUNKING = ChunkingConfig(
     right_context_frames=8,
     solo_chunk_frames=128,
     solo_slack_s=1.0,
+    even_tail=True,
 )
 
 

@@ -202,6 +202,7 @@ class StreamBook:
         start_lane_chunks: int = 0,
         first_audio_yield: bool = False,
         urgent_slack_s: float = float("inf"),
+        alone_urgent_slack_s: float | None = None,
         work_ahead_while_talking: bool = True,
     ) -> None:
         """`max_in_flight`: most chunks of one stream decoded at once (the vocoder's
@@ -209,7 +210,9 @@ class StreamBook:
         `work_ahead_streams` streams have work left. `start_lane_chunks`: a ready stream
         that has sent fewer chunks than this is offered in `start_lane_ids` too (0: none).
         `urgent_slack_s`: a segment opened while its stream has less audio ahead than this
-        is urgent (`TalkRequest.urgent`; the default: every segment).
+        is urgent (`TalkRequest.urgent`; the default: every segment);
+        `alone_urgent_slack_s` replaces it while the stream is the only one with work left
+        (None: the same).
         `work_ahead_while_talking`: False holds a stream's chunk ahead back while a talker
         step of the stream runs (see `ahead_ids`)."""
         self.scheduler = scheduler
@@ -244,6 +247,9 @@ class StreamBook:
         self.first_audio_work = 0  # such calls running now
         self._vocoder_yielded = False  # a worker waits for them to end
         self._urgent_slack_s = urgent_slack_s  # TalkRequest.urgent below this
+        self._alone_urgent_slack_s = (  # ... while a stream is the only one with work
+            urgent_slack_s if alone_urgent_slack_s is None else alone_urgent_slack_s
+        )
         # solo chunks (chunking.solo_chunk_frames): a stream alone on the vocoder (as for
         # work-ahead) with this much audio buffered is planned wider chunks; None: off
         chunking = planner.config
@@ -252,6 +258,8 @@ class StreamBook:
             if chunking.solo_chunk_frames > chunking.chunk_frames and self._max_in_flight > 1
             else None
         )
+        # a lone stream's last chunks are cut evenly over the workers (chunking.even_tail)
+        self._even_tail = chunking.even_tail and self._max_in_flight > 1
         self._orphans: list[OpenSegment] = []  # segments of ended streams, to close
         self._talker_waits_on_vocoder = False  # the talker's last plan was empty
         self._talker_waits_on_emit = False  # ... and paced by the frames waiting
@@ -570,12 +578,18 @@ class StreamBook:
         return _talk_request(record, record.text[0], record.next_segment, urgent=False)
 
     def _urgent(self, record: StreamRecord) -> bool:
-        """The stream's player needs its next frames soon: no audio yet, or less than
-        `urgent_slack_s` of audio ahead of it (in the player, and talked not yet vocoded)."""
+        """The stream's player needs its next frames soon: no audio made yet, or less than
+        `urgent_slack_s` of audio ahead of it (in the player, and talked not yet vocoded:
+        before its first audio is sent, only the latter);
+        `alone_urgent_slack_s` while it is the only stream with work left."""
         slack_s = self.scheduler.slack_s(record.stream.id, self._clock())
-        if slack_s is None:
-            return True
-        return max(slack_s, 0.0) + _queued_audio_s(record) < self._urgent_slack_s
+        queued_s = _queued_audio_s(record)
+        if slack_s is None:  # no audio sent yet: urgent unless the talker made some already
+            if queued_s <= 0.0:
+                return True
+            slack_s = 0.0
+        limit_s = self._alone_urgent_slack_s if len(self._records) == 1 else self._urgent_slack_s
+        return max(slack_s, 0.0) + queued_s < limit_s
 
     def talked(self, opened: OpenSegment, frames: np.ndarray, done: bool) -> None:
         """One talker step's outcome for one segment."""
@@ -905,7 +919,15 @@ class StreamBook:
         # (the solo test costs nothing where solo chunks are off: the sim, the codec LM)
         threshold_s = self._solo_slack_s
         solo = threshold_s is not None and self._solo(stream_id, threshold_s)
-        return self.planner.next_chunk(stream_id, segment.available_frames, done, stream_done, solo)
+        # a lone stream's last frames are cut evenly over the workers that decode them
+        split = (
+            self._max_in_flight
+            if stream_done and self._even_tail and self._may_work_ahead()
+            else 1
+        )
+        return self.planner.next_chunk(
+            stream_id, segment.available_frames, done, stream_done, solo, split
+        )
 
     def _commit(self, record: StreamRecord, chunk: Chunk) -> None:
         """The chunk left (or, empty, needed no decode): advance the planner, free frames."""

@@ -63,6 +63,10 @@ class TalkerConfig:
     # Piper then runs its flow in small first steps; otherwise over the whole segment at
     # once (up to piper.flow_max_chunk_frames), which costs less per frame (no flow context)
     urgent_slack_s: float = 1.0
+    # ... while the stream is the only one with work left: the machine then has nothing
+    # else to do, so a segment's whole flow and its first chunk take tens of ms, not the
+    # hundreds a loaded server may take (a lone request's next sentence runs its flow whole)
+    alone_urgent_slack_s: float = 0.3
     # while at most this many streams have work left, a stream's next text segment is
     # prepared (backend.prepare_segment: Piper's phonemiser and encoder, on a helper
     # thread) while the talker steps the one before it (0: never)
@@ -80,6 +84,7 @@ class TalkerConfig:
         check_int("max_segment_phonemes", self.max_segment_phonemes, 20)
         check_int("first_segment_chars", self.first_segment_chars, 0)
         check_non_negative("urgent_slack_s", self.urgent_slack_s)
+        check_non_negative("alone_urgent_slack_s", self.alone_urgent_slack_s)
         check_int("prepare_ahead_streams", self.prepare_ahead_streams, 0)
 
 

@@ -15,7 +15,7 @@ from typing import NamedTuple
 from scheduling.errors import ConfigError
 from scheduling.policies import PolicyName
 from scheduling.scheduler import SchedulingConfig
-from scheduling.validation import check_int, check_int_list, check_non_negative
+from scheduling.validation import check_bool, check_int, check_int_list, check_non_negative
 
 _log = logging.getLogger(__name__)
 
@@ -36,6 +36,9 @@ class ChunkingConfig:
     # of audio buffered: fewer context frames decoded per second of audio.
     solo_chunk_frames: int = 0
     solo_slack_s: float = 1.0
+    # the engine asks next_chunk(split=workers) for a stream alone on several vocoder
+    # workers once its text is all talked: its last chunks are cut evenly over them
+    even_tail: bool = False
 
     def __post_init__(self) -> None:
         check_int("chunk_frames", self.chunk_frames, 1)
@@ -50,6 +53,7 @@ class ChunkingConfig:
                 f"got {self.solo_chunk_frames}"
             )
         check_non_negative("solo_slack_s", self.solo_slack_s)
+        check_bool("even_tail", self.even_tail)
 
     def target_frames(self, chunk_index: int, solo: bool = False) -> int:
         """New frames chunk `chunk_index` of a stream aims for (counted across segments);
@@ -125,6 +129,7 @@ class _Progress:
         "planned_finished",
         "planned_segment",
         "planned_sent",
+        "tail_chunks",
         "taken",
     )
 
@@ -137,12 +142,16 @@ class _Progress:
         # usual state) that is the shared empty tuple, not one more object per stream
         self.taken: tuple[Chunk, ...] = ()
         self.planned: Chunk | None = None  # what next_chunk last answered
+        # chunks left to cut from the last segment once it is cut evenly (next_chunk's split)
+        self.tail_chunks = 0
 
     def advance_planned(self, chunk: Chunk) -> None:
         (self.planned_segment, self.planned_sent, self.planned_chunks) = _advanced(
             self.planned_segment, self.planned_sent, self.planned_chunks, chunk
         )
         self.planned_finished = chunk.final
+        if self.tail_chunks and chunk.stop != chunk.start:
+            self.tail_chunks -= 1
 
     def advance_emitted(self, chunk: Chunk) -> None:
         (self.emitted_segment, self.emitted_sent, self.emitted_chunks) = _advanced(
@@ -193,6 +202,7 @@ class ChunkPlanner:
         segment_done: bool,
         stream_done: bool,
         solo: bool = False,
+        split: int = 1,
     ) -> Chunk | None:
         """The next chunk of the current segment, or None while it must wait.
 
@@ -201,7 +211,13 @@ class ChunkPlanner:
         `solo`: a steady chunk aims for `solo_chunk_frames` (when set) instead of
         `chunk_frames` while the segment has at least that plus `chunk_frames` unsent (so
         that a chunk is left for a second worker: the segment's tail is cut plain); the
-        ramp is unchanged. After the final chunk is committed the answer is always None.
+        ramp is unchanged. `split` > 1: the stream's chunks decode that many at a time (a
+        lone stream on that many vocoder workers); once its last segment is all talked, the
+        frames it has left past the ramp (and the first chunk) are cut into chunks of
+        near-equal size, as many
+        as plain chunks would be rounded down to a multiple of `split` (at least `split`),
+        so that no short last chunk decodes alone while the other workers idle; later
+        calls keep that cut. After the final chunk is committed the answer is always None.
         """
         progress = self._streams.get(stream_id)
         if progress is None:
@@ -219,6 +235,18 @@ class ChunkPlanner:
         if solo:
             solo = unsent >= config.solo_chunk_frames + config.chunk_frames
         target = config.target_frames(progress.planned_chunks, solo)
+        if (
+            split > 1
+            and not progress.tail_chunks
+            and stream_done
+            and segment_done
+            and unsent > target
+            and progress.planned_chunks >= max(len(config.ramp), 1)  # never the first
+        ):
+            count = -(-unsent // target)  # as many as plain chunks would be, rounded down
+            progress.tail_chunks = max(split, count - count % split)
+        if progress.tail_chunks:
+            target = -(-unsent // progress.tail_chunks)
         if unsent == 0:
             chunk = None
             if segment_done:  # the terminal of a segment that ended on a chunk boundary

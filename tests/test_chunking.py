@@ -130,6 +130,47 @@ def test_a_solo_chunk_aims_for_solo_chunk_frames_past_the_ramp():
     assert off.next_chunk("s", 30, False, False, solo=True) == Chunk(0, 4, 0, 4, 0, False, False)
 
 
+def test_a_split_cuts_the_last_segment_evenly_over_the_workers():
+    """next_chunk(split=2), once the stream's last segment is done and past the ramp: as
+    many chunks as plain ones would be, rounded down to a multiple of 2, of near-equal
+    size (plain: 4, 4, 4, 4, 2 for 18 frames; one short chunk would decode alone)."""
+    config = ChunkingConfig(chunk_frames=4, ramp=(2,), right_context_frames=1)
+    p = ChunkPlanner(config)
+    first = p.next_chunk("s", 20, True, True, split=2)
+    assert first == Chunk(0, 2, 0, 3, 0, False, False)  # the ramp is untouched
+    p.take("s", first)
+    cut = []
+    while (chunk := p.next_chunk("s", 20, True, True, split=2)) is not None:
+        assert p.next_chunk("s", 20, True, True, split=2) == chunk  # asked again: the same
+        p.take("s", chunk)
+        cut.append(chunk)
+        if chunk.final:
+            break
+    assert spans(cut) == [(2, 7), (7, 12), (12, 16), (16, 20)]
+    assert [c.context_stop for c in cut] == [8, 13, 17, 20]
+    assert cut[-1].final and not any(c.final for c in cut[:-1])
+
+    def cut_sizes(available, split, segment_done=True, stream_done=True, chunks=1):
+        planner = ChunkPlanner(config)
+        first = planner.next_chunk("s", available, segment_done, stream_done, split=split)
+        planner.take("s", first)
+        sizes = []
+        while len(sizes) < chunks and (
+            chunk := planner.next_chunk("s", available, segment_done, stream_done, split=split)
+        ):
+            planner.take("s", chunk)
+            sizes.append(chunk.frames)
+        return sizes
+
+    assert cut_sizes(20, 3, chunks=9) == [6, 6, 6]  # 5 plain chunks -> 3
+    assert cut_sizes(12, 2, chunks=9) == [5, 5]  # 3 plain chunks -> 2
+    assert cut_sizes(6, 2, chunks=9) == [4]  # within one target: one chunk, as plain
+    assert cut_sizes(20, 1, chunks=9) == [4, 4, 4, 4, 2]  # split 1: plain
+    # not the stream's last segment, or not all talked: plain
+    assert cut_sizes(20, 2, stream_done=False, chunks=5) == [4, 4, 4, 4, 2]
+    assert cut_sizes(20, 2, segment_done=False, chunks=4) == [4, 4, 4, 4]
+
+
 def test_empty_segment_terminal_does_not_advance_the_ramp():
     p = planner(chunk_frames=8, ramp=(2,))
     (empty,) = drain(p, "s", 0, True, False)
@@ -226,9 +267,10 @@ def segment_arrivals(draw):
     config=configs,
     segments=st.lists(segment_arrivals(), min_size=1, max_size=4),
     end_known=st.sampled_from(["last_segment_start", "last_segment_done", "after_last"]),
+    split=st.sampled_from([1, 2, 3]),
     data=st.data(),
 )
-def test_every_frame_exactly_once_in_order_and_one_final(config, segments, end_known, data):
+def test_every_frame_exactly_once_in_order_and_one_final(config, segments, end_known, split, data):
     p = ChunkPlanner(config)
     if end_known == "after_last":  # the stream's end comes after its last segment closed
         segments = [*segments, []]
@@ -244,7 +286,7 @@ def test_every_frame_exactly_once_in_order_and_one_final(config, segments, end_k
         empties = 0
         while True:
             stream_done = last and (end_known != "last_segment_done" or done)
-            chunk = p.next_chunk("s", available, done, stream_done)
+            chunk = p.next_chunk("s", available, done, stream_done, split=split)
             sent = p.sent_frames("s")
             target = config.target_frames(chunk_index)
             unsent = available - sent
@@ -277,7 +319,10 @@ def test_every_frame_exactly_once_in_order_and_one_final(config, segments, end_k
                 context_stop = min(available, chunk.stop + config.right_context_frames)
                 assert chunk.context_stop == context_stop
                 # ramps and targets are followed: only a segment's last piece is short
-                assert chunk.frames == min(target, unsent)
+                if split > 1 and done and stream_done and chunk_index >= len(config.ramp):
+                    assert chunk.frames <= max(unsent, 1)  # a last segment cut evenly
+                else:
+                    assert chunk.frames == min(target, unsent)
                 if not done:
                     assert chunk.frames == target
                     assert unsent >= target + config.right_context_frames

@@ -148,6 +148,106 @@ def test_a_segment_is_urgent_until_its_stream_has_a_second_of_audio_ahead() -> N
     assert book.open_segment(records[2]).request.urgent  # 0.4 + 0.4 s ahead
 
 
+@pytest.mark.parametrize(
+    ("first", "urgent"), [("One two three four five sixty.", False), ("Hi.", True)]
+)
+def test_before_its_first_audio_a_stream_is_urgent_by_the_audio_talked(
+    first: str, urgent: bool
+) -> None:
+    """A stream whose first segment is talked but none of it vocoded yet: its next
+    segment is urgent only if that audio is under urgent_slack_s (1 s): 25 frames of 80 ms
+    (2 s) are not, 3 frames are."""
+    backend = SimBackend(SimConfig(talker_frames_per_step=1000))  # a segment per step
+    voice = backend.voices()[0]
+    book = _fake_clock_book([100.0], ChunkingConfig(chunk_frames=20), urgent_slack_s=1.0)
+    stream = book.add_stream(voice, speed=1.0, now_s=100.0)
+    book.add_text(stream.id, f"{first} Six seven eight.", final=True)
+    record = book.record(stream.id)
+    assert record is not None
+    opened = book.open_segment(record)
+    assert opened.request.urgent  # nothing talked yet
+    (step,) = backend.step([backend.open_segment(opened.request)])
+    book.talked(opened, step.frames, step.done)
+    assert book.scheduler.slack_s(stream.id, 100.0) is None  # no audio sent
+    assert book.open_segment(record).request.urgent == urgent
+
+
+@pytest.mark.parametrize("others", [0, 1])
+def test_a_stream_alone_is_urgent_only_closer_to_its_player(others: int) -> None:
+    """talker.alone_urgent_slack_s (0.3 s here) replaces urgent_slack_s (1 s) while the
+    stream is the only one with work left: at 0.8 s ahead (0.4 s in the player, 0.4 s
+    talked) its next segment is not urgent alone, and is with another stream waiting."""
+    now = [100.0]
+    backend = SimBackend(SimConfig(talker_frames_per_step=1000))  # a segment per step
+    voice = backend.voices()[0]
+    book = _fake_clock_book(
+        now, ChunkingConfig(chunk_frames=20), urgent_slack_s=1.0, alone_urgent_slack_s=0.3
+    )
+    stream = book.add_stream(voice, speed=1.0, now_s=100.0)
+    book.add_text(stream.id, "One two three four five sixty. Six seven eight.", final=True)
+    record = book.record(stream.id)
+    assert record is not None
+    opened = book.open_segment(record)
+    assert opened.request.urgent  # no audio yet: urgent alone too
+    (step,) = backend.step([backend.open_segment(opened.request)])
+    assert len(step.frames) == 25
+    book.talked(opened, step.frames, step.done)
+    book.refresh()
+    chunk = record.chunk
+    assert chunk is not None and chunk.frames == 20
+    book.start_vocoding(record)
+    book.emit(record, chunk, np.zeros(chunk.frames * voice.samples_per_frame, np.float32), 100.0)
+    for _ in range(others):
+        other = book.add_stream(voice, speed=1.0, now_s=100.0)
+        book.add_text(other.id, "Hello there.", final=True)
+    now[0] = 101.2  # 0.4 s left in the player, 0.4 s talked
+    assert book.open_segment(record).request.urgent == (others > 0)
+
+
+@pytest.mark.parametrize("even_tail", [True, False])
+def test_a_lone_stream_all_talked_is_cut_evenly_over_the_workers(even_tail: bool) -> None:
+    """chunking.even_tail: a stream alone on two vocoder workers (work-ahead applies)
+    whose text is all talked has its frames past the first chunk cut into an even number
+    of chunks of near-equal size, not plain chunks of 6 and a short last one; with
+    another stream waiting, or the option off, plain chunks."""
+    backend = SimBackend(SimConfig(talker_frames_per_step=1000))  # a segment per step
+    voice = backend.voices()[0]
+
+    def chunk_sizes(others: int) -> list[int]:
+        book = _fake_clock_book(
+            [100.0],
+            ChunkingConfig(chunk_frames=6, even_tail=even_tail),
+            max_in_flight=2,
+            work_ahead_streams=1,
+            vocoder_workers=2,
+        )
+        stream = book.add_stream(voice, speed=1.0, now_s=100.0)
+        book.add_text(stream.id, "one two three four five six seven eight nine", final=True)
+        for _ in range(others):
+            other = book.add_stream(voice, speed=1.0, now_s=100.0)
+            book.add_text(other.id, "Hello there.", final=True)
+        record = book.record(stream.id)
+        assert record is not None
+        opened = book.open_segment(record)
+        (step,) = backend.step([backend.open_segment(opened.request)])
+        assert len(step.frames) == 37 and step.done
+        book.talked(opened, step.frames, step.done)
+        book.refresh()
+        sizes = []
+        while (chunk := record.chunk) is not None:
+            sizes.append(chunk.frames)
+            book.start_vocoding(record)
+            pcm = np.zeros(chunk.frames * voice.samples_per_frame, dtype=np.float32)
+            book.emit(record, chunk, pcm, 100.0)
+            book.refresh()
+        return sizes
+
+    plain = [6, 6, 6, 6, 6, 6, 1]  # the last frame would decode alone
+    # the first chunk as planned (first audio), then 31 frames in 6 chunks
+    assert chunk_sizes(0) == ([6, 6, 5, 5, 5, 5, 5] if even_tail else plain)
+    assert chunk_sizes(1) == plain
+
+
 def test_a_stream_alone_with_a_second_buffered_is_planned_solo_chunks() -> None:
     """chunking.solo_chunk_frames: a stream alone on the vocoder (work-ahead applies:
     two workers, work_ahead_streams 1) whose player has solo_slack_s (1 s) or more

@@ -333,7 +333,7 @@ async def _engine_pcm(
             chunk_frames=64, ramp=(8, 16, 32), left_context_frames=8, right_context_frames=8
         ),
         vocoder=VocoderConfig(workers=workers, work_ahead_streams=work_ahead_streams),
-        talker=TalkerConfig(high_water_s=3600.0, urgent_slack_s=1e9),
+        talker=TalkerConfig(high_water_s=3600.0, urgent_slack_s=1e9, alone_urgent_slack_s=1e9),
     )
     book, ahead = engine.book, 0
     start_vocoding = book.start_vocoding
@@ -400,7 +400,10 @@ class _UrgencyRecordingPiper(PiperBackend):
 async def _lone_stream(
     make_engine: EngineFactory, backend: PiperBackend, text: str, urgent_slack_s: float
 ) -> np.ndarray:
-    talker = TalkerConfig(high_water_s=3600.0, urgent_slack_s=urgent_slack_s)
+    """`urgent_slack_s` for the stream alone too (talker.alone_urgent_slack_s)."""
+    talker = TalkerConfig(
+        high_water_s=3600.0, urgent_slack_s=urgent_slack_s, alone_urgent_slack_s=urgent_slack_s
+    )
     engine = await make_engine(backend, window=1, talker=talker)
     return await read_all(engine.submit(text, voice=VOICE))
 
@@ -408,7 +411,7 @@ async def _lone_stream(
 async def test_a_lone_streams_later_segments_run_their_flow_whole(
     make_engine: EngineFactory, cache_dir: Path
 ) -> None:
-    """Through the engine at the default talker.urgent_slack_s (1 s): the first segment
+    """Through the engine at talker.urgent_slack_s 1 s (a lone stream's too): the first segment
     (no audio yet) is urgent and makes a small first flow step; a segment opened once the
     stream has seconds of audio ahead makes all its frames in one step. The audio is as
     long as with every segment urgent, and sounds the same (the flow's chunks are within
@@ -538,7 +541,10 @@ async def _prepared_stream(
         backend,
         window=1,
         talker=TalkerConfig(
-            high_water_s=3600.0, urgent_slack_s=1e9, prepare_ahead_streams=prepare_ahead_streams
+            high_water_s=3600.0,
+            urgent_slack_s=1e9,
+            alone_urgent_slack_s=1e9,
+            prepare_ahead_streams=prepare_ahead_streams,
         ),
     )
     calls, used = backend.prepare_calls, backend.prepared_used

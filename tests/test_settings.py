@@ -87,6 +87,7 @@ def test_default_yaml_loads_as_the_piper_deployment():
         right_context_frames=8,
         solo_chunk_frames=128,
         solo_slack_s=1.0,
+        even_tail=True,
     )
     assert settings.chunking == DEFAULT_CHUNKING
     assert settings.admission.enabled is True

@@ -69,6 +69,7 @@ def settings() -> Settings:
             "piper.noise_scale=0",
             "piper.noise_w=0",
             "talker.urgent_slack_s=1000000.0",
+            "talker.alone_urgent_slack_s=1000000.0",
             "chunking.solo_chunk_frames=0",
         ],
         environ={},
