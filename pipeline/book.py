@@ -921,9 +921,7 @@ class StreamBook:
         solo = threshold_s is not None and self._solo(stream_id, threshold_s)
         # a lone stream's last frames are cut evenly over the workers that decode them
         split = (
-            self._max_in_flight
-            if stream_done and self._even_tail and self._may_work_ahead()
-            else 1
+            self._max_in_flight if stream_done and self._even_tail and self._may_work_ahead() else 1
         )
         return self.planner.next_chunk(
             stream_id, segment.available_frames, done, stream_done, solo, split
