@@ -37,7 +37,8 @@ class EncodingConfig:
     # 32 kb/s, for ~70 ms of lag behind the input instead of ~1 s.
     ogg_page_ms: int = 20
     resample_quality: str = "HQ"  # soxr recipe when the output rate differs from the voice's
-    # Chunks up to this much audio are encoded on the event loop, longer ones in a thread.
+    # Chunks up to this much audio are encoded on the event loop, longer ones in a thread
+    # (pcm and wav, which have no codec, always on the loop).
     inline_encode_max_s: float = 0.1
     # Threads of the encoders' own pool (not asyncio's default pool of up to cores + 4
     # threads): a chunk is a few ms of work at most, and fewer encoder threads leave the
