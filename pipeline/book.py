@@ -24,7 +24,9 @@ Two sets are kept incrementally, so that no turn scans every stream:
   before an earlier one is held on its record (`StreamRecord.in_flight`) until the
   earlier one is emitted. Such a lone stream with `chunking.solo_slack_s` of audio
   buffered is planned solo chunks (`chunking.solo_chunk_frames`: wider, less context per
-  second of audio); the others are re-planned whenever a stream comes or goes.
+  second of audio); the others are re-planned whenever a stream comes or goes. Once
+  such a stream's text is all talked its last frames are cut evenly over the workers
+  (`chunking.even_tail`: the planner's `split`).
 - the talker's candidates: streams with text waiting or a segment open.
 
 A stream's talker segment (`OpenSegment`) is opened, stepped and closed in the talker

@@ -214,10 +214,10 @@ class ChunkPlanner:
         ramp is unchanged. `split` > 1: the stream's chunks decode that many at a time (a
         lone stream on that many vocoder workers); once its last segment is all talked, the
         frames it has left past the ramp (and the first chunk) are cut into chunks of
-        near-equal size, as many
-        as plain chunks would be rounded down to a multiple of `split` (at least `split`),
-        so that no short last chunk decodes alone while the other workers idle; later
-        calls keep that cut. After the final chunk is committed the answer is always None.
+        near-equal size, as many as plain chunks would be rounded down to a multiple of
+        `split` (at least `split`), so that no short last chunk decodes alone while the
+        other workers idle; later calls keep that cut. After the final chunk is committed
+        the answer is always None.
         """
         progress = self._streams.get(stream_id)
         if progress is None:
