@@ -3,14 +3,17 @@ own HTTP server, in one run on this machine.
 
     python -m benchmarks.voice [--quick] [--set section.field=value ...]
 
-1. Playhead as deployed (`python -m app serve --config configs/default.yaml`, i.e.
-   `playhead serve`: edf K=1 + admission): single-stream TTFA for texts whose first
-   sentence is short ("Hello there. ...") and for texts whose first sentence has 30+
-   words, sequential requests (the next one at the last byte); then closed loops of 1, 4,
-   8 and 16 listeners, each sending its next request once it has heard the last one
-   (xRT, stall ratio, stall-free share, TTFA, RTF, 429s), pcm at the voice's own rate.
-2. The same against `python -m piper.http_server -m <bundled voice>` (whole requests,
-   a WAV once synthesis ends; TTFA = first byte of the WAV), see benchmarks/voice_peer.py.
+1. Single stream, Playhead as deployed (`python -m app serve --config
+   configs/default.yaml`, i.e. `playhead serve`: edf K=1 + admission) and `python -m
+   piper.http_server -m <bundled voice>` (whole requests, a WAV once synthesis ends; TTFA
+   = first byte of the WAV; benchmarks/voice_peer.py) running side by side: TTFA and RTF
+   for texts whose first sentence is short ("Hello there. ...") and for texts whose first
+   sentence has 30+ words, each text sent to one server and then the other (the order
+   swapping text by text), one request at a time, read as fast as possible, so that the
+   host's drift falls on both alike. Playhead's pcm at the voice's own rate.
+2. Closed loops of 1, 4, 8 and 16 listeners, each sending its next request once it has
+   heard the last one (xRT, stall ratio, stall-free share, TTFA, RTF, 429s), against each
+   server alone.
 3. Capacity C of Playhead on this voice: the audio per second a closed loop of clients
    that never wait (next request at the last byte) gets, the larger of fifo with no window
    and edf K=1, both without admission. Then the policy comparison of benchmarks/bench.py
@@ -38,6 +41,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import random
 import statistics
 import sys
 import time
@@ -64,8 +69,8 @@ from benchmarks.bench import (
     serve,
     sweep,
 )
-from benchmarks.loadgen import Clock, LoadResult, RequestOptions, closed_loop, load_corpus
-from benchmarks.player import Outcome
+from benchmarks.loadgen import Clock, LoadResult, RequestOptions, load_corpus
+from benchmarks.player import Outcome, StreamRecord, summarize
 from benchmarks.report import publish_latest, stall_free_capacity
 from benchmarks.seams import TARGET_DB as SEAM_TARGET_DB
 from benchmarks.seams import default_sweep
@@ -162,6 +167,31 @@ async def _warm(url: str, plan: LoadPlan) -> None:
             await plan.request(client, url, text, plan.options, Clock(), 0.0, None)
 
 
+async def alternating(
+    targets: Sequence[tuple[str, str, LoadPlan]], texts: Sequence[str], count: int, seed: int
+) -> dict[str, LoadResult]:
+    """`count` texts drawn from `texts`, each sent to every target in turn, one request at
+    a time, read as fast as possible (each target's own client: `LoadPlan.request`); the
+    order swaps text by text, so that neither server is always measured first. One
+    LoadResult per target: its requests, its wall time their sum."""
+    rng = random.Random(f"{seed}:alternating")
+    records: dict[str, list[StreamRecord]] = {name: [] for name, _, _ in targets}
+    timeout = max(plan.options.timeout_s for _, _, plan in targets)
+    async with httpx.AsyncClient(timeout=timeout) as client:
+        for index in range(count):
+            text = rng.choice(texts)
+            for name, url, plan in targets if index % 2 == 0 else targets[::-1]:
+                result = await plan.request(client, url, text, plan.options, Clock(), 0.0, None)
+                records[name].append(result.record)
+    results: dict[str, LoadResult] = {}
+    for name, _, plan in targets:
+        measured = tuple(records[name])
+        wall_s = sum(r.finished_at_s - r.sent_at_s for r in measured)
+        summary = summarize(measured, wall_s=max(wall_s, 1e-9))
+        results[name] = LoadResult("closed", 1.0, measured, summary, (0.0, wall_s), 0, plan.options)
+    return results
+
+
 class Bench:
     """The run's steps; each starts its own server(s) and stops them."""
 
@@ -178,50 +208,62 @@ class Bench:
             seed=args.seed,
         )
 
-    def _measure(
-        self, server: str, url: str, plan: LoadPlan
-    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """Against one server: single stream (short, then long first sentence), then the
-        closed loops of the N sweep."""
+    def single_streams(self) -> dict[str, dict[str, Any]]:
+        """Single stream against each server, both running at once and idle but for the
+        one request in flight: every text goes to each server in turn, the order swapping
+        text by text (`alternating`). Measured one server after the other, a minute
+        apart, the host's drift moved one server's RTF against the other's by 10%."""
         a = self.args
+        peer_plan = self._peer_plan()
+        with contextlib.ExitStack() as stack:
+            targets = []
+            if not a.no_peer:  # started first: its model loads before Playhead calibrates
+                peer_log = self.out_dir / "server-piper-http.log"
+                peer_url = stack.enter_context(piper_server(bundled_model_path(), peer_log))
+                targets.append((PIPER, peer_url, peer_plan))
+            log_path = self.out_dir / "server-playhead-single.log"
+            url = stack.enter_context(serve(self.args.config, self.settings, log_path))
+            self.plan = replace(self.plan, options=asyncio.run(_voice_options(url)))
+            targets.insert(0, (PLAYHEAD, url, self.plan))
+            for _, target_url, plan in targets:
+                asyncio.run(_warm(target_url, plan))
+            single: dict[str, dict[str, Any]] = {name: {} for name, _, _ in targets}
+            for kind, texts in (("short", SHORT_FIRST), ("long", LONG_FIRST)):
+                results = asyncio.run(alternating(targets, texts, a.requests, self.plan.seed))
+                for name, result in results.items():
+                    single[name][kind] = row(name, result)
+                    _log(
+                        f"{name} single stream, {kind} first sentence: {_short(single[name][kind])}"
+                    )
+        return single
+
+    def _sweep(self, server: str, url: str, plan: LoadPlan) -> list[dict[str, Any]]:
+        """Against one server: the closed loops of the N sweep."""
         asyncio.run(_warm(url, plan))
-        single: dict[str, Any] = {}
-        for kind, texts in (("short", SHORT_FIRST), ("long", LONG_FIRST)):
-            result = asyncio.run(
-                closed_loop(
-                    url,
-                    texts,
-                    streams=1,
-                    count=a.requests,
-                    options=plan.options,
-                    seed=plan.seed,
-                    next_request="after_last_byte",
-                    request=plan.request,
-                )
-            )
-            single[kind] = row(server, result)
-            _log(f"{server} single stream, {kind} first sentence: {_short(single[kind])}")
         by_n: list[dict[str, Any]] = []
-        for n in a.counts:
+        for n in self.args.counts:
             by_n.append(row(server, run_load(url, n, plan)))
             _log(f"{server} N={n:2d}: {_short(by_n[-1])}")
             time.sleep(1.0)  # let the server end (or finish) the cancelled background streams
-        return single, by_n
+        return by_n
 
-    def playhead(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    def playhead(self) -> list[dict[str, Any]]:
         with serve(self.args.config, self.settings, self.out_dir / "server-playhead.log") as url:
             self.plan = replace(self.plan, options=asyncio.run(_voice_options(url)))
-            return self._measure(PLAYHEAD, url, self.plan)
+            return self._sweep(PLAYHEAD, url, self.plan)
 
-    def piper(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        plan = replace(
+    def _peer_plan(self) -> LoadPlan:
+        return replace(
             self.plan,
             options=PEER_OPTIONS,
             request=peer_request,
             drain_timeout_s=PEER_DRAIN_TIMEOUT_S,
         )
-        with piper_server(bundled_model_path(), self.out_dir / "server-piper-http.log") as url:
-            return self._measure(PIPER, url, plan)
+
+    def piper(self) -> list[dict[str, Any]]:
+        log_path = self.out_dir / "server-piper-http-sweep.log"
+        with piper_server(bundled_model_path(), log_path) as url:
+            return self._sweep(PIPER, url, self._peer_plan())
 
     def capacity(self, round_index: int = 0) -> dict[str, tuple[float, LoadResult, Policy]]:
         """Audio per second received by clients that send their next request at the last
@@ -488,10 +530,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     bench = Bench(args, out_dir)
 
-    single, concurrency = {}, {}
-    single[PLAYHEAD], concurrency[PLAYHEAD] = bench.playhead()
+    single = bench.single_streams()
+    concurrency = {PLAYHEAD: bench.playhead()}
     if not args.no_peer:
-        single[PIPER], concurrency[PIPER] = bench.piper()
+        concurrency[PIPER] = bench.piper()
     capacity, n_sat, capacity_run, runs, limit = 0.0, 0, None, [], None
     by_policy: dict[str, float] = {}
     if not args.no_policies:

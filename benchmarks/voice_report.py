@@ -31,8 +31,9 @@ def voice_tables(results: Mapping[str, Any]) -> str:
         f"Real voice {results['voice']} ({results['machine']}, {results['date']}); Playhead "
         f"pcm at {results['sample_rate_hz']} Hz, piper's server WAV.",
         "",
-        "Single stream, sequential requests (TTFA = request sent -> first audio byte; "
-        "RTF = end-to-end time / audio duration, lower is faster):",
+        "Single stream, both servers running, each text sent to one and then the other (the "
+        "order swapping text by text), one request at a time (TTFA = request sent -> first "
+        "audio byte; RTF = end-to-end time / audio duration, lower is faster):",
         "",
         "| server | first sentence | requests | TTFA p50 / p95 (ms) | RTF p50 / p95 "
         "| audio per request (s) |",

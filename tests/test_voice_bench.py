@@ -8,12 +8,15 @@ they combine and are judged."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 from typing import Any
 
 import pytest
 
 from benchmarks import voice, voice_report
-from benchmarks.bench import Policy
+from benchmarks.bench import LoadPlan, Policy
+from benchmarks.loadgen import RequestResult
+from benchmarks.player import Outcome, Player, StreamRecord
 from benchmarks.voice_limit import LimitRun
 from benchmarks.voice_report import limit_line
 
@@ -220,3 +223,41 @@ def test_the_0_9c_target_line_gives_the_servers_split_where_the_run_has_it() -> 
     assert voice_report._at_0_9c_targets(voice.targets(results)) == [line + split]
     del run["server_start_wait_p99_ms"], run["server_first_audio_p99_ms"]  # an older run
     assert voice_report._at_0_9c_targets(voice.targets(results)) == [line]
+
+
+def test_single_streams_alternate_between_the_servers_text_by_text() -> None:
+    """`alternating`: every drawn text goes to both servers, one request at a time, the
+    order swapping text by text; each server's result holds its own requests, its wall
+    time their sum, so its RTF is its own. The servers stand in as recorded clients
+    (`LoadPlan.request`): a fixed time per audio second each."""
+    calls: list[tuple[str, str]] = []
+
+    def recorded(name: str, seconds_per_audio_s: float) -> Any:
+        async def request(client, url, text, options, clock, waited_s=0.0, tracker=None):  # type: ignore[no-untyped-def]
+            calls.append((name, text))
+            audio_s = len(text) / 10.0
+            player = Player()
+            player.feed(0.01, audio_s)
+            playback = player.result()
+            record = StreamRecord(
+                Outcome.OK, 0.0, 0.005, seconds_per_audio_s * audio_s, playback, len(text)
+            )
+            return RequestResult(record, ())
+
+        return request
+
+    targets = [
+        ("fast", "http://fast", LoadPlan(texts=(), request=recorded("fast", 0.04))),
+        ("slow", "http://slow", LoadPlan(texts=(), request=recorded("slow", 0.05))),
+    ]
+    texts = ("one sentence here.", "another, longer sentence here.", "a third one.")
+    results = asyncio.run(voice.alternating(targets, texts, 6, seed=3))
+    assert [name for name, _ in calls] == ["fast", "slow", "slow", "fast"] * 3
+    sent = [text for _, text in calls]
+    assert sent[0::2] == sent[1::2]  # each text to both, back to back
+    for name, rtf in (("fast", 0.04), ("slow", 0.05)):
+        result = results[name]
+        assert len(result.records) == 6
+        assert result.summary.rtf_p50 == pytest.approx(rtf)
+        audio_s = sum(len(text) / 10.0 for text in sent[0::2])
+        assert result.window_s == (0.0, pytest.approx(rtf * audio_s))
