@@ -54,9 +54,6 @@ FORMATS: Mapping[str, str] = MappingProxyType(
     }
 )
 
-# no codec: the samples are written as they are (wav behind its header)
-RAW_FORMATS = frozenset({"wav", "pcm"})
-
 MIN_RATE_HZ = 8000
 MAX_RATE_HZ = 192000
 
@@ -150,9 +147,9 @@ class StreamEncoder:
 
     @property
     def raw(self) -> bool:
-        """pcm or wav: no codec, so `encode` is a clip and a cast (and resampling when the
-        rates differ), about 0.2-0.5 ms per second of audio."""
-        return self.response_format in RAW_FORMATS
+        """pcm or wav (no PyAV codec: `AV_SPECS` has none), so `encode` is a clip and a cast
+        (and resampling when the rates differ), about 0.2-0.5 ms per second of audio."""
+        return self.response_format not in AV_SPECS
 
     def _check_open(self) -> RawCodec | AvCodec:
         if self._codec is None:
