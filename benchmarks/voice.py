@@ -222,7 +222,7 @@ class Bench:
                 peer_url = stack.enter_context(piper_server(bundled_model_path(), peer_log))
                 targets.append((PIPER, peer_url, peer_plan))
             log_path = self.out_dir / "server-playhead-single.log"
-            url = stack.enter_context(serve(self.args.config, self.settings, log_path))
+            url = stack.enter_context(serve(a.config, self.settings, log_path))
             self.plan = replace(self.plan, options=asyncio.run(_voice_options(url)))
             targets.insert(0, (PLAYHEAD, url, self.plan))
             for _, target_url, plan in targets:

@@ -260,8 +260,9 @@ class StreamBook:
             if chunking.solo_chunk_frames > chunking.chunk_frames and self._max_in_flight > 1
             else None
         )
-        # a lone stream's last chunks are cut evenly over the workers (chunking.even_tail)
-        self._even_tail = chunking.even_tail and self._max_in_flight > 1
+        # a lone stream's last chunks are cut evenly over the workers (chunking.even_tail;
+        # `_may_work_ahead` holds only with more than one)
+        self._even_tail = chunking.even_tail
         self._orphans: list[OpenSegment] = []  # segments of ended streams, to close
         self._talker_waits_on_vocoder = False  # the talker's last plan was empty
         self._talker_waits_on_emit = False  # ... and paced by the frames waiting
