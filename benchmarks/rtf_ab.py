@@ -7,7 +7,8 @@ Two Playhead servers (configs/default.yaml plus the --a and --b settings; idle
 recalibration off, so that neither calibrates while the other is measured) and
 `python -m piper.http_server` run side by side, idle but for the one request in flight.
 Each round sends every text of benchmarks/voice.py's single-stream sets to each server in
-turn (the order rotates every text), one request at a time, read as fast as possible: RTF
+turn (the order rotates text by text and round by round), one request at a time, read
+as fast as possible, `--settle` s of quiet after each (benchmarks.voice.SETTLE_S): RTF
 = (last byte - request sent) / audio, TTFA = first audio - request sent (the client's
 clock, as benchmarks/voice.py). Prints p50 per server and the per-text paired ratio B/A.
 
@@ -35,7 +36,7 @@ import httpx
 
 from benchmarks.bench import LoadPlan, number_list, run_load, serve
 from benchmarks.loadgen import Clock, load_corpus, request_once
-from benchmarks.voice import CONFIG, LONG_FIRST, SHORT_FIRST, _voice_options
+from benchmarks.voice import CONFIG, LONG_FIRST, SETTLE_S, SHORT_FIRST, _voice_options
 from benchmarks.voice_peer import piper_server
 from pipeline.backends.piper import bundled_model_path
 
@@ -47,7 +48,9 @@ def _p50(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-async def _measure(urls: dict[str, str], rounds: int, peer: str | None) -> dict[str, Any]:
+async def _measure(
+    urls: dict[str, str], rounds: int, peer: str | None, settle_s: float = SETTLE_S
+) -> dict[str, Any]:
     options = {name: await _voice_options(url) for name, url in urls.items() if name != peer}
     samples: dict[str, dict[str, list[float]]] = {n: {"rtf": [], "ttfa": []} for n in urls}
     paired: list[float] = []  # b / a per text and round
@@ -55,14 +58,16 @@ async def _measure(urls: dict[str, str], rounds: int, peer: str | None) -> dict[
     async with httpx.AsyncClient(timeout=120.0) as client:
         for name, url in urls.items():  # warm each once
             await _one(client, name, url, TEXTS[0], options, peer)
-        turn = 0
-        for _ in range(rounds):
-            for text in TEXTS:
-                order = names[turn % len(names) :] + names[: turn % len(names)]
-                turn += 1
+        for round_index in range(rounds):
+            for text_index, text in enumerate(TEXTS):
+                # every text takes every place in the order over len(names) rounds (a
+                # rotation by text alone repeats per round when len(TEXTS) is a multiple)
+                turn = (round_index + text_index) % len(names)
+                order = names[turn:] + names[:turn]
                 rtfs: dict[str, float] = {}
                 for name in order:
                     rtf, ttfa = await _one(client, name, urls[name], text, options, peer)
+                    await asyncio.sleep(settle_s)
                     if rtf is not None:
                         samples[name]["rtf"].append(rtf)
                         rtfs[name] = rtf
@@ -173,6 +178,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--a", action="append", default=[], help="A's --set (repeatable)")
     parser.add_argument("--b", action="append", default=[], help="B's --set (repeatable)")
     parser.add_argument("--no-peer", action="store_true")
+    parser.add_argument(
+        "--settle", type=float, default=SETTLE_S, help="quiet after each request, seconds"
+    )
     parser.add_argument("--logs", default="/tmp/rtf_ab")
     parser.add_argument("--json", default=None, help="write the result here too")
     parser.add_argument("--load", default="", help="N of the listener loops, e.g. 8,12")
@@ -189,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.no_peer:
             peer = "piper-http"
             urls[peer] = stack.enter_context(piper_server(bundled_model_path(), logs / "p.log"))
-        result = asyncio.run(_measure(urls, args.rounds, peer)) if args.rounds else {}
+        result = asyncio.run(_measure(urls, args.rounds, peer, args.settle)) if args.rounds else {}
         if args.load:
             result["load"] = _load(urls, number_list(args.load, int), args.load_duration)
     result["a"], result["b"] = args.a, args.b

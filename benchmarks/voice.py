@@ -167,13 +167,27 @@ async def _warm(url: str, plan: LoadPlan) -> None:
             await plan.request(client, url, text, plan.options, Clock(), 0.0, None)
 
 
+# Pause after each single-stream request, so the next one (either server's) starts on an
+# idle machine. piper's server goes on using 20-30 ms of CPU in the 50 ms after each of
+# its responses (its ONNX Runtime threads spin; Playhead's single-threaded sessions do
+# not). Sent at once, two identical Playhead servers differed by 1.7-3.4% in RTF on short
+# texts by how often each came right after piper (benchmarks.rtf_ab, 12 rounds); with
+# this pause, by 0.1%.
+SETTLE_S = 0.1
+
+
 async def alternating(
-    targets: Sequence[tuple[str, str, LoadPlan]], texts: Sequence[str], count: int, seed: int
+    targets: Sequence[tuple[str, str, LoadPlan]],
+    texts: Sequence[str],
+    count: int,
+    seed: int,
+    settle_s: float = SETTLE_S,
 ) -> dict[str, LoadResult]:
     """`count` texts drawn from `texts`, each sent to every target in turn, one request at
-    a time, read as fast as possible (each target's own client: `LoadPlan.request`); the
-    order swaps text by text, so that neither server is always measured first. One
-    LoadResult per target: its requests, its wall time their sum."""
+    a time, read as fast as possible (each target's own client: `LoadPlan.request`), with
+    `settle_s` of quiet after each; the order swaps text by text, so that neither server
+    is always measured first. One LoadResult per target: its requests, its wall time
+    their sum."""
     rng = random.Random(f"{seed}:alternating")
     records: dict[str, list[StreamRecord]] = {name: [] for name, _, _ in targets}
     timeout = max(plan.options.timeout_s for _, _, plan in targets)
@@ -183,6 +197,7 @@ async def alternating(
             for name, url, plan in targets if index % 2 == 0 else targets[::-1]:
                 result = await plan.request(client, url, text, plan.options, Clock(), 0.0, None)
                 records[name].append(result.record)
+                await asyncio.sleep(settle_s)
     results: dict[str, LoadResult] = {}
     for name, _, plan in targets:
         measured = tuple(records[name])

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
+import time
 from typing import Any
 
 import pytest
@@ -227,14 +229,17 @@ def test_the_0_9c_target_line_gives_the_servers_split_where_the_run_has_it() -> 
 
 def test_single_streams_alternate_between_the_servers_text_by_text() -> None:
     """`alternating`: every drawn text goes to both servers, one request at a time, the
-    order swapping text by text; each server's result holds its own requests, its wall
-    time their sum, so its RTF is its own. The servers stand in as recorded clients
-    (`LoadPlan.request`): a fixed time per audio second each."""
+    order swapping text by text, with `settle_s` of quiet after each request; each
+    server's result holds its own requests, its wall time their sum, so its RTF is its
+    own. The servers stand in as recorded clients (`LoadPlan.request`): a fixed time per
+    audio second each, answered at once."""
     calls: list[tuple[str, str]] = []
+    sent_at: list[float] = []
 
     def recorded(name: str, seconds_per_audio_s: float) -> Any:
         async def request(client, url, text, options, clock, waited_s=0.0, tracker=None):  # type: ignore[no-untyped-def]
             calls.append((name, text))
+            sent_at.append(time.monotonic())
             audio_s = len(text) / 10.0
             player = Player()
             player.feed(0.01, audio_s)
@@ -251,8 +256,10 @@ def test_single_streams_alternate_between_the_servers_text_by_text() -> None:
         ("slow", "http://slow", LoadPlan(texts=(), request=recorded("slow", 0.05))),
     ]
     texts = ("one sentence here.", "another, longer sentence here.", "a third one.")
-    results = asyncio.run(voice.alternating(targets, texts, 6, seed=3))
+    results = asyncio.run(voice.alternating(targets, texts, 6, seed=3, settle_s=0.02))
     assert [name for name, _ in calls] == ["fast", "slow", "slow", "fast"] * 3
+    # the next request waits out the pause (the event loop's timer may fire a clock tick early)
+    assert min(b - a for a, b in itertools.pairwise(sent_at)) >= 0.02 - 1e-3
     sent = [text for _, text in calls]
     assert sent[0::2] == sent[1::2]  # each text to both, back to back
     for name, rtf in (("fast", 0.04), ("slow", 0.05)):
