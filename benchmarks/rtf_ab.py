@@ -48,6 +48,14 @@ def _p50(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def rotation(names: Sequence[str], round_index: int, text_index: int) -> list[str]:
+    """The servers' order for one text of one round: over len(names) rounds every text
+    takes every place (a rotation by text alone repeats round after round when the number
+    of texts is a multiple of the number of servers)."""
+    turn = (round_index + text_index) % len(names)
+    return [*names[turn:], *names[:turn]]
+
+
 async def _measure(
     urls: dict[str, str], rounds: int, peer: str | None, settle_s: float = SETTLE_S
 ) -> dict[str, Any]:
@@ -60,12 +68,8 @@ async def _measure(
             await _one(client, name, url, TEXTS[0], options, peer)
         for round_index in range(rounds):
             for text_index, text in enumerate(TEXTS):
-                # every text takes every place in the order over len(names) rounds (a
-                # rotation by text alone repeats per round when len(TEXTS) is a multiple)
-                turn = (round_index + text_index) % len(names)
-                order = names[turn:] + names[:turn]
                 rtfs: dict[str, float] = {}
-                for name in order:
+                for name in rotation(names, round_index, text_index):
                     rtf, ttfa = await _one(client, name, urls[name], text, options, peer)
                     await asyncio.sleep(settle_s)
                     if rtf is not None:

@@ -268,3 +268,18 @@ def test_single_streams_alternate_between_the_servers_text_by_text() -> None:
         assert result.summary.rtf_p50 == pytest.approx(rtf)
         audio_s = sum(len(text) / 10.0 for text in sent[0::2])
         assert result.window_s == (0.0, pytest.approx(rtf * audio_s))
+
+
+def test_rtf_ab_gives_every_text_every_place_in_the_order() -> None:
+    """`benchmarks.rtf_ab` sends each text to its servers in a rotating order. With 9 texts
+    and 3 servers a rotation by text alone gave each text the same order in every round
+    (server A right after piper's for two texts of three, B for one), so the order turns
+    by round too: over 3 rounds each text meets each server in each place."""
+    from benchmarks.rtf_ab import TEXTS, rotation
+
+    names = ["a", "b", "piper-http"]
+    for text_index in range(len(TEXTS)):
+        orders = [rotation(names, round_index, text_index) for round_index in range(3)]
+        assert all(sorted(order) == sorted(names) for order in orders)
+        for place in range(3):
+            assert {order[place] for order in orders} == set(names)
