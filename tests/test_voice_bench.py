@@ -19,6 +19,7 @@ from benchmarks import voice, voice_report
 from benchmarks.bench import LoadPlan, Policy
 from benchmarks.loadgen import RequestResult
 from benchmarks.player import Outcome, Player, StreamRecord
+from benchmarks.rtf_ab import TEXTS, rotation
 from benchmarks.voice_limit import LimitRun
 from benchmarks.voice_report import limit_line
 
@@ -261,7 +262,7 @@ def test_single_streams_alternate_between_the_servers_text_by_text() -> None:
     # the next request waits out the pause (the event loop's timer may fire a clock tick early)
     assert min(b - a for a, b in itertools.pairwise(sent_at)) >= 0.02 - 1e-3
     sent = [text for _, text in calls]
-    assert sent[0::2] == sent[1::2]  # each text to both, back to back
+    assert sent[0::2] == sent[1::2]  # each text to both, one after the other
     for name, rtf in (("fast", 0.04), ("slow", 0.05)):
         result = results[name]
         assert len(result.records) == 6
@@ -275,8 +276,6 @@ def test_rtf_ab_gives_every_text_every_place_in_the_order() -> None:
     and 3 servers a rotation by text alone gave each text the same order in every round
     (server A right after piper's for two texts of three, B for one), so the order turns
     by round too: over 3 rounds each text meets each server in each place."""
-    from benchmarks.rtf_ab import TEXTS, rotation
-
     names = ["a", "b", "piper-http"]
     for text_index in range(len(TEXTS)):
         orders = [rotation(names, round_index, text_index) for round_index in range(3)]
