@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install $(TORCH)
-	$(BIN)/pip install -e '.[dev,cluster]'
+	$(BIN)/pip install -e '.[dev,cluster,codec-lm]'
 	@[ -x $(CHROMIUM) ] || $(SUDO) apt-get install -y chromium \
 		|| ($(SUDO) apt-get update && $(SUDO) apt-get install -y chromium)
 	touch $(STAMP)

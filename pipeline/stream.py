@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.alignment import Alignment
 from pipeline.backend import Voice
 from pipeline.channel import AudioReceiver
 
@@ -53,7 +54,7 @@ class StreamStats:
 class Stream:
     """One request's audio; see the module doc."""
 
-    __slots__ = ("audio", "id", "sample_rate_hz", "speed", "state", "stats", "voice")
+    __slots__ = ("alignment", "audio", "id", "sample_rate_hz", "speed", "state", "stats", "voice")
 
     def __init__(
         self,
@@ -71,6 +72,8 @@ class Stream:
         self.state = StreamState.QUEUED
         self.stats = StreamStats(stream_id=stream_id, submitted_at_s=submitted_at_s)
         self.audio = audio
+        # when each character and word of its text is heard (pipeline/alignment.py)
+        self.alignment = Alignment()
 
     def __repr__(self) -> str:
         return f"Stream({self.id!r}, {self.state.name}, pending={self.pending_audio_s:.2f}s)"

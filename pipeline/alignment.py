@@ -1,0 +1,86 @@
+"""When each character and word of a stream's text is heard, in the audio's own clock.
+
+A stream's text is everything its client sent, concatenated in order (one `submit`, or a
+`submit` plus every `append_text`), exactly as sent: indices are offsets into that string,
+not into the normalised text the voice spoke. Times are seconds from the start of the
+stream's audio (sample 0 of its first chunk), so a client converts them to samples with
+the stream's sample rate, whatever the wall clock did.
+
+The engine appends timings as the talker makes a segment's frames (before any of that
+audio is sent), in order of time; the app reads them with a cursor per consumer:
+
+    cursor = 0
+    async for pcm in stream.chunks():
+        sent_s += len(pcm) / stream.sample_rate_hz
+        chars, cursor = stream.alignment.chars_before(sent_s, cursor)
+
+A character the voice does not speak on its own (a space, punctuation) gets the time of
+the phonemes around it, with zero duration where it has none; a span of text the
+normaliser expanded ("$3.50" -> "three dollars fifty") shares the time of everything it
+was expanded to, spread over its characters.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class CharTiming:
+    """One character of the stream's text as sent."""
+
+    index: int  # offset into the stream's text
+    char: str
+    start_s: float  # from the start of the stream's audio
+    duration_s: float
+
+    @property
+    def end_s(self) -> float:
+        return self.start_s + self.duration_s
+
+
+@dataclass(frozen=True, slots=True)
+class WordTiming:
+    """One word (a run of characters between white space) of the stream's text as sent."""
+
+    word: str
+    start_index: int  # offset of its first character in the stream's text
+    end_index: int  # one past its last character
+    start_s: float
+    end_s: float
+
+
+class Alignment:
+    """A stream's timings, appended in time order by the engine; see the module doc."""
+
+    __slots__ = ("_char_starts", "_word_starts", "chars", "words")
+
+    def __init__(self) -> None:
+        self.chars: list[CharTiming] = []
+        self.words: list[WordTiming] = []
+        self._char_starts: list[float] = []
+        self._word_starts: list[float] = []
+
+    def extend(self, chars: list[CharTiming], words: list[WordTiming]) -> None:
+        """The next timings, each starting no earlier than the ones before it."""
+        if chars:
+            if self._char_starts and chars[0].start_s < self._char_starts[-1]:
+                raise ValueError("character timings must come in time order")
+            self.chars.extend(chars)
+            self._char_starts.extend(c.start_s for c in chars)
+        if words:
+            if self._word_starts and words[0].start_s < self._word_starts[-1]:
+                raise ValueError("word timings must come in time order")
+            self.words.extend(words)
+            self._word_starts.extend(w.start_s for w in words)
+
+    def chars_before(self, audio_s: float, cursor: int = 0) -> tuple[list[CharTiming], int]:
+        """The characters from `cursor` on that start before `audio_s`, and the next cursor."""
+        end = max(cursor, bisect_left(self._char_starts, audio_s))
+        return self.chars[cursor:end], end
+
+    def words_before(self, audio_s: float, cursor: int = 0) -> tuple[list[WordTiming], int]:
+        """The words from `cursor` on that start before `audio_s`, and the next cursor."""
+        end = max(cursor, bisect_left(self._word_starts, audio_s))
+        return self.words[cursor:end], end
