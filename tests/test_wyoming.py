@@ -11,6 +11,7 @@ refuses with when to retry; the settings and the command line flag.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -36,6 +37,7 @@ from app.cli import _load, _parser
 from app.server import create_app
 from app.settings import Settings, SettingsError, load_settings
 from app.state import AppState
+from app.wyoming.server import WyomingServer
 from pipeline import Engine
 
 TEXT = "The first sentence is here. And a second one follows it."
@@ -51,6 +53,12 @@ class Served:
     def engine(self) -> Engine:
         assert self.state.engine is not None
         return self.state.engine
+
+    @property
+    def wyoming(self) -> WyomingServer:
+        (server,) = self.state.services
+        assert isinstance(server, WyomingServer)
+        return server
 
     def client(self) -> AsyncTcpClient:
         return AsyncTcpClient("127.0.0.1", self.port)
@@ -120,7 +128,11 @@ async def test_streamed_text_is_spoken_once_starting_before_the_stop(served: Ser
         await client.write_event(Synthesize(text=TEXT).event())
         await client.write_event(SynthesizeStop().event())
         reply = await read_reply(client, streamed=True)
+        # and nothing after it: the copy is not spoken later either
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(client.read_event(), 0.5)
     assert reply.types[-2:] == ["audio-stop", "synthesize-stopped"]
+    assert served.engine.in_flight == 0
     assert "audio-start" not in reply.types  # one audio stream for the whole request
     heard_s = sum(c.samples for c in reply.chunks) / 24000
     # the text once: the first sentence and the rest (the copy would double it)
@@ -136,6 +148,8 @@ async def test_a_streamed_request_may_arrive_all_at_once(served: Served) -> None
         await client.write_event(Synthesize(text=TEXT).event())
         await client.write_event(SynthesizeStop().event())
         reply = await read_reply(client, streamed=True)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(client.read_event(), 0.5)
     assert reply.types[0] == "audio-start" and reply.types[-1] == "synthesize-stopped"
     assert reply.audio_s == pytest.approx(expected_audio_s(served.settings, TEXT), rel=0.15)
 
@@ -218,6 +232,7 @@ async def test_a_client_that_leaves_mid_synthesis_cancels_its_stream() -> None:
             assert engine.traces(stream_id)
         # gone: the stream (tens of seconds of audio still to make) is freed at once
         await until(lambda: engine.in_flight == 0 and engine.traces(stream_id) == [], 2.0)
+        await until(lambda: served.wyoming.connections == 0, 2.0)
 
 
 async def test_a_client_that_leaves_during_a_streamed_request_cancels_it(served: Served) -> None:
@@ -228,7 +243,14 @@ async def test_a_client_that_leaves_during_a_streamed_request_cancels_it(served:
         first = await asyncio.wait_for(client.read_event(), 5)
         assert first is not None and first.type == "audio-start"
         (stream_id,) = engine.book.stream_ids()
+        # the first sentence said, the stream waits for more text: nothing is written to
+        # the connection, so only its close can tell that the client left
+        with contextlib.suppress(TimeoutError):
+            while True:
+                await asyncio.wait_for(client.read_event(), 0.5)
+        assert engine.in_flight == 1 and served.wyoming.connections == 1
     await until(lambda: engine.in_flight == 0 and engine.traces(stream_id) == [], 2.0)
+    await until(lambda: served.wyoming.connections == 0, 2.0)
 
 
 async def test_admission_refusal_says_when_to_retry() -> None:

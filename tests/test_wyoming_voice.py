@@ -148,12 +148,17 @@ async def test_streamed_text_is_heard_once_and_starts_before_the_stop(server: Se
     async with server.client() as client:
         await client.write_event(Synthesize(text=ANSWER).event())
         one_shot = await read_reply(client, streamed=False, timeout_s=60)
+    started = server.metric("playhead_streams_started_total")
     async with server.client() as client:
         sent_at: dict[str, float] = {}
         # written and read at once, as Home Assistant does (two tasks)
         typing = asyncio.create_task(_type_answer(client, sent_at))
         reply = await read_reply(client, streamed=True, timeout_s=60)
         await typing
+        # nothing after synthesize-stopped: the copy of the text is not spoken later
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(client.read_event(), 1.0)
+    assert server.metric("playhead_streams_started_total") == started + 1
     assert reply.error is None and reply.types[-2:] == ["audio-stop", "synthesize-stopped"]
     first_audio_at, _ = reply.first("audio-chunk")
     print(

@@ -37,6 +37,11 @@ class WyomingServer:
             return None
         return self._server.sockets[0].getsockname()[1]
 
+    @property
+    def connections(self) -> int:
+        """Connections being served."""
+        return len(self._sessions)
+
     async def open(self) -> None:
         config = self._state.settings.wyoming
         try:
