@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -36,9 +37,10 @@ from wyoming_support import frame, free_port, raw_exchange, read_reply, read_unt
 from app.cli import _load, _parser
 from app.server import create_app
 from app.settings import Settings, SettingsError, load_settings
-from app.state import AppState
+from app.state import AppState, BackendFactory
 from app.wyoming.server import WyomingServer
 from pipeline import Engine
+from pipeline.backends.sim import SimBackend
 
 TEXT = "The first sentence is here. And a second one follows it."
 
@@ -65,13 +67,16 @@ class Served:
 
 
 @asynccontextmanager
-async def serve(*overrides: str) -> AsyncIterator[Served]:
+async def serve(
+    *overrides: str, backend_factory: BackendFactory | None = None, wait_loaded: bool = True
+) -> AsyncIterator[Served]:
     port = free_port()
     settings = sim_settings("wyoming.enabled=true", f"wyoming.port={port}", *overrides)
-    app = create_app(settings)
+    app = create_app(settings, backend_factory=backend_factory)
     state: AppState = app.state.playhead
     async with app.router.lifespan_context(app):
-        await asyncio.wait_for(state.wait_loaded(), 10)
+        if wait_loaded:
+            await asyncio.wait_for(state.wait_loaded(), 10)
         yield Served(port, state, settings)
 
 
@@ -319,3 +324,51 @@ def test_the_wyoming_section_and_the_command_line_flag(tmp_path) -> None:
         path.write_text(f"wyoming:\n  {body}\n")
         with pytest.raises(SettingsError, match=f"^{path}: {field}: "):
             load_settings(path, environ={})
+
+
+async def test_connections_are_served_once_the_model_loaded() -> None:
+    release = threading.Event()
+
+    def slow_factory() -> SimBackend:  # runs in a worker thread
+        assert release.wait(10)
+        return SimBackend(sim_settings().sim)
+
+    async with serve(backend_factory=slow_factory, wait_loaded=False) as served:
+        # the port is taken (bound) but not listening while the model loads
+        with pytest.raises(ConnectionRefusedError):
+            await asyncio.open_connection("127.0.0.1", served.port)
+        release.set()
+        await asyncio.wait_for(served.state.wait_loaded(), 10)
+        await until(lambda: served.wyoming.listening)
+        async with served.client() as client:
+            await client.write_event(Describe().event())
+            event = await asyncio.wait_for(client.read_event(), 5)
+        assert event is not None and Info.is_type(event.type)
+        assert Info.from_event(event).tts[0].voices[0].name == "sim"
+
+
+async def test_a_model_that_failed_to_load_is_an_error_event() -> None:
+    def failing_factory() -> SimBackend:
+        raise OSError("no such voice file")
+
+    async with serve(backend_factory=failing_factory) as served:
+        reply = await raw_exchange(served.port, frame("describe"))
+    assert reply.types == ["error"]
+    assert reply.error is not None and reply.error.code == "model_load_failed"
+    assert "no such voice file" in reply.error.text
+
+
+async def test_a_draining_server_refuses_new_syntheses_and_ends_those_in_flight() -> None:
+    async with serve(*SLOW_TALKER) as served:
+        async with served.client() as client:
+            await client.write_event(Synthesize(text=TEXT * 10).event())
+            first = await asyncio.wait_for(client.read_event(), 10)
+            assert first is not None and first.type == "audio-start"
+            await served.state.drain(0.0)  # SIGTERM with no grace left: streams cancelled
+            in_flight = await read_until_closed(client)
+        assert in_flight.error is not None and in_flight.error.code == "shutting_down"
+        assert "audio-stop" not in in_flight.types  # cut, not passed off as complete
+        reply = await raw_exchange(served.port, frame("synthesize", {"text": "Hello."}))
+        assert reply.types == ["error"]
+        assert reply.error is not None and reply.error.code == "shutting_down"
+        assert "retry" in reply.error.text.lower()

@@ -2,9 +2,9 @@
 
 `WyomingServer` is one of the AppState's services (app/state.py): `open()` runs at the
 app's startup and binds the port at once (a port in use fails the startup, as uvicorn's
-own does), but connections are served only once the model's loading ended, so the first
-`describe` lists the voices (a client that connects earlier waits in the listen backlog);
-if loading failed, every request gets the error. `close()` at shutdown stops listening
+own does), but listens only once the model's loading ended, so that the first `describe`
+lists the voices (a client that connects earlier is refused, and Home Assistant retries
+its setup); if loading failed, every request gets the error. `close()` at shutdown stops listening
 and ends every connection, cancelling its streams, before the engine stops. A graceful
 shutdown's drain (app/shutdown.py) covers Wyoming too: new syntheses are refused with an
 error event, those in flight go on until the grace ends.
@@ -31,11 +31,9 @@ class WyomingServer:
         self._sessions: dict[asyncio.Task[None], Session] = {}
 
     @property
-    def port(self) -> int | None:
-        """The bound port (the configured one, or the system's pick for port 0)."""
-        if self._server is None or not self._server.sockets:
-            return None
-        return self._server.sockets[0].getsockname()[1]
+    def listening(self) -> bool:
+        """Whether connections are being accepted (from the end of loading to shutdown)."""
+        return self._server is not None and self._server.is_serving()
 
     @property
     def connections(self) -> int:
@@ -63,7 +61,7 @@ class WyomingServer:
         await self._state.wait_loaded()
         await self._server.start_serving()
         config = self._state.settings.wyoming
-        logger.info("Wyoming on tcp://%s:%d", config.host, self.port)
+        logger.info("Wyoming on tcp://%s:%d", config.host, config.port)
         if self._state.settings.server.api_key is not None:
             logger.warning(
                 "the Wyoming port has no authentication (the protocol has none): "
