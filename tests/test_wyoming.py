@@ -372,3 +372,20 @@ async def test_a_draining_server_refuses_new_syntheses_and_ends_those_in_flight(
         assert reply.types == ["error"]
         assert reply.error is not None and reply.error.code == "shutting_down"
         assert "retry" in reply.error.text.lower()
+
+
+async def test_a_client_that_stops_reading_is_dropped_and_its_stream_freed() -> None:
+    async with serve("wyoming.idle_timeout_s=0.5") as served:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", served.port))
+        _, writer = await asyncio.open_connection(sock=sock)
+        try:
+            # minutes of audio, more than the sockets' buffers hold; nothing is read
+            writer.write(frame("synthesize", {"text": TEXT * 60}))
+            await until(lambda: served.engine.in_flight == 1)
+            await until(lambda: served.engine.in_flight == 0, 15.0)
+            await until(lambda: served.wyoming.connections == 0)
+        finally:
+            writer.close()

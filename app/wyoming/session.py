@@ -151,6 +151,8 @@ class Session:
                     (receiver, sender), return_when=asyncio.FIRST_COMPLETED
                 )
                 refusal = _refusal(done)
+                if self._stopped and self._queue:  # the server stops under a synthesis
+                    refusal = api_error(shutting_down())
             finally:
                 for task in (receiver, sender):
                     task.cancel()
@@ -171,7 +173,8 @@ class Session:
         """Send the error, then read what the client still sends for a moment (closing on
         unread data resets the connection, which can drop the error before it is read)."""
         with contextlib.suppress(OSError, TimeoutError):
-            await self._write(refusal.event())
+            async with asyncio.timeout(CLOSE_LINGER_S):  # a client that reads nothing
+                await self._write(refusal.event())
             if self._writer.can_write_eof():
                 self._writer.write_eof()
             async with asyncio.timeout(CLOSE_LINGER_S):
@@ -381,10 +384,11 @@ class Session:
             nonlocal started, sent_samples
             if not started:
                 started = True
-                await self._write(AudioStart(**audio, timestamp=0).event())
+                await self._write_audio(AudioStart(**audio, timestamp=0).event())
             if data:
                 timestamp_ms = sent_samples * 1000 // rate_hz
-                await self._write(AudioChunk(**audio, audio=data, timestamp=timestamp_ms).event())
+                chunk = AudioChunk(**audio, audio=data, timestamp=timestamp_ms)
+                await self._write_audio(chunk.event())
                 sent_samples += len(data) // SAMPLE_WIDTH_BYTES
 
         try:
@@ -412,6 +416,19 @@ class Session:
             sent_samples / rate_hz,
             f"{ttfa_s * 1000:.0f} ms" if ttfa_s is not None else "none",
         )
+
+    async def _write_audio(self, event: Event) -> None:
+        """Write, unless the client has taken nothing for wyoming.idle_timeout_s (a client
+        that stopped reading would hold its engine stream for good)."""
+        timeout_s = self._config.idle_timeout_s
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._write(event)
+        except TimeoutError:
+            raise EventError(
+                f"The client read no audio for {timeout_s:g} s: the connection is closed.",
+                "idle_timeout",
+            ) from None
 
     def _cancel(self, synthesis: Synthesis) -> None:
         if synthesis.stream is not None and synthesis.engine is not None:
