@@ -147,10 +147,9 @@ def _serve(settings: Settings, path: Path | Traversable) -> int:
         # after the drain (app/shutdown.py) only idle connections are left to close
         timeout_graceful_shutdown=2,
     )
-    server = GracefulServer(config, find_app_state(app))
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: uvicorn raises it again at exit
-        server.run()
-    return 0 if server.started else 1  # not started: the startup failed (logged)
+        GracefulServer(config, find_app_state(app)).run()
+    return 0
 
 
 def _serve_cluster(settings: Settings) -> int:
