@@ -4,7 +4,8 @@
 `lifespan` starts loading the model in a worker thread and returns at once, so the server
 answers /health (and 503 on everything that needs the model) while a voice loads; when the
 backend is built, the Engine is created and started. At shutdown the engine is stopped and
-the backend closed.
+the backend closed. Its `services` (the Wyoming server, app/wyoming/) are opened before
+the model loads and closed before the engine stops.
 
 Routes reach the state through `get_state` (a FastAPI dependency, or called with the
 request), never through the module that builds the app (app/server.py).
