@@ -129,6 +129,7 @@ class Session:
         self._open: Synthesis | None = None  # the streamed synthesis taking text
         self._tasks: tuple[asyncio.Task[None], ...] = ()
         self._stopped = False
+        self._last_audio_s = time.monotonic()  # when audio was last written
 
     def stop(self) -> None:
         """End the session (the server shuts down): `run` cancels its streams, closes the
@@ -202,8 +203,9 @@ class Session:
                     self._reader, max_data_bytes=limit, first_byte_timeout_s=config.idle_timeout_s
                 )
             except TimeoutError:
-                if any(s.closed for s in self._queue):
-                    continue  # audio is still being said
+                audio_s_ago = time.monotonic() - self._last_audio_s
+                if any(s.closed for s in self._queue) or audio_s_ago < config.idle_timeout_s:
+                    continue  # something is still being said
                 raise EventError(
                     f"No event and nothing being said for {config.idle_timeout_s:g} s: "
                     "the connection is closed.",
@@ -424,6 +426,7 @@ class Session:
         try:
             async with asyncio.timeout(timeout_s):
                 await self._write(event)
+            self._last_audio_s = time.monotonic()
         except TimeoutError:
             raise EventError(
                 f"The client read no audio for {timeout_s:g} s: the connection is closed.",
