@@ -19,6 +19,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import pytest
+import pytest_asyncio
 from api_support import SLOW_TALKER, expected_audio_s, sim_settings
 from conftest import until
 from wyoming.client import AsyncTcpClient
@@ -203,16 +204,24 @@ REFUSALS = [
 ]
 
 
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def refusing() -> AsyncIterator[Served]:
+    """One server for every refusal (each on its own connection)."""
+    async with serve() as s:
+        yield s
+
+
+@pytest.mark.asyncio(loop_scope="module")
 @pytest.mark.parametrize(("data", "code"), REFUSALS, ids=[c for _, c in REFUSALS])
 async def test_bad_input_gets_an_error_event_then_the_close(
-    served: Served, data: bytes, code: str
+    refusing: Served, data: bytes, code: str
 ) -> None:
-    reply = await raw_exchange(served.port, data)
+    reply = await raw_exchange(refusing.port, data)
     assert reply.closed
     assert reply.types == ["error"], reply.types
     error = reply.error
     assert error is not None and error.code == code and error.text
-    assert served.engine.in_flight == 0
+    assert refusing.engine.in_flight == 0
 
 
 async def test_a_chunked_text_over_the_limit_is_refused() -> None:
