@@ -145,9 +145,6 @@ async def _type_answer(client: AsyncTcpClient, sent_at: dict[str, float]) -> Non
 
 
 async def test_streamed_text_is_heard_once_and_starts_before_the_stop(server: Server) -> None:
-    async with server.client() as client:
-        await client.write_event(Synthesize(text=ANSWER).event())
-        one_shot = await read_reply(client, streamed=False, timeout_s=60)
     started = server.metric("playhead_streams_started_total")
     async with server.client() as client:
         sent_at: dict[str, float] = {}
@@ -167,10 +164,9 @@ async def test_streamed_text_is_heard_once_and_starts_before_the_stop(server: Se
         " ms before the stop was"
     )
     assert sent_at["first_sentence"] < first_audio_at < sent_at["stop"]
+    # the text once: heard as written (the text twice would be a word error rate near 1)
     heard = transcribe(reply.pcm, RATE_HZ)
     assert word_error_rate(ANSWER, heard) <= MAX_WER, heard
-    # the text once: as long as the one-shot's audio, not twice as long
-    assert reply.audio_s == pytest.approx(one_shot.audio_s, rel=0.2)
 
 
 async def test_a_client_that_leaves_mid_synthesis_frees_its_stream(server: Server) -> None:
