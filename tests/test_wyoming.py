@@ -18,10 +18,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+import httpx
 import pytest
 import pytest_asyncio
-from api_support import SLOW_TALKER, expected_audio_s, sim_settings
+from api_support import SLOW_TALKER, expected_audio_s, metric_value, sim_settings, speech_body
 from conftest import until
+from fastapi import FastAPI
 from wyoming.client import AsyncTcpClient
 from wyoming.event import Event
 from wyoming.info import Describe, Info
@@ -48,6 +50,7 @@ TEXT = "The first sentence is here. And a second one follows it."
 
 @dataclass
 class Served:
+    app: FastAPI
     port: int
     state: AppState
     settings: Settings
@@ -78,7 +81,7 @@ async def serve(
     async with app.router.lifespan_context(app):
         if wait_loaded:
             await asyncio.wait_for(state.wait_loaded(), 10)
-        yield Served(port, state, settings)
+        yield Served(app, port, state, settings)
 
 
 @pytest.fixture
@@ -398,3 +401,21 @@ async def test_a_client_that_stops_reading_is_dropped_and_its_stream_freed() -> 
             await until(lambda: served.wyoming.connections == 0)
         finally:
             writer.close()
+
+
+async def test_one_engine_for_http_and_wyoming() -> None:
+    async with serve(*SLOW_TALKER, "admission.max_streams=1") as served:
+        app_transport = httpx.ASGITransport(app=served.app)
+        async with (
+            served.client() as client,
+            httpx.AsyncClient(transport=app_transport, base_url="http://playhead") as http,
+        ):
+            await client.write_event(Synthesize(text=TEXT * 10).event())
+            first = await asyncio.wait_for(client.read_event(), 10)
+            assert first is not None and first.type == "audio-start"
+            # the Wyoming stream holds the one slot: HTTP is refused by the same admission
+            refused = await http.post("/v1/audio/speech", json=speech_body())
+            assert refused.status_code == 429
+            metrics = (await http.get("/metrics")).text
+            assert metric_value(metrics, "playhead_active_streams") == 1
+            assert metric_value(metrics, "playhead_streams_started_total") == 1
