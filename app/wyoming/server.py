@@ -29,6 +29,7 @@ class WyomingServer:
         self._server: asyncio.Server | None = None
         self._serving: asyncio.Task[None] | None = None
         self._sessions: dict[asyncio.Task[None], Session] = {}
+        self._closed = False
 
     @property
     def listening(self) -> bool:
@@ -41,6 +42,7 @@ class WyomingServer:
         return len(self._sessions)
 
     async def open(self) -> None:
+        self._closed = False
         config = self._state.settings.wyoming
         try:
             self._server = await asyncio.start_server(
@@ -73,6 +75,9 @@ class WyomingServer:
         through its Session: asyncio 3.11 logs a cancelled connection task as an error."""
         task = asyncio.current_task()
         assert task is not None
+        if self._closed:  # accepted just before the listener closed
+            writer.close()
+            return
         session = Session(reader, writer, self._state)
         self._sessions[task] = session
         try:
@@ -83,6 +88,7 @@ class WyomingServer:
             del self._sessions[task]
 
     async def close(self) -> None:
+        self._closed = True
         serving, self._serving = self._serving, None
         if serving is not None:
             serving.cancel()
