@@ -4,7 +4,8 @@ It picks the backend factory, creates the AppState (app/state.py: settings, metr
 engine and the model's loading), installs the error handlers (app/errors.py), the
 middleware (x-request-id, CORS when configured, the shutdown drain of app/shutdown.py, the
 API key of app/security.py, the speech route's admission of app/admission_gate.py) and the
-routes (app/routes.py; the WebSocket and the page at / in app/ws/). Nothing imports this module
+routes (app/routes.py; the WebSocket and the page at / in app/ws/), and the Wyoming server
+(app/wyoming/) when `wyoming.enabled`. Nothing imports this module
 but the command line and tests.
 """
 
@@ -25,6 +26,7 @@ from app.settings import Settings
 from app.shutdown import DrainMiddleware
 from app.state import AppState, BackendFactory, attach_state
 from app.ws.route import install as install_websocket
+from app.wyoming.server import WyomingServer
 from pipeline import build_backend
 
 __all__ = ["AppState", "BackendFactory", "create_app"]
@@ -43,6 +45,8 @@ def create_app(settings: Settings, *, backend_factory: BackendFactory | None = N
         codec_lm=settings.codec_lm,
     )
     state = AppState(settings, factory)
+    if settings.wyoming.enabled:
+        state.services.append(WyomingServer(state))
     server = settings.server
     app = FastAPI(
         title="Playhead",

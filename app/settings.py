@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from app.cluster.config import ClusterConfig
 from app.encoding_config import EncodingConfig
 from app.ws.config import WebSocketConfig
+from app.wyoming.config import WyomingConfig
 from pipeline.config import (
     BackendConfig,
     CodecLMConfig,
@@ -177,6 +178,7 @@ class Settings(BaseModel):
     chunking: ChunkingConfig = Field(default_factory=lambda: DEFAULT_CHUNKING)
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     websocket: WebSocketConfig = Field(default_factory=WebSocketConfig)
+    wyoming: WyomingConfig = Field(default_factory=WyomingConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
 
 
