@@ -214,4 +214,6 @@ def load_model(config: CodecLMConfig) -> LoadedModel:
         source = path if config.model is not None else f"random:{Path(path).name}"
     model = model.to(device=device, dtype=dtype).eval()
     model.requires_grad_(False)
+    if config.mimi_dtype != "model":  # Mimi keeps its own precision (float32 by default)
+        model.codec_model.to(dtype=getattr(torch, config.mimi_dtype))
     return LoadedModel(model=model, tokenizer=tokenizer, device=device, dtype=dtype, source=source)
