@@ -96,6 +96,7 @@ class Launcher:
         self.prefill_rows = prefill_rows
         self.cuda = step.device.type == "cuda"
         self._staging = _Staging(step.device)
+        self.shapes: set[tuple[str, int, int]] = set()  # (kind, rows, keys) launched so far
         self._outputs: list[list[torch.Tensor]] = []
         self._next_output = 0
 
@@ -132,6 +133,7 @@ class Launcher:
             keys = step.key_bucket(int(positions[positions < step.trash].max()) + 1)
             self._staging.upload(step.positions[:rows], positions)
             step.decode(rows, keys)
+            self.shapes.add(("decode", rows, keys))
             host[0][:rows].copy_(step.frames[:rows], non_blocking=self.cuda)
             for s in decode:
                 s.launched += 1
@@ -154,6 +156,7 @@ class Launcher:
             self._staging.upload(step.pf_len[:rows], lengths)
             self._staging.upload(step.pf_final[:rows], final)
             step.prefill(rows, keys)
+            self.shapes.add(("prefill", rows, keys))
             host[1][:rows].copy_(step.pf_frames[:rows], non_blocking=self.cuda)
             for row, s in enumerate(prefill):
                 s.prefilled += int(lengths[row])

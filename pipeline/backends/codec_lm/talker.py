@@ -243,13 +243,13 @@ class CsmStepper:
             codebook=codebook,
         )
 
-    def _frames(self, backbone_hidden, seeds, positions) -> torch.Tensor:
+    def _frames(self, backbone_hidden, seeds, drawn_at) -> torch.Tensor:
         count = backbone_hidden.shape[0]
         rows = self._padded(count)
         if rows > count:
             pad = backbone_hidden.new_zeros((rows - count, backbone_hidden.shape[1]))
             backbone_hidden = torch.cat([backbone_hidden, pad])
-        codes = [self._choose(self.model.lm_head(backbone_hidden), seeds, positions, 0)]
+        codes = [self._choose(self.model.lm_head(backbone_hidden), seeds, drawn_at, 0)]
         depth = self.depth
         first = depth.embed_tokens(codes[0])  # codebook 0's ids carry no offset
         embeds = depth.inputs_embeds_projector(torch.stack([backbone_hidden, first], dim=1))
@@ -282,7 +282,7 @@ class CsmStepper:
             last = depth.norm(hidden[:, -1])
             codebook = len(codes)  # predicted by head weight codebook - 1
             logits = last @ self.depth_head.weight[codebook - 1]
-            code = self._choose(logits, seeds, positions, codebook)
+            code = self._choose(logits, seeds, drawn_at, codebook)
             codes.append(code)
             position += tokens
             if len(codes) < self.num_codebooks:
