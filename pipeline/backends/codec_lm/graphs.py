@@ -31,6 +31,7 @@ class StepGraphs:
         self.capture_s = 0.0
         self.late_keys: set[Hashable] = set()
         self.failed: dict[Hashable, str] = {}
+        self.replay = True  # False: run eagerly even where a graph exists (checks)
 
     @property
     def captured(self) -> int:
@@ -64,10 +65,10 @@ class StepGraphs:
         return True
 
     def run(self, key: Hashable, fn: Callable[[], None]) -> None:
-        graph = self._graphs.get(key)
+        graph = self._graphs.get(key) if self.replay else None
         if graph is not None:
             graph.replay()
             return
-        if self.enabled and key not in self.failed:
+        if self.enabled and self.replay and key not in self.failed:
             self.late_keys.add(key)  # not captured at start-up: eager, never captured now
         fn()
