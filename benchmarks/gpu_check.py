@@ -124,8 +124,8 @@ def _open_talking(backend: Any, texts: list[str], count: int, first_tag: int = 0
         backend.open_segment(_request(backend, texts[i % len(texts)], first_tag + i))
         for i in range(count)
     ]
-    while any(s.launched == 0 for s in segments):
-        backend.step(segments)
+    while waiting := [s for s in segments if s.launched == 0]:
+        backend.step(waiting)  # the others sit out: none runs out of frames meanwhile
     return segments
 
 
@@ -199,10 +199,11 @@ def _first_frames(backend: Any, texts: list[str], tags: list[int], count: int) -
     got: list[list] = [[] for _ in segments]
     try:
         for _ in range(100 * len(segments) + 10 * count):  # bounded: prefill, then frames
-            if all(len(g) >= count for g in got):
+            live = [i for i, s in enumerate(segments) if not s.done]
+            if not live or all(len(g) >= count for g in got):
                 break
-            for frames, step in zip(got, backend.step(segments), strict=True):
-                frames.extend(step.frames.tolist())
+            for i, step in zip(live, backend.step([segments[i] for i in live]), strict=True):
+                got[i].extend(step.frames.tolist())
     finally:
         _close(backend, segments)
     return [g[:count] for g in got]

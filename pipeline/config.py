@@ -290,7 +290,7 @@ class CodecLMConfig:
     prefill_rows: int = 4  # prompts prefilled per step (the others wait for the next)
     overlap_steps: bool = True  # collect step n's frames after launching step n+1 (no sync)
     mimi_dtype: str = "float32"  # Mimi's dtype: float32, bfloat16, float16 or model
-    vocoder_max_batch: int = 64  # with CUDA graphs: Mimi graphs for K = 1, 2, 4 .. this
+    vocoder_max_batch: int = 64  # with CUDA graphs: Mimi graphs for K = 1, 2, 4 .. this (0: none)
     vocoder_max_frames: int = 32  # ... and 4, 8 .. this frames per chunk (beyond: eager)
     # sizes of a random-weight model (model: null); defaults: the published CSM-1B + Mimi
     num_codebooks: int = 32
@@ -354,7 +354,7 @@ class CodecLMConfig:
             "key_bucket_tokens": 1,
             "prefill_chunk_tokens": 1,
             "prefill_rows": 1,
-            "vocoder_max_batch": 1,
+            "vocoder_max_batch": 0,
             "vocoder_max_frames": 1,
         }
         sizes = [f for f in self.__dataclass_fields__ if f.startswith(_SIZE_PREFIXES)]

@@ -60,7 +60,7 @@ class _Staging:
     """Host buffers for small uploads (pinned on CUDA), reused round robin once the copy
     that last read one has run."""
 
-    def __init__(self, device: torch.device, count: int = 8) -> None:
+    def __init__(self, device: torch.device, count: int = 16) -> None:
         self.cuda = device.type == "cuda"
         self._ring: list[tuple[torch.Tensor, object | None]] = []
         self._count = count

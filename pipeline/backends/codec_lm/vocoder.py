@@ -52,7 +52,8 @@ class MimiVocoder:
         self.device = next(codec.parameters()).device
         cuda = self.device.type == "cuda"
         self.stream = torch.cuda.Stream(self.device) if cuda else None
-        self.graphs = StepGraphs("codec_lm vocoder", self.device, cuda_graphs, self.stream)
+        graphs = cuda_graphs and max_batch > 0  # max_batch 0: Mimi runs eagerly
+        self.graphs = StepGraphs("codec_lm vocoder", self.device, graphs, self.stream)
         self.pad = self.graphs.enabled if pad_to_buckets is None else pad_to_buckets
         self.batch_buckets = buckets(1, max(1, max_batch))
         top = max(MIN_FRAMES_BUCKET, max_frames)
