@@ -38,7 +38,7 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _backend(cache_dir: Path, *overrides: str) -> CodecLMBackend:
-    short = "codec_lm.max_frames_per_segment=24"
+    short = "codec_lm.max_frames_per_segment=16"
     return CodecLMBackend(tiny_settings(cache_dir, short, *overrides).codec_lm)
 
 

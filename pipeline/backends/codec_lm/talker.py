@@ -1,4 +1,10 @@
-"""CSM's talker, stepped in batches: one frame (all codebooks) per segment per step.
+"""The reference step: CSM's talker stepped in batches, one frame per segment per step,
+plainly (shapes follow the batch, the batch's slots gathered per layer, eager only).
+
+The backend serves the fixed-shape step (fixed.py, launches.py); this one is what that is
+checked against, frame for frame (tests/test_codec_lm_fixed.py), sampling included: both
+draw the same counter-based noise (sampling.py), at the position of the token that
+predicts the frame.
 
 A step runs the backbone once for the segments that continue (one token each: the sum of
 their last frame's codebook embeddings) and, when segments join, once more for the
