@@ -161,7 +161,7 @@ class CodecLMBackend:
         seed = segment_seed(self.config.seed, request.stream_tag, request.segment_index)
         slot = self.stepper.cache.allocate()
         self.stepper.ensure_capacity()
-        self.stepper.seeds[slot] = seed
+        self.stepper.seeds[slot : slot + 1].fill_(seed)  # a kernel, no host sync
         return SlotSegment(prompt=prompt, max_frames=max_frames, slot=slot, seed=seed)
 
     def step(self, segments: Sequence[SlotSegment]) -> list[TalkStep]:
