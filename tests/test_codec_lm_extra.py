@@ -1,6 +1,7 @@
 """The codec-LM backend's small parts: its counter-based sampler draws from the right
 distribution whatever the batch; Playhead imports and serves sim/Piper without torch, and a
-config asking for codec_lm without it fails with what to install."""
+config asking for codec_lm without it fails with what to install; the new knobs' checks; a
+fixed (graph-captured) cache refuses past its slots."""
 
 from __future__ import annotations
 
@@ -10,9 +11,13 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 import torch
 
 from pipeline.backends.codec_lm.sampling import choose_codes, gumbel_noise, segment_seed
+from pipeline.backends.codec_lm.slots import KVSlots, SlotsFull
+from pipeline.config import CodecLMConfig
+from scheduling.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -113,3 +118,35 @@ def test_playhead_runs_without_torch_and_codec_lm_says_what_to_install() -> None
     hint = "needs torch and transformers (the codec-lm extra): pip install 'playhead[codec-lm]'"
     assert f"settings: configs/codec-lm-tiny.yaml: backend.kind codec_lm: {hint}" in done.stdout
     assert f"import: the codec_lm backend {hint}" in done.stdout
+
+
+def test_the_new_knobs_are_validated() -> None:
+    with pytest.raises(ConfigError, match="max_rows"):
+        CodecLMConfig(max_rows=30, row_multiple=4)
+    with pytest.raises(ConfigError, match="mimi_dtype"):
+        CodecLMConfig(mimi_dtype="int8")
+    with pytest.raises(ConfigError, match="prefill_chunk_tokens"):
+        CodecLMConfig(prefill_chunk_tokens=0)
+    with pytest.raises(ConfigError, match="overlap_steps"):
+        CodecLMConfig(overlap_steps="yes")
+    assert CodecLMConfig(vocoder_max_batch=0).vocoder_max_batch == 0  # Mimi graphs off
+
+
+def test_a_fixed_cache_refuses_past_its_slots_and_hands_out_the_lowest() -> None:
+    slots = KVSlots(
+        layers=1,
+        kv_heads=1,
+        head_dim=2,
+        max_tokens=4,
+        slots=3,
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+        grow=False,
+    )
+    assert [slots.allocate() for _ in range(3)] == [0, 1, 2]
+    with pytest.raises(SlotsFull, match="all 3 KV-cache slots"):
+        slots.allocate()
+    slots.release(2)
+    slots.release(0)
+    assert slots.allocate() == 0  # the lowest free: live rows stay packed
+    assert slots.live == 2 and slots.capacity == 3
