@@ -387,6 +387,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     sampling = [] if args.greedy else ["codec_lm.temperature=0.9", "codec_lm.top_k=50"]
     overrides = [
+        "engine.calibration_calls=0",  # admission is off here: no capacity to calibrate
         f"codec_lm.device={args.device}",
         *sampling,
         "codec_lm.overlap_steps=true",
