@@ -1,13 +1,14 @@
 """CodecLMBackend: CSM's backbone + depth decoder as the talker, Mimi as the vocoder.
 
 The talker's state per segment is a SlotSegment (launches.py: a KV-cache slot, its seed,
-how much of its prompt is in the cache, frames launched and handed back). A segment's prompt is CSM's: bos + "[speaker]text" + eos. It ends at CSM's end
-condition (an all-zero frame, not emitted) or after `max_frames` frames:
-min(max_frames_per_segment, max(min_frames_per_segment, ceil(frames_per_char x chars /
-speed))); random-weight models never end by themselves, so the bound is what ends them.
-CSM has no speed control: `speed` only scales that bound. Sampling draws counter-based
-noise from the segment's seed, derived from `codec_lm.seed`, the stream's tag and the
-segment's index (sampling.py): the same frames alone or batched.
+how much of its prompt is in the cache, frames launched and handed back). A segment's
+prompt is CSM's: bos + "[speaker]text" + eos. It ends at CSM's end condition (an all-zero
+frame, not emitted) or after `max_frames` frames: min(max_frames_per_segment,
+max(min_frames_per_segment, ceil(frames_per_char x chars / speed))); random-weight models
+never end by themselves, so the bound is what ends them. CSM has no speed control: `speed`
+only scales that bound. Sampling draws counter-based noise from the segment's seed, derived
+from `codec_lm.seed`, the stream's tag and the segment's index (sampling.py): the same
+frames alone or batched.
 
 Frames are int64 [frames, codebooks]; PCM is float32 at 24 kHz, 1920 samples per frame.
 

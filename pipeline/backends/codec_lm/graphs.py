@@ -69,6 +69,8 @@ class StepGraphs:
         if graph is not None:
             graph.replay()
             return
-        if self.enabled and self.replay and key not in self.failed:
-            self.late_keys.add(key)  # not captured at start-up: eager, never captured now
+        if self.enabled and self.replay and key not in self.failed and key not in self.late_keys:
+            # not captured at start-up: runs eagerly, never captured while streams play
+            self.late_keys.add(key)
+            logger.warning("%s: shape %s has no start-up graph; it runs eagerly", self.name, key)
         fn()
