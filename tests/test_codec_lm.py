@@ -230,3 +230,25 @@ def test_config_errors_name_the_field() -> None:
         CodecLMConfig(min_frames_per_segment=10, max_frames_per_segment=5)
     with pytest.raises(ConfigError, match="backbone_heads"):
         CodecLMConfig(backbone_heads=30)
+
+
+def test_padding_to_a_graph_bucket_leaves_each_chunk_unchanged(backend: CodecLMBackend) -> None:
+    """What CUDA runs: K and the frames padded up to a (K, frames) bucket (code 0 rows and
+    frames after each chunk); Mimi is causal, so each chunk's samples stay the same."""
+    from pipeline.backends.codec_lm.vocoder import MimiVocoder
+
+    padded = MimiVocoder(
+        backend.loaded.model.codec_model,
+        num_codebooks=8,
+        samples_per_frame=1920,
+        max_batch=8,
+        max_frames=16,
+        pad_to_buckets=True,
+    )
+    assert padded.batch_buckets == [1, 2, 4, 8] and padded.frame_buckets == [4, 8, 16]
+    chunks = [_codes(21, 5), _codes(22, 9), _codes(23, 3)]  # K 3 -> 4, 9 frames -> 16
+    for got, want in zip(
+        padded.decode_batch(chunks), backend.vocoder.decode_batch(chunks), strict=True
+    ):
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
