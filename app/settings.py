@@ -412,6 +412,12 @@ def load_settings(
     for label, dotted, value in options:
         layers.add_option(label, dotted, value)
     try:
-        return Settings.model_validate(layers.merged())
+        settings = Settings.model_validate(layers.merged())
     except ValidationError as exc:
         raise SettingsError(_describe(exc, layers, fallback)) from None
+    if settings.backend.kind == "codec_lm":
+        from pipeline.backends.codec_lm.extra import missing_extra
+
+        if missing := missing_extra():
+            raise SettingsError(f"{fallback}: backend.kind codec_lm: {missing}")
+    return settings
