@@ -65,7 +65,7 @@ class RingPlayer extends AudioWorkletProcessor {
   }
 
   freshUtterance() {
-    return { stalls: 0, nearMisses: 0, worstLateness: -Infinity, lowWater: null };
+    return { pushed: 0, stalls: 0, nearMisses: 0, worstLateness: -Infinity, lowWater: null };
   }
 
   onMessage(message) {
@@ -96,7 +96,9 @@ class RingPlayer extends AudioWorkletProcessor {
 
   push(pcm) {
     const now = currentFrame;
-    if (this.playing) this.noteArrival();
+    // An utterance's first chunk is on no plan yet (it may follow one still playing).
+    if (this.playing && this.utterance.pushed > 0) this.noteArrival();
+    this.utterance.pushed += pcm.length;
     if (this.dry) {
       // More of the utterance after the ring ran dry: that silence was a stall.
       this.dry = false;
