@@ -15,7 +15,8 @@
 //   - after a stall: the ring ran dry mid-utterance and more of the utterance came later
 //     (a run-dry at an utterance's end, or while its text is still being typed, is none):
 //     1.5x, at least +40 ms and at least 1.5x that chunk's lateness; the player waits the
-//     grown delay before it resumes (one longer gap rather than a string of short ones);
+//     grown delay before it resumes, or until it holds that much audio (one longer gap
+//     rather than a string of short ones);
 //   - after a near miss: a chunk came with less than a quarter of the delay left, i.e. its
 //     lateness (delay - slack) ate most of the buffer: the next start waits 1.5x that;
 // and eases back towards the initial delay after an utterance whose chunks all came early.
@@ -182,7 +183,10 @@ class RingPlayer extends AudioWorkletProcessor {
     const n = out.length;
     let take = 0;
     if (!this.playing && this.size > 0 && this.startAt !== null) {
-      if (currentFrame >= this.startAt || !this.expecting) this.start();
+      // A stalled player also resumes once it holds the delay's worth of audio: after a
+      // gap the server catches up in bursts, and their audio need not wait out the delay.
+      const resume = this.stalled && this.size >= this.delay;
+      if (currentFrame >= this.startAt || !this.expecting || resume) this.start();
     }
     if (this.playing) {
       take = Math.min(n, this.size);
