@@ -187,14 +187,16 @@ def _acks(page: object, utterance: int) -> list[tuple[float, float]]:
 
 def _check_acks_are_played_audio(acks: list[tuple[float, float]], silent_ms: float) -> None:
     """Acks say what was played: never more than the time that passed, and behind the wall
-    clock by the player's silences (pre-roll, stalls)."""
+    clock by the player's silences (the stalls after the first ack)."""
     assert len(acks) >= 5
+    # An ack carries the player's last report (every ~50 ms), which a busy main thread
+    # reads late: one ack may be that much staler than the next.
+    stale_ms = 250
     for (t0, played0), (t1, played1) in itertools.pairwise(acks):
         assert played1 >= played0
-        # the page acks the player's last report (every ~50 ms): that much staleness
-        assert played1 - played0 <= (t1 - t0) + 80, (t0, played0, t1, played1)
+        assert played1 - played0 <= (t1 - t0) + stale_ms, (t0, played0, t1, played1)
     (first_at, first_played), (last_at, last_played) = acks[0], acks[-1]
-    assert last_played - first_played <= (last_at - first_at) - silent_ms + 150
+    assert last_played - first_played <= (last_at - first_at) - silent_ms + stale_ms
 
 
 def test_a_throttled_connection_stalls_and_the_jitter_buffer_grows(
@@ -225,7 +227,7 @@ def test_a_throttled_connection_stalls_and_the_jitter_buffer_grows(
     silent_ms = float(page_.inner_text("#stall-time").removesuffix(" ms silent"))
     assert silent_ms > 0
     assert "stall at" in _log(page_)
-    _check_acks_are_played_audio(_acks(page_, 0), silent_ms + PREROLL_MS)
+    _check_acks_are_played_audio(_acks(page_, 0), silent_ms)
     # The next answer waits out the grown buffer before it plays (its audio takes longer
     # than that to arrive), and plays without a stall.
     played_s = float(_value(page_, "played"))
@@ -259,6 +261,82 @@ def piper_server() -> Iterator[LiveServer]:
         live.stop()
 
 
+# The sim paced like the Piper voice's start, a little late: 58 ms frames at the page's
+# rate (no resampling), a ramp of short chunks (58, 232, 464 ms, then 697 ms), each chunk
+# costing 20 ms + 18 ms a frame with a frame of context each side. Measured on a busy
+# machine (load 7 on 2 cores): the second chunk arrives 70-93 ms after the first, which
+# plays 58 ms, so without a pre-roll the player runs dry; with 100 ms it has 65-90 ms to
+# spare. The costs are sleeps: the voice keeps real time (2.3x after the ramp) however
+# busy the machine, and what the load delays is the rest (the server's loop and threads,
+# the browser, the worklet).
+PIPER_PACED = (
+    "sim.sample_rate_hz=44100",
+    "sim.samples_per_frame=2560",
+    "sim.talker_frames_per_step=4",
+    "sim.vocoder_base_ms=20",
+    "sim.vocoder_per_frame_ms=18",
+    "chunking.chunk_frames=12",
+    "chunking.ramp=[1,4,8]",
+    "chunking.left_context_frames=1",
+    "chunking.right_context_frames=1",
+)
+
+
+@pytest.fixture(scope="module")
+def paced_server() -> Iterator[LiveServer]:
+    with live_server(sim_settings(*PIPER_PACED)) as live:
+        yield live
+
+
+def _play_under_load(browser: object, url: str, voice: str) -> tuple[object, list[str]]:
+    """Speak ANSWER while another process keeps a core busy; wait until it has played."""
+    page, problems = _open_page(browser, url, voice)
+    burner = subprocess.Popen([sys.executable, "-c", BURN, "90"])
+    try:
+        page.fill("#text", ANSWER)  # type: ignore[attr-defined]
+        started = time.monotonic()
+        page.click("#speak")  # type: ignore[attr-defined]
+        page.wait_for_function(  # type: ignore[attr-defined]
+            "document.querySelector('#log').innerText.includes('audio.done #0')", timeout=60_000
+        )
+        page.wait_for_function(  # type: ignore[attr-defined]
+            "document.querySelector('#buffered').dataset.value === '0'", timeout=60_000
+        )
+        elapsed_s = time.monotonic() - started
+        assert burner.poll() is None  # the load ran throughout
+    finally:
+        burner.kill()
+        burner.wait()
+    print(
+        f"\n{_value(page, 'played')} s played in {elapsed_s:.1f} s; first audio "
+        f"{_value(page, 'ttfa')} ms; closest call {_value(page, 'low-water')} ms; "
+        f"load {os.getloadavg()[0]:.1f}"
+    )
+    return page, problems
+
+
+def _check_played_without_a_stall(page: object, problems: list[str], min_played_s: float) -> None:
+    log = _log(page)
+    assert float(_value(page, "played")) > min_played_s
+    assert "stall at" not in log, log
+    assert int(_value(page, "stalls")) == 0
+    assert page.inner_text("#stall-time") == "0 ms silent"  # type: ignore[attr-defined]
+    preroll_ms = float(page.get_attribute("#ttfa", "data-preroll"))  # type: ignore[attr-defined]
+    assert PREROLL_MS - 1 <= preroll_ms <= PREROLL_MS + 10
+    _check_acks_are_played_audio(_acks(page, 0), 0)
+    assert problems == []
+
+
+def test_an_answer_paced_like_the_voice_plays_without_a_stall_under_cpu_load(
+    paced_server: LiveServer, browser: object
+) -> None:
+    """~21 s whose first chunks come just in time, while another process keeps a core busy:
+    the pre-roll absorbs what the load delays; without it the player runs dry."""
+    page, problems = _play_under_load(browser, f"{paced_server.base_url}/", "sim")
+    _check_played_without_a_stall(page, problems, 18)
+    page.close()  # type: ignore[attr-defined]
+
+
 @pytest.mark.slow
 def test_a_long_answer_plays_without_a_stall_under_cpu_load(
     piper_server: LiveServer, browser: object
@@ -271,32 +349,6 @@ def test_a_long_answer_plays_without_a_stall_under_cpu_load(
         # Then the voice itself falls behind real time (measured at a load of 10 on 2 cores:
         # chunks seconds late): no player could play it without a gap.
         pytest.skip(f"the machine is too busy to play in real time: load {load:.1f}, {cores} cores")
-    page, problems = _open_page(browser, f"{piper_server.base_url}/", "en_US-joe-medium")
-    burner = subprocess.Popen([sys.executable, "-c", BURN, "90"])
-    try:
-        page.fill("#text", ANSWER)
-        started = time.monotonic()
-        page.click("#speak")
-        page.wait_for_function(
-            "document.querySelector('#log').innerText.includes('audio.done #0')", timeout=60_000
-        )
-        page.wait_for_function(
-            "document.querySelector('#buffered').dataset.value === '0'", timeout=60_000
-        )
-        elapsed_s = time.monotonic() - started
-        assert burner.poll() is None  # the load ran throughout
-    finally:
-        burner.kill()
-        burner.wait()
-    played_s = float(_value(page, "played"))
-    log = _log(page)
-    print(f"\n{played_s:.1f} s played in {elapsed_s:.1f} s; first audio {_value(page, 'ttfa')} ms")
-    assert played_s > 18
-    assert "stall at" not in log, log
-    assert int(_value(page, "stalls")) == 0
-    assert page.inner_text("#stall-time") == "0 ms silent"
-    preroll_ms = float(page.get_attribute("#ttfa", "data-preroll"))
-    assert PREROLL_MS - 1 <= preroll_ms <= PREROLL_MS + 10
-    _check_acks_are_played_audio(_acks(page, 0), preroll_ms)
-    assert problems == []
-    page.close()
+    page, problems = _play_under_load(browser, f"{piper_server.base_url}/", "en_US-joe-medium")
+    _check_played_without_a_stall(page, problems, 18)
+    page.close()  # type: ignore[attr-defined]
