@@ -1,8 +1,9 @@
 """The page at / driven in headless Chromium (Debian's chromium through playwright's Python
 API; `make install` apt-installs it when missing): speak, stop, type as you go, and read
 the readouts back from the DOM. The page is loaded from http://127.0.0.1 (a secure
-context, which AudioWorklet needs); the server runs the sim backend, but for the test of
-a long answer on the bundled Piper voice under an extra CPU load.
+context, which AudioWorklet needs); the server runs the sim backend (one paced like the
+Piper voice's start for the test under an extra CPU load), and the bundled Piper voice for
+the slow test of a long answer under that load (skipped on a machine too busy for it).
 
 The stall counter read here is the player's own (the audio worklet counts where its ring
 runs dry); the jitter buffer's delay and pre-roll are read from the page's readouts, and
@@ -245,8 +246,14 @@ def test_a_throttled_connection_stalls_and_the_jitter_buffer_grows(
 
 @pytest.fixture(scope="module")
 def piper_server() -> Iterator[LiveServer]:
+    cores = os.cpu_count() or 1
+    load = os.getloadavg()[0]
+    if load > cores + 1:
+        # Then the voice itself falls behind real time (measured at a load of 10 on 2 cores:
+        # chunks seconds late): no player could play it without a gap.
+        pytest.skip(f"the machine is too busy to play in real time: load {load:.1f}, {cores} cores")
     # The deployed defaults, but for the prepare thread's idle priority: at SCHED_IDLE a
-    # CPU-bound neighbour (the load below) starves it, and the talker waits seconds for it
+    # CPU-bound neighbour (the test's load) starves it, and the talker waits seconds for it
     # at sentence boundaries, whatever the player does (measured: gaps of 0.5-6 s).
     settings = load_settings(
         CONFIGS / "default.yaml",
@@ -343,12 +350,6 @@ def test_a_long_answer_plays_without_a_stall_under_cpu_load(
 ) -> None:
     """~22 s of the Piper voice while another process keeps a core busy: the jitter buffer's
     pre-roll absorbs the late chunks, the player never runs dry."""
-    cores = os.cpu_count() or 1
-    load = os.getloadavg()[0]
-    if load > cores + 1:
-        # Then the voice itself falls behind real time (measured at a load of 10 on 2 cores:
-        # chunks seconds late): no player could play it without a gap.
-        pytest.skip(f"the machine is too busy to play in real time: load {load:.1f}, {cores} cores")
     page, problems = _play_under_load(browser, f"{piper_server.base_url}/", "en_US-joe-medium")
     _check_played_without_a_stall(page, problems, 18)
     page.close()  # type: ignore[attr-defined]
