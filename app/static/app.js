@@ -1,8 +1,23 @@
-// Playhead's page: text in over the WebSocket, PCM out into an AudioWorklet ring buffer,
-// the player's position acked back every 200 ms (docs/websocket.md).
+// Playhead's page: text in over the WebSocket, PCM out into an AudioWorklet ring buffer
+// behind an adaptive jitter buffer (player-worklet.js), the player's position acked back
+// every 200 ms (docs/websocket.md).
 
 const ACK_EVERY_MS = 200;
 const $ = (id) => document.getElementById(id);
+const params = new URLSearchParams(location.search);
+const apiKey = params.get("api_key");
+
+// The jitter buffer's initial playout delay (the pre-roll) and its cap, in ms; the URL may
+// set them: /?preroll_ms=120&max_buffer_ms=2000.
+function msParam(name, fallback, max) {
+  const raw = params.get(name);
+  if (raw === null) return fallback;
+  const value = Number(raw);
+  if (raw.trim() === "" || !Number.isFinite(value) || value < 0 || value > max) {
+    throw new Error(`${name} must be a number of ms from 0 to ${max}, not ${JSON.stringify(raw)}`);
+  }
+  return value;
+}
 
 const ui = {
   text: $("text"),
@@ -17,6 +32,10 @@ const ui = {
   status: $("status"),
   log: $("log"),
   ttfa: $("ttfa"),
+  ttfaSplit: $("ttfa-split"),
+  jitter: $("jitter"),
+  jitterWhy: $("jitter-why"),
+  lowWater: $("low-water"),
   buffered: $("buffered"),
   bufferBar: $("buffer-bar"),
   played: $("played"),
@@ -27,14 +46,16 @@ const ui = {
   acks: $("acks"),
 };
 
-const apiKey = new URLSearchParams(location.search).get("api_key");
-
 const state = {
   ws: null,
   wsReady: null, // a promise of the open socket
   ctx: null,
   player: null,
   rate: 48000,
+  prerollMs: 100,
+  maxBufferMs: 1000,
+  starts: 0, // fresh starts of the player (each waited out a pre-roll)
+  oddByte: null, // a PCM frame's last byte when a frame split a sample
   pushed: 0, // samples handed to the player, all utterances
   played: 0, // samples the player has output (its last report)
   buffered: 0,
@@ -105,9 +126,12 @@ async function ensureAudio() {
   }
   const ctx = new AudioContext({ latencyHint: "interactive" });
   await ctx.audioWorklet.addModule("/static/player-worklet.js");
-  const player = new AudioWorkletNode(ctx, "ring-player", { outputChannelCount: [1] });
+  const player = new AudioWorkletNode(ctx, "ring-player", {
+    outputChannelCount: [1],
+    processorOptions: { prerollMs: state.prerollMs, maxDelayMs: state.maxBufferMs },
+  });
   player.connect(ctx.destination);
-  player.port.onmessage = (event) => onPlayerReport(event.data);
+  player.port.onmessage = ({ data }) => (data.event ? onPlayerEvent(data) : onPlayerReport(data));
   if (ctx.state !== "running") await ctx.resume();
   state.ctx = ctx;
   state.player = player;
@@ -139,7 +163,7 @@ function connect() {
     state.wsReady = null;
     state.open = null;
     state.receiving = null;
-    state.player?.port.postMessage({ type: "expect", value: false });
+    expect(false);
     updateButtons();
   };
   return state.wsReady;
@@ -176,7 +200,15 @@ function finishText() {
   if (!state.open) return;
   send({ type: "input.done" });
   state.open = null;
+  if (state.receiving !== null) expect(true); // its text is complete now
   updateButtons();
+}
+
+// Tell the player whether audio is still due: a run-dry then is a stall, unless the
+// utterance's text is still being typed (the audio waits for the words).
+function expect(value) {
+  const textOpen = value && state.open !== null && state.open.index === state.receiving;
+  state.player?.port.postMessage({ type: "expect", value, textOpen });
 }
 
 async function speak() {
@@ -228,11 +260,16 @@ function onEvent(event) {
     u.startSample = state.pushed;
     state.utterances.set(event.utterance, u);
     state.receiving = event.utterance;
-    state.player.port.postMessage({ type: "expect", value: true });
-    const ttfa = Math.round(u.firstAudioAt - u.sentAt);
-    setReadout(ui.ttfa, ttfa, `${ttfa} ms`);
+    state.oddByte = null;
+    expect(true);
+    const arrived = Math.round(u.firstAudioAt - u.sentAt);
+    if (state.buffered > 0 && !state.discarding) {
+      // The player is still busy with the utterance before: this one follows it, no pre-roll.
+      setReadout(ui.ttfa, arrived, `${arrived} ms`);
+      ui.ttfaSplit.textContent = `${arrived} ms, queued: no pre-roll`;
+    }
     ui.status.textContent = `Utterance ${event.utterance}: playing`;
-    log(`audio.start #${event.utterance} · ${event.format} ${event.sample_rate} Hz · first audio ${ttfa} ms after its text`);
+    log(`audio.start #${event.utterance} · ${event.format} ${event.sample_rate} Hz · first audio ${arrived} ms after its text`);
   } else if (event.type === "audio.done") {
     const u = state.utterances.get(event.utterance);
     if (u) {
@@ -241,7 +278,7 @@ function onEvent(event) {
       if (u.startSample === undefined) u.startSample = state.pushed;
     }
     if (state.receiving === event.utterance) state.receiving = null;
-    state.player.port.postMessage({ type: "expect", value: false });
+    expect(false);
     if (event.cancelled && state.stopAt !== null) {
       const ms = Math.round(performance.now() - state.stopAt);
       ui.cancelServer.textContent = `server: audio.done in ${ms} ms`;
@@ -259,18 +296,63 @@ function onEvent(event) {
   updateButtons();
 }
 
+// s16le bytes of the utterance being received -> the player (which converts them); a
+// frame that splits a sample leaves its last byte for the next.
 function onAudio(buffer) {
   if (state.discarding) return;
-  const pcm = new Int16Array(buffer);
-  const samples = new Float32Array(pcm.length);
-  for (let i = 0; i < pcm.length; i++) samples[i] = pcm[i] / 32768;
-  state.pushed += samples.length;
-  state.player.port.postMessage({ type: "push", samples }, [samples.buffer]);
+  let bytes = new Uint8Array(buffer);
+  if (state.oddByte !== null) {
+    const joined = new Uint8Array(bytes.length + 1);
+    joined[0] = state.oddByte;
+    joined.set(bytes, 1);
+    bytes = joined;
+    state.oddByte = null;
+  }
+  if (bytes.length % 2 === 1) {
+    state.oddByte = bytes[bytes.length - 1];
+    bytes = bytes.slice(0, bytes.length - 1);
+  }
+  if (bytes.length === 0) return;
+  const pcm = bytes.byteOffset === 0 && bytes.byteLength === bytes.buffer.byteLength
+    ? bytes.buffer
+    : bytes.slice().buffer;
+  state.pushed += pcm.byteLength / 2;
+  state.player.port.postMessage({ type: "push", pcm }, [pcm]);
+}
+
+const toMs = (samples) => Math.round((1000 * samples) / state.rate);
+const JITTER_WHY = {
+  initial: "pre-roll; grows if late",
+  stall: "grown after a stall",
+  "near miss": "grown after a near miss",
+  eased: "eased: audio came early",
+};
+
+function onPlayerEvent(event) {
+  const at = `at ${(event.at / state.rate).toFixed(2)} s played`;
+  const buffer = `jitter buffer ${toMs(event.delay)} ms`;
+  if (event.event === "stall") {
+    log(`stall ${at}: dry ${toMs(event.dry)} ms until the next chunk came; ${buffer}`, "warn");
+  } else if (event.event === "near miss") {
+    log(`near miss ${at}: a chunk came with ${toMs(event.slack)} ms left; ${buffer}`);
+  } else {
+    log(`the audio came early: ${buffer}`);
+  }
 }
 
 function onPlayerReport(report) {
   state.played = report.played;
   state.buffered = report.buffered;
+  if (report.starts > state.starts) {
+    state.starts = report.starts;
+    onFreshStart(report);
+  }
+  const delayMs = toMs(report.delay);
+  setReadout(ui.jitter, delayMs, `${delayMs} ms`);
+  ui.jitter.dataset.grown = String(report.delay > report.initialDelay);
+  ui.jitterWhy.textContent = JITTER_WHY[report.reason] ?? report.reason;
+  if (report.lowWater === null) setReadout(ui.lowWater, "", "–");
+  else setReadout(ui.lowWater, toMs(report.lowWater), `${toMs(report.lowWater)} ms`);
   const bufferedMs = Math.round((1000 * report.buffered) / state.rate);
   setReadout(ui.buffered, bufferedMs, `${bufferedMs} ms`);
   ui.bufferBar.style.width = `${Math.min(100, bufferedMs / 50)}%`; // full at 5 s
@@ -287,14 +369,30 @@ function onPlayerReport(report) {
   updateButtons();
 }
 
-// The utterance the player is in, and how far into it (ms).
-function playingPosition() {
+// The player started after a pre-roll: time to first audio is the utterance's arrival
+// plus that wait, when this start is the utterance's first sound.
+function onFreshStart(report) {
+  const position = playingPosition(report.played);
+  if (!position) return;
+  const u = state.utterances.get(position.index);
+  if (!u || u.firstAudioAt === undefined || u.soundAt !== undefined || position.playedMs > 0) return;
+  const arrived = Math.round(u.firstAudioAt - u.sentAt);
+  const preroll = toMs(report.lastWait);
+  u.soundAt = u.firstAudioAt + preroll;
+  setReadout(ui.ttfa, arrived + preroll, `${arrived + preroll} ms`);
+  ui.ttfa.dataset.arrived = String(arrived);
+  ui.ttfa.dataset.preroll = String(preroll);
+  ui.ttfaSplit.textContent = `${arrived} + ${preroll} ms pre-roll`;
+}
+
+// The utterance holding sample `played` of the player, and how far into it (ms).
+function playingPosition(played = state.played) {
   let found = null;
   for (const [index, u] of state.utterances) {
-    if (u.startSample === undefined || u.startSample > state.played) continue;
+    if (u.startSample === undefined || u.startSample > played) continue;
     const end = u.done ? u.endSample : Infinity;
-    if (state.played < end || (!u.done && state.played >= u.startSample)) {
-      found = { index, playedMs: (1000 * (state.played - u.startSample)) / state.rate };
+    if (played < end || (!u.done && played >= u.startSample)) {
+      found = { index, playedMs: (1000 * (played - u.startSample)) / state.rate };
     }
   }
   return found;
@@ -344,5 +442,12 @@ ui.text.addEventListener("keydown", (event) => {
   }
 });
 
+try {
+  state.prerollMs = msParam("preroll_ms", state.prerollMs, 2000);
+  state.maxBufferMs = Math.max(state.prerollMs, msParam("max_buffer_ms", state.maxBufferMs, 10000));
+} catch (e) {
+  log(`${e.message}; using ${state.prerollMs} ms and ${state.maxBufferMs} ms`, "error");
+}
+setReadout(ui.jitter, state.prerollMs, `${state.prerollMs} ms`);
 setInterval(ack, ACK_EVERY_MS);
 loadVoices().catch((e) => log(String(e), "error"));
