@@ -55,6 +55,9 @@ class CodecSpec:
     rate_rule: RateRule = RateRule.EXACT
     container_options: Mapping[str, str] = field(default_factory=dict)
     codec_options: Mapping[str, str] = field(default_factory=dict)
+    # Leading silence completes the first write's last codec frame (AvCodec.write): for a
+    # codec that emits nothing until it has a frame of look-ahead (aac)
+    align_first_write: bool = False
 
 
 AV_SPECS: Mapping[str, CodecSpec] = MappingProxyType(
@@ -64,9 +67,14 @@ AV_SPECS: Mapping[str, CodecSpec] = MappingProxyType(
             "mp3", "libmp3lame", "fltp", None, MP3_RATES_HZ, RateRule.NEAREST,
             # Bare MPEG frames: no ID3v2 tag (the Xing frame needs a seekable sink anyway).
             container_options={"id3v2_version": "0", "write_xing": "0"},
+            # No bit reservoir: LAME then emits each frame one frame sooner (the first
+            # after 1152 samples instead of 1728); speech at 64 kb/s loses 0.3 dB of SNR.
+            codec_options={"reservoir": "0"},
         ),
         "opus": CodecSpec("ogg", "libopus", "flt", None, OPUS_RATES_HZ, RateRule.AT_LEAST),
-        "aac": CodecSpec("adts", "aac", "fltp", None, AAC_RATES_HZ, RateRule.NEAREST),
+        "aac": CodecSpec(
+            "adts", "aac", "fltp", None, AAC_RATES_HZ, RateRule.NEAREST, align_first_write=True
+        ),
         "flac": CodecSpec(
             "flac", "flac", "s16", None,
             # No 8 KiB PADDING block: the header is never rewritten on a non-seekable sink.
@@ -174,6 +182,10 @@ class AvCodec:
                 ctx.bit_rate = spec.bit_rate_bps
             ctx.options = dict(spec.codec_options)
             ctx.open()
+            # The container's header now, not with the first packet: it leaves with the
+            # first write even when the codec has no packet yet (FLAC's STREAMINFO, Ogg's
+            # OpusHead and OpusTags pages)
+            self._container.start_encoding()
         except BaseException:
             self._container.close()
             raise
@@ -186,6 +198,7 @@ class AvCodec:
         self._pad_last_frame = not capabilities & _CAP_SMALL_LAST_FRAME
         self._pending = np.zeros(0, dtype=np.float32)  # always < one codec frame
         self._pts = 0
+        self._align_next_write = spec.align_first_write
 
     def _encode_frame(self, samples: np.ndarray) -> None:
         if self._spec.sample_format == "s16":
@@ -201,6 +214,14 @@ class AvCodec:
         self._container.mux(self._stream.encode(frame))
 
     def write(self, pcm: np.ndarray) -> bytes:
+        if self._align_next_write and pcm.size:
+            # The stream's first audio: silence before it, so that it ends on a frame
+            # boundary and none of it waits for the next write (aac emits a packet once it
+            # has the next frame: 1781 samples, a 93 ms first chunk at 24 kHz, gave no
+            # bytes; 267 samples of silence ahead of them give the first packet). At most
+            # one frame, once, at the start: the decoder already sees 1024 priming samples.
+            self._align_next_write = False
+            pcm = np.concatenate((np.zeros(-pcm.size % self._frame_samples, np.float32), pcm))
         if self._pending.size:
             pcm = np.concatenate((self._pending, pcm))
         n = self._frame_samples
