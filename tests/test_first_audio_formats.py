@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -26,9 +27,10 @@ import pytest
 from app.audio import open_encoder
 from app.settings import load_settings
 from benchmarks.stream_decoder import StreamDecoder
-from tests.api_support import live_server, sim_settings
+from tests.api_support import LiveServer, live_server, sim_settings
 
 ROOT = Path(__file__).resolve().parent.parent
+VOICE_START_S = 120.0
 PIPER_RATE_HZ = 22050
 PIPER_FIRST_CHUNK = 8 * 256  # the default ramp's first chunk: 8 Piper frames, 93 ms
 OUTPUT_RATE_HZ = 24000
@@ -169,6 +171,17 @@ def test_live_sim_server_first_body_piece_decodes_alone():
         assert all(alone for _, alone, _ in runs), f"{fmt}: a first body piece did not decode"
 
 
+@contextmanager
+def _voice_server(settings):
+    """A live server of the real voice: loading it takes a while on a busy machine."""
+    live = LiveServer(settings)
+    live.start(timeout_s=VOICE_START_S)
+    try:
+        yield live
+    finally:
+        live.stop()
+
+
 @pytest.mark.slow
 def test_live_voice_first_body_piece_decodes_alone():
     """The default voice: a 93 ms first chunk at 22050 Hz, resampled to 24 kHz."""
@@ -178,7 +191,7 @@ def test_live_voice_first_body_piece_decodes_alone():
         environ={},
     )
     formats = ("pcm", "mp3", "opus", "aac")
-    with live_server(settings) as server:
+    with _voice_server(settings) as server:
         results = _measure(server.base_url, formats, runs=3)
     _report("default voice, busy CI machine", results)
     for fmt, runs in results.items():
