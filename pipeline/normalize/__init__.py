@@ -5,7 +5,8 @@ and "en" both pick the English rules): for a language with rules (English, in
 english.py) numbers, money, dates, times, units, abbreviations, URLs and symbols become
 words; every language gets the language-neutral clean-up (emoji, pictographs and other
 symbols that carry no words are dropped, markup characters become spaces, whitespace runs
-become one space). `speakable(text)` tells whether anything is left to say.
+become one space, runs of one character and very long tokens are bounded: tokens.py).
+`speakable(text)` tells whether anything is left to say.
 
 `StreamNormalizer` applies a normaliser to text that arrives in pieces (a live stream):
 it holds back the end of the text until a sentence ends, or until enough words follow,
@@ -25,13 +26,14 @@ from collections.abc import Callable
 from pipeline.alignment import SpokenText
 from pipeline.config import NormalizeConfig
 from pipeline.normalize import tables
-from pipeline.normalize.english import normalize_english
 from pipeline.normalize.mapping import map_spans
+from pipeline.normalize.tokens import bound_tokens, normalize_english_bounded
 
 Normalizer = Callable[[str], str]
 
 # Languages with rules, by their two-letter code.
-LANGUAGE_RULES: dict[str, Normalizer] = {"en": normalize_english}
+# Links, e-mail addresses and other long tokens are read short (tokens.py).
+LANGUAGE_RULES: dict[str, Normalizer] = {"en": normalize_english_bounded}
 
 _DROPPED_CATEGORIES = frozenset({"So", "Sk", "Sm", "Sc", "Co", "Cn", "Cs", "Cf"})
 _DROPPED = frozenset(tables.DROPPED_PUNCTUATION)
@@ -61,14 +63,14 @@ def drop_symbols(text: str, words: dict[str, str] | None = None) -> str:
 
 def clean(text: str) -> str:
     """The language-neutral part: quotes unified, symbols dropped, whitespace collapsed."""
-    text = unicodedata.normalize("NFC", text).translate(_QUOTES)
+    text = bound_tokens(unicodedata.normalize("NFC", text).translate(_QUOTES))
     return _SPACES.sub(" ", drop_symbols(text)).strip()
 
 
 def _with_rules(rules: Normalizer) -> Normalizer:
     def normalize(text: str) -> str:
         text = unicodedata.normalize("NFC", text).translate(_QUOTES)
-        text = rules(text)
+        text = rules(bound_tokens(text, keep_addresses=True))  # the rules read addresses
         text = drop_symbols(text, tables.SYMBOL_WORDS)
         return _SPACES.sub(" ", text).strip()
 
