@@ -4,7 +4,9 @@ For each run, one request per format (the formats in a rotated order, so that no
 always first after an idle pause), each a one-sentence text on the server's default voice.
 The body is fed to an incremental PyAV decoder as it arrives (benchmarks/stream_decoder.py)
 and two times are taken from the request's start: the first body byte and the first decoded
-sample. Prints the medians per format and their difference from pcm's.
+sample. Prints the medians per format, their difference from pcm's, and the median wait
+from the first byte to the first sample (what the format costs a player once bytes flow,
+apart from the server's own time to first audio, which a busy machine makes noisy).
 
     playhead serve --port 8000 &
     python -m benchmarks.first_audio_formats [--server http://127.0.0.1:8000] [--runs 5]
@@ -123,13 +125,14 @@ def main(argv: list[str] | None = None) -> int:
     pcm_ms = statistics.median(r.first_sample_ms for r in results["pcm"])
     print(f"first decodable audio, medians of {args.runs} ({args.mode} decoder), {args.server}")
     print(f"{'format':<7}{'first byte ms':>15}{'first sample ms':>17}{'vs pcm ms':>11}"
-          f"{'bytes needed':>14}")  # fmt: skip
+          f"{'after 1st byte':>16}{'bytes needed':>14}")  # fmt: skip
     for fmt, runs in results.items():
         byte_ms = statistics.median(r.first_byte_ms for r in runs)
         sample_ms = statistics.median(r.first_sample_ms for r in runs)
+        wait_ms = statistics.median(r.first_sample_ms - r.first_byte_ms for r in runs)
         needed = statistics.median(r.bytes_at_first_sample for r in runs)
         print(f"{fmt:<7}{byte_ms:>15.1f}{sample_ms:>17.1f}{sample_ms - pcm_ms:>+11.1f}"
-              f"{needed:>14.0f}")  # fmt: skip
+              f"{wait_ms:>16.1f}{needed:>14.0f}")  # fmt: skip
     return 0
 
 

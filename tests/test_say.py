@@ -196,3 +196,17 @@ def test_say_on_the_default_voice_is_heard(tmp_path, capsys):
     assert np.max(np.abs(audio)) > 0.05
     heard = transcribe(audio, rate_hz)
     assert word_error_rate(text, heard) <= 0.35, heard
+
+
+def test_a_stream_cut_midway_leaves_no_file(tmp_path, capsys):
+    from tests.test_faults import RaisingSim
+
+    settings = sim_settings("scheduling.active_stream_window=1", "admission.enabled=false")
+    text = "BOOM This stream is long enough to need several chunks of audio. " * 3
+    out = tmp_path / "cut.wav"
+    with live_server(settings, backend_factory=lambda: RaisingSim(settings.sim)) as live:
+        assert main(["say", text, "-o", str(out), "--server", live.base_url]) == 1
+    # (the in-process server's uvicorn logs the cut on the same stderr)
+    ours = [line for line in capsys.readouterr().err.splitlines() if line.startswith("playhead")]
+    assert len(ours) == 1 and "broke after" in ours[0] and "was not written" in ours[0], ours
+    assert not list(tmp_path.iterdir())  # neither the file nor its .part
