@@ -58,6 +58,7 @@ class CodecSpec:
     # Leading silence completes the first write's last codec frame (AvCodec.write): for a
     # codec that emits nothing until it has a frame of look-ahead (aac)
     align_first_write: bool = False
+    frame_ms: int | None = None  # the codec's frame (block) duration; None: its own
 
 
 AV_SPECS: Mapping[str, CodecSpec] = MappingProxyType(
@@ -79,6 +80,11 @@ AV_SPECS: Mapping[str, CodecSpec] = MappingProxyType(
             "flac", "flac", "s16", None,
             # No 8 KiB PADDING block: the header is never rewritten on a non-seekable sink.
             container_options={"metadata_header_padding": "0"},
+            # 24 ms blocks, not ffmpeg's 2304 samples (96 ms at 24 kHz): libavcodec's FLAC
+            # parser (ffmpeg, PyAV, LiveKit's decoder) hands a frame on only once it has seen
+            # ~10 more frame headers, so a player's first sample needed 1056 ms of audio;
+            # now 264 ms, for 4% more bytes (measured on speech-like audio)
+            frame_ms=24,
         ),
     }
 )  # fmt: skip
@@ -180,7 +186,10 @@ class AvCodec:
             ctx.format = spec.sample_format
             if spec.bit_rate_bps is not None:
                 ctx.bit_rate = spec.bit_rate_bps
-            ctx.options = dict(spec.codec_options)
+            options = dict(spec.codec_options)
+            if spec.frame_ms is not None:
+                options["frame_size"] = str(max(16, rate_hz * spec.frame_ms // 1000))
+            ctx.options = options
             ctx.open()
             # The container's header now, not with the first packet: it leaves with the
             # first write even when the codec has no packet yet (FLAC's STREAMINFO, Ogg's

@@ -114,6 +114,8 @@ class StreamDecoder:
 
     def feed(self, data: bytes) -> None:
         """The body bytes that just arrived."""
+        if not data:  # b"" would be the parser's end of stream (and PyAV crashes after it)
+            return
         with self._lock:
             self.fed_bytes += len(data)
         if self._pipe is not None:

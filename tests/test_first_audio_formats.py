@@ -8,9 +8,9 @@ decoder asked for more.
 What each codec needs before its first packet (24 kHz): mp3 (LAME, no bit reservoir) 1152
 samples, aac 2048 (a frame of look-ahead; the first write is aligned to whole frames with
 leading silence), opus 480. FLAC's frames are there at once, but libavcodec's FLAC parser
-only hands one on once it has seen several of the frame headers after it, so FLAC is
-decodable later (measured ~10 frames of 2304 samples); its header, though, leaves with
-the first write.
+only hands one on once it has seen 10 more frame headers, so FLAC is decodable later: 11
+blocks, which are 24 ms long (264 ms of audio; ffmpeg's default 2304-sample blocks made it
+1056 ms); its header, though, leaves with the first write.
 """
 
 from __future__ import annotations
@@ -103,6 +103,20 @@ def test_mp3_needs_two_frames_for_its_first_bytes():
     finally:
         encoder.close()
     assert first and _decodable_alone("mp3", first)
+
+
+def test_flac_is_decodable_after_eleven_short_blocks():
+    encoder = open_encoder("flac", OUTPUT_RATE_HZ, OUTPUT_RATE_HZ)
+    decoder = StreamDecoder("flac", OUTPUT_RATE_HZ)
+    fed = 0
+    try:
+        while fed < OUTPUT_RATE_HZ and not decoder.settle():
+            decoder.feed(encoder.encode(_speechlike(240, OUTPUT_RATE_HZ)))
+            fed += 240
+    finally:
+        encoder.close()
+        decoder.end()
+    assert fed <= 11 * 576 + 240  # 11 blocks of 24 ms: ~0.27 s of audio at 24 kHz
 
 
 @pytest.mark.parametrize(("fmt", "magic"), [("flac", b"fLaC"), ("opus", b"OggS"), ("wav", b"RIFF")])
