@@ -5,6 +5,11 @@ in [-1, 1] at the voice's rate, resamples it with a per-stream soxr streaming re
 chunk joins do not click), and returns the encoded bytes that are ready now. Nothing is
 buffered beyond one codec frame, the resampler's filter delay and the container's current
 page, so memory per stream is bounded and the first bytes leave with the first codec frame.
+The container's header is written when the encoder opens (it leaves with the first write);
+LAME runs without its bit reservoir (each frame out one frame sooner); aac, which emits a
+packet only once it has the next frame, gets silence ahead of the stream's first write, up
+to a whole frame, so that a first chunk of more than one frame gives a decodable packet at
+once (tests/test_first_audio_formats.py; the silence adds to the 1024 priming samples).
 
 Encoded sample rate (`encoded_rate_hz`) for a requested output rate:
 - pcm, wav, flac: exactly the requested rate.

@@ -1,4 +1,5 @@
-"""The `playhead` command: `serve` runs the server, `config` prints the effective settings.
+"""The `playhead` command: `serve` runs the server, `config` prints the effective settings,
+`say` speaks through a running server (app/say.py).
 
 The settings file is `--config`, else $PLAYHEAD_CONFIG, else the packaged
 configs/default.yaml (the measured defaults, shipped inside the package), so an installed
@@ -19,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from app import __version__
+from app import __version__, say
 from app.logs import configure_logging
 from app.settings import Settings, SettingsError, load_settings
 from configs import packaged_config
@@ -70,6 +71,7 @@ def _parser() -> argparse.ArgumentParser:
         help="run N replicas on Ray Serve (cluster.replicas; needs the `cluster` extra)",
     )
     commands.add_parser("config", parents=[common], help="print the effective settings as YAML")
+    say.add_parser(commands)
     return parser
 
 
@@ -173,6 +175,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
+    if args.command == "say":  # a client: no server settings
+        return say.run(args)
     try:
         settings, path = _load(args)
     except SettingsError as exc:

@@ -29,10 +29,11 @@ COMPRESSED = ("mp3", "opus", "aac", "flac")
 DEMUXER = {"mp3": "mp3", "opus": "ogg", "aac": "aac", "flac": "flac", "wav": "wav"}
 # Decoded minus input duration, seconds. mp3/aac: the decoder sees the encoder's priming
 # samples and last-frame padding (neither container can say to trim them); opus trims both
-# through pre-skip and the final granule; flac, wav and pcm are sample-exact.
+# through pre-skip and the final granule; flac, wav and pcm are sample-exact. aac also has
+# up to one frame (43 ms at 24 kHz) of silence before the first audio (align_first_write).
 EXTRA_S_RANGE = {
     "mp3": (0.0, 0.060),
-    "aac": (0.0, 0.060),
+    "aac": (0.0, 0.100),
     "opus": (-0.001, 0.001),
     "flac": (-0.001, 0.001),
     "wav": (-0.001, 0.001),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 import string
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -202,10 +203,17 @@ def test_a_long_token_gives_first_audio_and_no_stall(
 ) -> None:
     live = server if normalised else raw_server
     stream_id, audio_s = first_audio_then_hang_up(live, LONG_TOKENS[name])
-    assert audio_s >= READ_AUDIO_S
+    if normalised:  # a link's host and short path, a run of one letter a few times (tokens.py)
+        assert 0 < audio_s < 5
+    else:
+        assert audio_s >= READ_AUDIO_S
     stats = live.finished.wait(stream_id)  # type: ignore[attr-defined]
     assert stats.ttfa_s is not None
     assert stats.stall_s <= JITTER_S, stats
+    if normalised:
+        # read whole, its short audio still counts as playing (admission's 1x clock) for
+        # up to its length: let it end, so that the next request is not refused (429)
+        time.sleep(audio_s)
 
 
 def test_four_thousand_emoji_say_nothing_or_no_stall(

@@ -5,11 +5,16 @@ and "en" both pick the English rules): for a language with rules (English, in
 english.py) numbers, money, dates, times, units, abbreviations, URLs and symbols become
 words; every language gets the language-neutral clean-up (emoji, pictographs and other
 symbols that carry no words are dropped, markup characters become spaces, whitespace runs
-become one space). `speakable(text)` tells whether anything is left to say.
+become one space, runs of one character and very long tokens are bounded: tokens.py).
+`speakable(text)` tells whether anything is left to say.
 
 `StreamNormalizer` applies a normaliser to text that arrives in pieces (a live stream):
 it holds back the end of the text until a sentence ends, or until enough words follow,
 so that a date or a sum split across two pieces is still read as one.
+
+`normalize_mapped` and `StreamNormalizer` return a `SpokenText` (pipeline/alignment.py):
+a str that also says which span of the written text each spoken character stands for
+(mapping.py), so that the engine times the text as the client sent it.
 """
 
 from __future__ import annotations
@@ -18,14 +23,17 @@ import re
 import unicodedata
 from collections.abc import Callable
 
+from pipeline.alignment import SpokenText
 from pipeline.config import NormalizeConfig
 from pipeline.normalize import tables
-from pipeline.normalize.english import normalize_english
+from pipeline.normalize.mapping import map_spans
+from pipeline.normalize.tokens import bound_tokens, normalize_english_bounded
 
 Normalizer = Callable[[str], str]
 
 # Languages with rules, by their two-letter code.
-LANGUAGE_RULES: dict[str, Normalizer] = {"en": normalize_english}
+# Links, e-mail addresses and other long tokens are read short (tokens.py).
+LANGUAGE_RULES: dict[str, Normalizer] = {"en": normalize_english_bounded}
 
 _DROPPED_CATEGORIES = frozenset({"So", "Sk", "Sm", "Sc", "Co", "Cn", "Cs", "Cf"})
 _DROPPED = frozenset(tables.DROPPED_PUNCTUATION)
@@ -55,14 +63,14 @@ def drop_symbols(text: str, words: dict[str, str] | None = None) -> str:
 
 def clean(text: str) -> str:
     """The language-neutral part: quotes unified, symbols dropped, whitespace collapsed."""
-    text = unicodedata.normalize("NFC", text).translate(_QUOTES)
+    text = bound_tokens(unicodedata.normalize("NFC", text).translate(_QUOTES))
     return _SPACES.sub(" ", drop_symbols(text)).strip()
 
 
 def _with_rules(rules: Normalizer) -> Normalizer:
     def normalize(text: str) -> str:
         text = unicodedata.normalize("NFC", text).translate(_QUOTES)
-        text = rules(text)
+        text = rules(bound_tokens(text, keep_addresses=True))  # the rules read addresses
         text = drop_symbols(text, tables.SYMBOL_WORDS)
         return _SPACES.sub(" ", text).strip()
 
@@ -84,6 +92,19 @@ def normalize_text(text: str, language: str, config: NormalizeConfig | None = No
     """`text` normalised for a voice of `language` (as it is when normalisation is off)."""
     normalize = normalizer_for(language, config)
     return normalize(text) if normalize is not None else text
+
+
+def mapped(written: str, normalize: Normalizer | None) -> SpokenText:
+    """`written` normalised by `normalize` (as it is for None), with its map."""
+    if normalize is None:
+        return SpokenText.verbatim(written)
+    spoken = normalize(written)
+    return SpokenText(spoken, written, map_spans(written, spoken))
+
+
+def normalize_mapped(text: str, language: str, config: NormalizeConfig | None = None) -> SpokenText:
+    """`normalize_text`, as a SpokenText whose source is `text` (for a stream's alignment)."""
+    return mapped(text, normalizer_for(language, config))
 
 
 def speakable(text: str) -> bool:
@@ -126,27 +147,33 @@ HOLD_WORDS = 4  # words kept back at the end of unfinished text: the longest rul
 class StreamNormalizer:
     """A normaliser for text given in pieces: `push` returns the normalised text that is
     settled (up to the last sentence end, or all but the last HOLD_WORDS words), `flush`
-    the rest. Each returned piece ends with a space unless it is empty or the last."""
+    the rest. Each returned piece ends with a space unless it is empty or the last.
+
+    Each piece is a SpokenText whose source is the written text it settled (even when
+    nothing in it is said): the sources of the pieces, in order, are exactly the text
+    pushed, so the engine's offsets are offsets into everything the client sent."""
 
     def __init__(self, normalize: Normalizer) -> None:
         self._normalize = normalize
         self._buffer = ""
 
-    def push(self, text: str) -> str:
+    def push(self, text: str) -> SpokenText:
         self._buffer += text
         cut = _release_point(self._buffer)
         spaces = [m.start() for m in re.finditer(r"\s+", self._buffer[cut:].rstrip())]
         if len(spaces) >= 2 * HOLD_WORDS:
             cut += spaces[-HOLD_WORDS]
         if cut == 0:
-            return ""
+            return SpokenText("", "", ())
         settled, self._buffer = self._buffer[:cut], self._buffer[cut:]
-        said = self._normalize(settled)
-        return said + " " if said else ""
+        said = mapped(settled, self._normalize)
+        if not said:
+            return said
+        return said + SpokenText(" ", "", ((len(settled), len(settled)),))
 
-    def flush(self) -> str:
+    def flush(self) -> SpokenText:
         rest, self._buffer = self._buffer, ""
-        return self._normalize(rest)
+        return mapped(rest, self._normalize)
 
 
 __all__ = [
@@ -155,6 +182,8 @@ __all__ = [
     "StreamNormalizer",
     "clean",
     "language_code",
+    "mapped",
+    "normalize_mapped",
     "normalize_text",
     "normalizer_for",
     "speakable",
