@@ -1,8 +1,10 @@
 """Where each character of a segment is heard, from Piper's duration predictor.
 
 The encoder gives every phoneme id its whole frames (`durations`, the frames the flow
-expands it to: exact, at the segment's length scale). A phoneme's frames are those of
-its ids and of the PAD after it; BOS, the first PAD and EOS belong to no phoneme.
+expands it to: exact, at the segment's length scale, so speed is in them). A phoneme's
+frames are those of its ids and of the PAD before it; BOS, the last PAD and EOS belong to
+no phoneme (phonemes.py: `phonemes_to_owned_ids`). Frame 0 is the segment's first frame:
+the engine adds the frames of the stream's segments before it.
 
 espeak-ng separates its words by a space phoneme, but not always one to one with the
 text's words: it joins short ones ("I am" -> "aɪɐm", "of the" -> "ʌvðə"), drops what it
@@ -32,6 +34,7 @@ _MAX_JOINED = 4  # most words on either side of one match
 _JOIN_COST = 0.75  # per word joined beyond one (in phonemes): one-to-one is preferred
 _SKIP_COST = 3.0  # a word with letters matched to nothing (plus its length)
 _LONE_LETTER = 2  # letters a lone letter counts as ("a", "I", "P": one or two phonemes)
+_DIGIT = 5  # letters a digit counts as ("7" -> "sˈɛvən"; a year's four: about 24)
 
 
 @dataclass(slots=True)
@@ -48,7 +51,7 @@ class _TextWord:
     core_start: int  # first letter or digit
     core_end: int  # one past the last
     end: int
-    letters: int
+    letters: int  # its letters and digits, weighted (a proxy for its phonemes)
 
 
 def _is_punct(phoneme: str) -> bool:
@@ -63,7 +66,7 @@ def _sounds(phoneme: str) -> bool:
 def phoneme_frames(
     phonemes: Sequence[str], owners: Sequence[int], durations: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(start, end) frame of each phoneme: its ids' frames and the PAD's after it; a
+    """(start, end) frame of each phoneme: the frames of the ids it owns (`owners`); a
     phoneme without ids starts and ends where the one before it ended."""
     frames = np.asarray(durations, dtype=np.float64).reshape(-1)
     if len(frames) != len(owners):
@@ -125,8 +128,12 @@ def _text_words(text: str) -> list[_TextWord]:
         start, end = match.span()
         alnum = [i for i in range(start, end) if text[i].isalnum()]
         if alnum:
-            # a lone letter is read by its name ("P" -> "pˈiː"): a few phonemes
-            letters = _LONE_LETTER if len(alnum) == 1 and text[alnum[0]].isalpha() else len(alnum)
+            # a lone letter is read by its name ("P" -> "pˈiː"): a few phonemes; a digit
+            # is a word of its own (normalisation off): several
+            digits = sum(1 for i in alnum if text[i].isdigit())
+            letters = len(alnum) + (_DIGIT - 1) * digits
+            if len(alnum) == 1 and text[alnum[0]].isalpha():
+                letters = _LONE_LETTER
             words.append(_TextWord(start, alnum[0], alnum[-1] + 1, end, letters))
         else:
             words.append(_TextWord(start, end, end, end, 0))
