@@ -124,3 +124,5 @@ async def test_spoken_text_maps_back_to_the_span_it_stands_for(
     # "three dollars fifty" is 19 of the 36 spoken characters: about half the audio
     span_s = money[-1].end_s - money[0].start_s
     assert 0.35 * audio_s < span_s < 0.65 * audio_s
+    # spread evenly over the span's characters, each after the one before
+    assert [c.duration_s for c in money] == pytest.approx([span_s / 5] * 5)
