@@ -89,3 +89,26 @@ def test_joined_words_share_their_phoneme_word_by_letters(spec) -> None:
     assert timing.end_frames[3] == ends[3]  # "am" ends it
     assert starts[0] < timing.start_frames[2] < ends[3]  # "am" starts inside it
     assert timing.start_frames[5] == starts[5]  # "here"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "We met at three thirty P M on January fifth, twenty twenty-four.",
+        "Seven green apples fell from tall trees, Tuesday.",
+    ],
+)
+def test_words_said_one_by_one_keep_their_own_phoneme_words(spec, text: str) -> None:
+    """Where espeak says each word on its own, each starts its own phoneme word (a
+    word-length coincidence does not shift a match: "thirty P M on" stays one to one)."""
+    from pipeline.backends.piper.phonemes import phonemize
+
+    phonemes = phonemize(spec, text)
+    ids, owners = phonemes_to_owned_ids(spec, phonemes)
+    durations = np.arange(len(ids), dtype=np.float32) % 3 + 1
+    timing = segment_timing(text, phonemes, owners, durations)
+    starts, _ = phoneme_frames(phonemes, owners, durations)
+    word_starts = [0] + [i + 1 for i, p in enumerate(phonemes) if p == " "]
+    assert len(word_starts) == len(text.split()), "espeak joined words: not this test's case"
+    text_starts = [0] + [i + 1 for i, c in enumerate(text) if c == " "]
+    assert [timing.start_frames[i] for i in text_starts] == [starts[i] for i in word_starts]
