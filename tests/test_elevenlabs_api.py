@@ -74,7 +74,7 @@ async def _context_audio(
             messages.append(message)
             if message.get("audio"):
                 audio += base64.b64decode(message["audio"])
-            if message.get("isFinal") or "error" in message and "contextId" not in message:
+            if message.get("isFinal") or ("error" in message and "contextId" not in message):
                 return bytes(audio), messages
 
 
@@ -109,7 +109,8 @@ def test_stream_with_timestamps_is_json_lines_of_audio(server: LiveServer) -> No
     lines = [json.loads(line) for line in response.text.splitlines() if line]
     assert all(set(line) == {"audio_base64", "alignment", "normalized_alignment"} for line in lines)
     audio = b"".join(base64.b64decode(line["audio_base64"]) for line in lines)
-    assert len(audio) / 2 / 24000 == pytest.approx(expected_audio_s(server.settings, TEXT), abs=0.01)
+    expected_s = expected_audio_s(server.settings, TEXT)
+    assert len(audio) / 2 / 24000 == pytest.approx(expected_s, abs=0.01)
     whole = httpx.post(tts_url(server, "/with-timestamps", fmt="pcm_24000"), json={"text": TEXT})
     assert len(base64.b64decode(whole.json()["audio_base64"])) == len(audio)
 
@@ -218,9 +219,14 @@ def test_capacity_is_a_429_with_retry_after_and_a_socket_error() -> None:
 
         asyncio.run(run())
         metrics = live.metrics()
-        assert metric_value(
-            metrics, "playhead_protocol_streams_total", 'outcome="rejected",protocol="elevenlabs"'
-        ) >= 2
+        assert (
+            metric_value(
+                metrics,
+                "playhead_protocol_streams_total",
+                'outcome="rejected",protocol="elevenlabs"',
+            )
+            >= 2
+        )
 
 
 # Sockets
@@ -238,7 +244,8 @@ async def test_flush_then_close_context_ends_with_all_audio_and_is_final(
         await ws.send(json.dumps({"context_id": "c1", "close_context": True}))
         audio, messages = await _context_audio(ws, "c1")
     text = "Hello there. This is a test of the multi context socket."
-    assert len(audio) / 2 / 24000 == pytest.approx(expected_audio_s(server.settings, text), abs=0.01)
+    expected_s = expected_audio_s(server.settings, text)
+    assert len(audio) / 2 / 24000 == pytest.approx(expected_s, abs=0.01)
     assert messages[-1] == {"isFinal": True, "contextId": "c1"}
     assert all(m["contextId"] == "c1" for m in messages)
     assert _engine_idle(server)
