@@ -89,12 +89,13 @@ class Speech:
         rules = normalizer_for(self.voice.language, self.settings.normalize)
         if self.normalize and rules is not None:
             self._normalizer = StreamNormalizer(rules)
+        pieces = [text] if normalized else self._spoken(text, final=final, flush=False)
         try:
             self.stream = self.engine.submit(
-                text if normalized else self._spoken(text, final),
+                pieces[0] if pieces else "",
                 voice=self.voice.id,
                 speed=self.speed,
-                final=final,
+                final=final and len(pieces) <= 1,
                 reservation=reservation,
             )
         except BaseException:
@@ -103,31 +104,38 @@ class Speech:
         self.encoder = encoder
         self.text_chars = len(text)
         self._text_closed = final
+        self._to_engine(pieces[1:], final=final)
 
-    def _spoken(self, text: str, final: bool) -> str:
+    def _spoken(self, text: str, *, final: bool, flush: bool) -> list[str]:
+        """The normalised pieces of `text`, each given to the engine as it is (a piece may
+        be a SpokenText that says which characters of the client's text it stands for:
+        joining pieces would lose that)."""
         normalizer = self._normalizer
         if normalizer is None:
-            return text
-        spoken = normalizer.push(text)
-        if final:
-            spoken += normalizer.flush()
-        return spoken
+            return [text] if text else []
+        pieces = [normalizer.push(text)]
+        if final or flush:
+            pieces.append(normalizer.flush())
+        return [piece for piece in pieces if piece]
+
+    def _to_engine(self, pieces: list[str], *, final: bool) -> None:
+        assert self.stream is not None
+        if final and not pieces:
+            pieces = [""]
+        # ValueError: the stream ended under us (failed, the engine stopped): pieces() says
+        with contextlib.suppress(ValueError):
+            for i, piece in enumerate(pieces):
+                self.engine.append_text(self.stream.id, piece, final=final and i == len(pieces) - 1)
 
     def append(self, text: str, *, final: bool = False, flush: bool = False) -> None:
         """More text (`final`: the last); `flush` releases the words the normaliser holds
         back (the engine still waits for a sentence end, or the end, to speak a fragment)."""
         if self.stream is None or self._text_closed or self.interrupted:
             return
-        spoken = self._spoken(text, final)
-        if flush and not final and self._normalizer is not None:
-            spoken += self._normalizer.flush()
+        pieces = self._spoken(text, final=final, flush=flush)
         self.text_chars += len(text)
         self._text_closed = final
-        if not spoken and not final:
-            return
-        # ValueError: the stream ended under us (failed, the engine stopped): pieces() says
-        with contextlib.suppress(ValueError):
-            self.engine.append_text(self.stream.id, spoken, final=final)
+        self._to_engine(pieces, final=final)
 
     def finish(self) -> None:
         """No more text: the rest is spoken, then pieces() ends."""
