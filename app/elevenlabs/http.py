@@ -138,18 +138,23 @@ def clean_text(text: str, max_chars: int) -> str:
     return text
 
 
-def http_alignment(chars: list[CharTiming]) -> dict[str, list[Any]] | None:
+def http_alignment(chars: list[CharTiming], end_s: float | None) -> dict[str, list[Any]] | None:
+    """Seconds from the start of the audio; `end_s` (the last piece's): the last character
+    lasts to the end of the audio (pipecat starts its next request's clock there)."""
     if not chars:
         return None
+    ends = [c.end_s for c in chars]
+    if end_s is not None:
+        ends[-1] = max(ends[-1], end_s)
     return {
         "characters": [c.char for c in chars],
         "character_start_times_seconds": [round(c.start_s, 3) for c in chars],
-        "character_end_times_seconds": [round(c.end_s, 3) for c in chars],
+        "character_end_times_seconds": [round(end, 3) for end in ends],
     }
 
 
-def timestamped(audio: bytes, chars: list[CharTiming]) -> dict[str, Any]:
-    alignment = http_alignment(chars)
+def timestamped(audio: bytes, chars: list[CharTiming], end_s: float | None) -> dict[str, Any]:
+    alignment = http_alignment(chars, end_s)
     return {
         "audio_base64": base64.b64encode(audio).decode(),
         "alignment": alignment,
@@ -253,7 +258,10 @@ class PiecesBody:
 
 
 def _ndjson(piece: Piece) -> bytes:
-    return json.dumps(timestamped(piece.audio, piece.chars), separators=(",", ":")).encode() + b"\n"
+    if not piece.audio and not piece.chars:
+        return b""
+    line = timestamped(piece.audio, piece.chars, piece.end_s if piece.last else None)
+    return json.dumps(line, separators=(",", ":")).encode() + b"\n"
 
 
 async def _streamed(request: Request, state: AppState, voice_id: str, lines: bool) -> Response:
@@ -276,18 +284,19 @@ async def _streamed(request: Request, state: AppState, voice_id: str, lines: boo
 
 async def _whole_with_timestamps(request: Request, state: AppState, voice_id: str) -> Response:
     speech = await _speech(request, state, voice_id)
-    audio, chars = bytearray(), []
+    audio, chars, end_s = bytearray(), [], 0.0
     try:
         async for piece in speech.pieces():
             audio += piece.audio
             chars += piece.chars
+            end_s = piece.end_s
     finally:
         speech.close()
     if speech.failure is not None:
         raise ApiError(f"Speech generation failed: {speech.failure}")
     assert speech.stream is not None
     headers = {"request-id": speech.stream.id, "x-character-count": str(speech.text_chars)}
-    return JSONResponse(timestamped(bytes(audio), chars), headers=headers)
+    return JSONResponse(timestamped(bytes(audio), chars, end_s), headers=headers)
 
 
 @router.post("/v1/text-to-speech/{voice_id}", response_model=None)

@@ -71,21 +71,27 @@ class Refused(Exception):
         self.error, self.context_id, self.close = error, context_id, close
 
 
-def ws_alignment(chars: list[CharTiming], base_ms: int | None) -> tuple[dict | None, int | None]:
+def ws_alignment(
+    chars: list[CharTiming], base_ms: int | None, end_s: float | None = None
+) -> tuple[dict[str, list[Any]] | None, int | None]:
     """A message's alignment and the next message's base: times from the start of the
-    context's audio (base None), or from `base_ms`, where the previous message's ended."""
+    context's audio (base None), or from `base_ms`, where the previous message's last
+    character ended. Restarting, a character ends no later than its message's audio
+    (`end_s`), where the next message's characters start: none then starts before its
+    base, and the running sum of the spans is the audio's clock."""
     if not chars:
         return None, base_ms
     starts = [round(c.start_s * 1000) for c in chars]
-    durations = [round(c.duration_s * 1000) for c in chars]
+    ends = [round(c.end_s * 1000) for c in chars]
+    if base_ms is not None and end_s is not None:
+        end_ms = round(end_s * 1000)
+        ends = [min(end, max(s, end_ms)) for s, end in zip(starts, ends, strict=True)]
+    durations = [end - start for start, end in zip(starts, ends, strict=True)]
     if base_ms is not None:
         starts = [max(0, s - base_ms) for s in starts]
         base_ms += starts[-1] + durations[-1]
-    return {
-        "chars": [c.char for c in chars],
-        "charStartTimesMs": starts,
-        "charDurationsMs": durations,
-    }, base_ms
+    alignment = {"chars": [c.char for c in chars], "charStartTimesMs": starts}
+    return {**alignment, "charDurationsMs": durations}, base_ms
 
 
 @dataclass(eq=False)
@@ -253,7 +259,9 @@ class Connection:
             )
 
     async def _send_piece(self, context: Context, piece: Piece) -> None:
-        alignment, context.base_ms = ws_alignment(piece.chars, context.base_ms)
+        if not piece.audio and not piece.chars:
+            return
+        alignment, context.base_ms = ws_alignment(piece.chars, context.base_ms, piece.end_s)
         message: dict[str, Any] = {
             "audio": base64.b64encode(piece.audio).decode() if piece.audio else None,
             "alignment": alignment,

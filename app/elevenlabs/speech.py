@@ -48,10 +48,14 @@ async def admit(engine: Engine) -> Reservation:
 
 @dataclass(frozen=True, slots=True)
 class Piece:
-    """Encoded audio (maybe b"") and the characters that start in it."""
+    """Encoded audio (maybe b"") and the characters that start in it; `end_s`: the audio
+    so far, this piece's included; `last`: the piece that ends the speech (it always comes
+    when the speech ends whole, with whatever the encoder and the alignment had left)."""
 
     audio: bytes
     chars: list[CharTiming]
+    end_s: float
+    last: bool = False
 
 
 @dataclass(eq=False)
@@ -178,9 +182,10 @@ class Speech:
                     if self.interrupted:
                         return
                     samples += pcm.size
-                    chars, cursor = alignment.chars_before(samples / stream.sample_rate_hz, cursor)
+                    end_s = samples / stream.sample_rate_hz
+                    chars, cursor = alignment.chars_before(end_s, cursor)
                     if data or chars:
-                        yield Piece(data, chars)
+                        yield Piece(data, chars, end_s)
         except PipelineError as exc:  # StreamFailed, or StreamCancelled (stopped, interrupted)
             if not self.interrupted:
                 self.failure = str(exc)
@@ -191,9 +196,7 @@ class Speech:
             self.failure = "the server is shutting down"
             return
         tail = self._encode_locked(encoder, None)
-        rest = alignment.chars[cursor:]
-        if tail or rest:
-            yield Piece(tail, list(rest))
+        yield Piece(tail, list(alignment.chars[cursor:]), samples / stream.sample_rate_hz, True)
 
     @property
     def audio_s(self) -> float:
