@@ -8,8 +8,10 @@ at its first words, spoken from its first complete sentence while text still arr
 
 Client messages (JSON): `{"text", "context_id"?, "flush"?, "voice_settings"?}` (text " "
 opens a context; text "" is a keep-alive on the multi-context socket and the end of the
-text on the single one), `{"context_id", "flush": true}`, `{"context_id",
-"close_context": true}`, `{"context_id", "keep_alive": true}`, `{"close_socket": true}`.
+text on the single one; with `auto_mode=true` each text is a complete phrase, spoken
+without waiting for what follows, a space after it if it has none), `{"context_id",
+"flush": true}`, `{"context_id", "close_context": true}`, `{"context_id", "keep_alive":
+true}`, `{"close_socket": true}`.
 `close_context` right after a flush that carried no text (`{"flush": true}` or `{"text":
 "", "flush": true}`, how pipecat and LiveKit end a turn) ends the context's text: the rest
 of its audio comes, then `isFinal`. Any other `close_context` is an interruption: its audio
@@ -114,6 +116,7 @@ class Connection:
     output: OutputFormat
     multi: bool
     sync_alignment: bool
+    auto_mode: bool  # each text message is a complete phrase (pipecat's and LiveKit's default)
     normalize: bool
     inactivity_s: float
     contexts: dict[str, Context] = field(default_factory=dict)
@@ -179,6 +182,12 @@ class Connection:
                 context.id,
             )
         context.end_flushed = flush and not text.strip()
+        if self.auto_mode and text.strip():
+            # a complete phrase (pipecat sends "It ends." without the space that would say
+            # so): it is not held back for what follows, and a space separates it from it
+            flush = True
+            if not text[-1].isspace():
+                text += " "
         if context.speech.stream is not None:
             context.speech.append(text, flush=flush)
             return
@@ -439,6 +448,7 @@ async def _serve(websocket: WebSocket, voice_id: str, *, multi: bool) -> None:
         output,
         multi=multi,
         sync_alignment=_flag(websocket, "sync_alignment", False),
+        auto_mode=_flag(websocket, "auto_mode", False),
         normalize=websocket.query_params.get("apply_text_normalization") != "off",
         inactivity_s=float(inactivity),
     ).run()
