@@ -30,11 +30,14 @@ left is spread over the rest of the segment when it ends.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable
 
 from pipeline.alignment import Alignment, CharTiming, SpokenText, WordTiming
 from pipeline.backend import SegmentTiming, TalkRequest
+
+log = logging.getLogger("playhead.engine")
 
 DEFAULT_SECONDS_PER_CHAR = 0.07  # speech at speed 1 before any segment of the stream ended
 
@@ -89,11 +92,27 @@ class StreamAligner:
         self._talked_frames = 0
         self._talked_chars = 0
         self._finished = False
+        self._applied = False  # the open segment's backend timing was applied
+        self._broken = False  # an error stopped this stream's alignment (its audio goes on)
+        self._mismatch_logged = False
+
+    def _guard(self, work: Callable[[], None]) -> None:
+        """Run one transition; an error ends the stream's alignment, never its audio."""
+        if self._broken:
+            return
+        try:
+            work()
+        except Exception:
+            self._broken = True
+            log.exception("timing a stream's text failed: its alignment stops here")
 
     # The text.
 
     def add_text(self, text: str) -> None:
         """The engine's next text (a SpokenText, or a plain str standing for itself)."""
+        self._guard(lambda: self._add_text(text))
+
+    def _add_text(self, text: str) -> None:
         base = self._client_end
         if isinstance(text, SpokenText):
             source, spans = text.source, text.spans
@@ -118,14 +137,26 @@ class StreamAligner:
         timing: SegmentTiming | None,
     ) -> None:
         """A talker step for the segment `request`: it has `segment_frames` frames so far."""
+        self._guard(lambda: self._talked(request, segment_frames, done, timing))
+
+    def _talked(
+        self,
+        request: TalkRequest,
+        segment_frames: int,
+        done: bool,
+        timing: SegmentTiming | None,
+    ) -> None:
         if request.segment_index != self._segment:
             self._open(request)
+            self._applied = False
             if timing is None:
                 estimated = len(self._segment_chars) * self._frames_per_char
                 self._even = _EvenSpread(len(self._segment_chars), estimated)
-        if timing is not None and (self._even is None or self._even.next == 0):
+        usable = self._even is None or self._even.next == 0  # nothing estimated yet
+        if timing is not None and not self._applied and usable:
             # the backend's timing (on its first step with frames, as the protocol says)
             self._even = None
+            self._applied = True
             self._apply(timing)
         if self._even is not None:
             self._spread(segment_frames, done)
@@ -142,6 +173,9 @@ class StreamAligner:
     def finish(self, total_frames: int) -> None:
         """The stream's text is all talked: time what is left of the client's text (at
         the end of the last group, up to the end of the audio) and close the last word."""
+        self._guard(lambda: self._finish(total_frames))
+
+    def _finish(self, total_frames: int) -> None:
         if self._finished:
             return
         self._finished = True
@@ -167,6 +201,12 @@ class StreamAligner:
                 mapping.append(None)
                 continue
             entry = spoken.popleft()
+            if entry[0] != char and not self._mismatch_logged:
+                # the segmenter keeps every non-space character: this is a bug
+                self._mismatch_logged = True
+                log.warning(
+                    "segment character %r met engine text %r: timings may shift", char, entry[0]
+                )
             mapping.append(entry)
             chars.append(index)
         self._segment_map = mapping

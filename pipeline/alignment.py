@@ -36,9 +36,10 @@ from dataclasses import dataclass
 
 class SpokenText(str):
     """Text for the voice, made from `source` (a piece of the client's text, as sent):
-    spoken character i stands for `source[spans[i][0]:spans[i][1]]`. Spans are in order
-    (each starts no earlier than the one before), may repeat (three dollars fifty all
-    stand for "$3.50") and may be empty (a space the normaliser added)."""
+    spoken character i stands for `source[spans[i][0]:spans[i][1]]`. Spans may repeat
+    (three dollars fifty all stand for "$3.50") and may be empty (a space: it stands for
+    nothing). The spans of the characters that are not white space are in order (each
+    starts no earlier than the one before)."""
 
     source: str
     spans: tuple[tuple[int, int], ...]
@@ -58,6 +59,15 @@ class SpokenText(str):
 
     def __reduce__(self) -> tuple[object, ...]:
         return (SpokenText, (str(self), self.source, self.spans))
+
+    def __add__(self, other: str) -> SpokenText:  # type: ignore[override]
+        """Joined text keeps its map: `other`'s source follows this one's (a plain str
+        stands for itself)."""
+        if not isinstance(other, SpokenText):
+            other = SpokenText.verbatim(str(other))
+        shift = len(self.source)
+        spans = self.spans + tuple((a + shift, b + shift) for a, b in other.spans)
+        return SpokenText(str(self) + str(other), self.source + other.source, spans)
 
 
 @dataclass(frozen=True, slots=True)
