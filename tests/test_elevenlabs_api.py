@@ -367,3 +367,39 @@ def test_alignment_clocks_sync_and_restarting() -> None:
     assert rebuilt == absolute
     assert ws_alignment([], 120) == (None, 120)
     assert np.all(np.diff(absolute) >= 0)
+
+
+def test_alignment_is_of_the_text_as_sent(server: LiveServer) -> None:
+    text = "It costs $5. Call me at 10 tomorrow."
+    whole = httpx.post(tts_url(server, "/with-timestamps", fmt="pcm_24000"), json={"text": text})
+    body = whole.json()
+    alignment = body["alignment"]
+    assert "".join(alignment["characters"]) == text  # "$5", not "five dollars"
+    starts = alignment["character_start_times_seconds"]
+    assert starts == sorted(starts)
+    audio_s = len(base64.b64decode(body["audio_base64"])) / 2 / 24000
+    assert alignment["character_end_times_seconds"][-1] == pytest.approx(audio_s, abs=0.002)
+
+
+async def test_socket_alignment_restarts_or_counts_from_the_context(server: LiveServer) -> None:
+    pieces = ("It costs $5. ", "Call me at 10 tomorrow. ")
+    for extra, sync in (("&sync_alignment=true", True), ("", False)):
+        async with websockets.connect(ws_url(server, "multi-stream-input", extra=extra)) as ws:
+            for piece in pieces:
+                await ws.send(json.dumps({"text": piece, "context_id": "t"}))
+            await ws.send(json.dumps({"context_id": "t", "flush": True}))
+            await ws.send(json.dumps({"context_id": "t", "close_context": True}))
+            audio, messages = await _context_audio(ws, "t")
+        chars, starts, clock_ms = [], [], 0
+        for message in messages:
+            alignment = message.get("normalizedAlignment")
+            if alignment:
+                chars += alignment["chars"]
+                # sync: the context's clock; else pipecat's running sum of the spans
+                starts += [s + (0 if sync else clock_ms) for s in alignment["charStartTimesMs"]]
+                clock_ms += alignment["charStartTimesMs"][-1] + alignment["charDurationsMs"][-1]
+        assert "".join(chars) == "".join(pieces)
+        assert starts == sorted(starts), (sync, list(zip(chars, starts)))
+        assert starts[-1] <= len(audio) / 2 / 24
+        if not sync:
+            assert clock_ms <= len(audio) / 2 / 24 + 1

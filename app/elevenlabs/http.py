@@ -49,7 +49,7 @@ from app.state import AppState, StateDep
 from app.streaming import SpeechResponse, StreamAborted
 from pipeline import Engine, UnknownVoice, Voice
 from pipeline.alignment import CharTiming
-from pipeline.normalize import normalize_text, speakable
+from pipeline.normalize import normalize_mapped, speakable
 
 logger = logging.getLogger("playhead.elevenlabs")
 
@@ -195,7 +195,7 @@ async def _speech(request: Request, state: AppState, voice_id: str) -> Speech:
     normalize = body.apply_text_normalization != "off"
     spoken = text
     if normalize:
-        work = partial(normalize_text, text, voice.language, state.settings.normalize)
+        work = partial(normalize_mapped, text, voice.language, state.settings.normalize)
         long = len(text) > INLINE_NORMALIZE_MAX_CHARS
         spoken = await anyio.to_thread.run_sync(work) if long else work()
     if not speakable(spoken):

@@ -120,7 +120,8 @@ class Speech:
         pieces = [normalizer.push(text)]
         if final or flush:
             pieces.append(normalizer.flush())
-        return [piece for piece in pieces if piece]
+        # a piece that says nothing still carries its source (the alignment's text)
+        return [piece for piece in pieces if piece or getattr(piece, "source", "")]
 
     def _to_engine(self, pieces: list[str], *, final: bool) -> None:
         assert self.stream is not None
