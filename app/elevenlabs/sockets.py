@@ -318,7 +318,9 @@ class Connection:
             if not self.multi:
                 finished = asyncio.ensure_future(self._finished.wait())
                 waits.add(finished)
-            done, _ = await asyncio.wait(waits, timeout=self.inactivity_s / 4)
+            done, _ = await asyncio.wait(
+                waits, timeout=self.inactivity_s / 4, return_when=asyncio.FIRST_COMPLETED
+            )
             if finished is not None:
                 finished.cancel()
             if receive not in done:
