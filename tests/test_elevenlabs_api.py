@@ -404,3 +404,33 @@ async def test_socket_alignment_restarts_or_counts_from_the_context(server: Live
         assert starts[-1] <= len(audio) / 2 / 24
         if not sync:
             assert clock_ms <= len(audio) / 2 / 24 + 1
+
+
+async def test_socket_limits_nul_contexts_size_and_inactivity(server: LiveServer) -> None:
+    async with websockets.connect(ws_url(server, "multi-stream-input")) as ws:
+        await ws.send(json.dumps({"text": "Bad\x00text. ", "context_id": "nul"}))
+        error = json.loads(await ws.recv())
+        assert error["error"] == "invalid_text" and error["contextId"] == "nul"
+        for n in range(6):  # five contexts may be open at once
+            await ws.send(json.dumps({"text": " ", "context_id": f"c{n}"}))
+        error = json.loads(await ws.recv())
+        assert error["error"] == "max_active_contexts_exceeded" and error["contextId"] == "c5"
+        limit = server.settings.websocket.max_message_bytes
+        await ws.send(json.dumps({"text": "x" * limit, "context_id": "c0"}))
+        error = json.loads(await ws.recv())
+        assert error["error"] == "message_too_large"
+        finals = set()
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            while True:  # the open contexts end (isFinal each), then the socket closes
+                finals.add(json.loads(await ws.recv())["contextId"])
+        assert finals == {f"c{n}" for n in range(5)}
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+    started = time.monotonic()
+    extra = "&inactivity_timeout=1"
+    async with websockets.connect(ws_url(server, "multi-stream-input", extra=extra)) as ws:
+        error = json.loads(await ws.recv())  # nothing sent: closed after about a second
+        assert error["error"] == "input_timeout_exceeded"
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await ws.recv()
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+    assert 1.0 <= time.monotonic() - started < 3.0

@@ -67,7 +67,7 @@ MODEL_IDS = (
     "eleven_turbo_v2",
     "eleven_monolingual_v1",
 )
-_CONTROL = re.compile("[\x01-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+CONTROL_CHARS = re.compile("[\x01-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
 
 class VoiceSettings(BaseModel):
@@ -126,7 +126,7 @@ def clean_text(text: str, max_chars: int) -> str:
     """The text to speak (control characters as spaces, trimmed), or 400."""
     if "\x00" in text:
         raise InvalidRequest("text contains a NUL character.", param="text", code="invalid_text")
-    text = _CONTROL.sub(" ", text).strip()
+    text = CONTROL_CHARS.sub(" ", text).strip()
     if not text:
         raise InvalidRequest("text must not be empty.", param="text", code="invalid_text")
     if len(text) > max_chars:

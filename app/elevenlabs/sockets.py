@@ -29,7 +29,7 @@ Errors: before the socket opens, a refusal is an HTTP answer in ElevenLabs' shap
 "contextId"?}`: a refused context (429: `too_many_concurrent_requests`, with
 `retry_after_s`) or a bad message leaves the socket open (its context, if any, then gets
 `isFinal`); on the single socket, and for an oversized message or inactivity, the socket
-then closes (1008; 1013 for capacity).
+then closes (1008; 1009 for an oversized message, 1013 for capacity).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from app.elevenlabs import errors
 from app.elevenlabs.formats import OutputFormat
-from app.elevenlabs.http import PROTOCOL, output_format, resolve_voice
+from app.elevenlabs.http import CONTROL_CHARS, PROTOCOL, output_format, resolve_voice
 from app.elevenlabs.speech import Piece, Speech, admit
 from app.errors import ApiError, InvalidRequest, pipeline_api_error, to_api_error
 from app.security import check_credentials
@@ -62,7 +62,7 @@ router = APIRouter()
 MAX_CONTEXTS = 5  # open contexts per socket, as ElevenLabs allows
 DEFAULT_CONTEXT = "default"  # the single socket's context, and a multi message's without id
 INACTIVITY_TIMEOUT_RANGE_S = (1, 180)  # ElevenLabs' inactivity_timeout (default 20 s)
-CLOSE_NORMAL, CLOSE_POLICY, CLOSE_TRY_AGAIN = 1000, 1008, 1013
+CLOSE_NORMAL, CLOSE_POLICY, CLOSE_TOO_BIG, CLOSE_TRY_AGAIN = 1000, 1008, 1009, 1013
 
 
 class Refused(Exception):
@@ -354,8 +354,8 @@ class Connection:
         size = len(text.encode()) if text is not None else len(message.get("bytes") or b"")
         limit = self.state.settings.websocket.max_message_bytes
         if size > limit:
-            error = InvalidRequest(f"The message has {size} bytes; at most {limit} are accepted.")
-            raise Refused(error, close=True)
+            message = f"The message has {size} bytes; at most {limit} are accepted."
+            raise Refused(InvalidRequest(message, code="message_too_large"), close=True)
         try:
             data = json.loads(text) if text is not None else None
         except ValueError:
@@ -380,6 +380,8 @@ class Connection:
             except Refused as refused:
                 await self.send_error(refused.error, refused.context_id)
                 if refused.close or not self.multi:
+                    if refused.error.code == "message_too_large":
+                        return CLOSE_TOO_BIG
                     code = refused.error.status_code
                     return CLOSE_TRY_AGAIN if code == 429 else CLOSE_POLICY
 
@@ -390,6 +392,13 @@ class Connection:
         text = data.get("text")
         if text is not None and not isinstance(text, str):
             raise Refused(InvalidRequest("text must be a string.", param="text"), context_id)
+        if text is not None and "\x00" in text:
+            error = InvalidRequest(
+                "text contains a NUL character.", param="text", code="invalid_text"
+            )
+            raise Refused(error, context_id)
+        if text:
+            text = CONTROL_CHARS.sub(" ", text)  # a form feed, a bell: a space, as over HTTP
         flush = data.get("flush") is True
         context = self.contexts.get(context_id)
         if data.get("close_context") is True:

@@ -79,10 +79,6 @@ class Speech:
     # when the reading task is cancelled)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    @property
-    def text_closed(self) -> bool:
-        return self.stream is not None and self._text_closed
-
     def start(
         self, text: str, *, final: bool, reservation: Reservation, normalized: bool = False
     ) -> None:
@@ -198,11 +194,6 @@ class Speech:
             return
         tail = self._encode_locked(encoder, None)
         yield Piece(tail, list(alignment.chars[cursor:]), samples / stream.sample_rate_hz, True)
-
-    @property
-    def audio_s(self) -> float:
-        encoder = self.encoder
-        return 0.0 if encoder is None else encoder.output_samples / encoder.output_rate_hz
 
     def close(self) -> None:
         """Free the engine stream (a no-op once it ended) and the encoder (waiting for a
