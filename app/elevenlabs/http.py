@@ -211,6 +211,9 @@ async def _speech(request: Request, state: AppState, voice_id: str) -> Speech:
     reservation = await admit(engine)
     try:
         speech.start(spoken, final=True, reservation=reservation, normalized=True)
+    except ValueError as exc:  # the encoder refused the format (checked above: a bug)
+        code = "invalid_output_format"
+        raise InvalidRequest(str(exc), param="output_format", code=code) from exc
     finally:
         reservation.release()  # a no-op once submit used it
     state.metrics.protocol_streams.labels(PROTOCOL, "admitted").inc()
