@@ -434,3 +434,18 @@ async def test_socket_limits_nul_contexts_size_and_inactivity(server: LiveServer
             await ws.recv()
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
     assert 1.0 <= time.monotonic() - started < 3.0
+
+
+def test_the_sdk_reads_voices_models_and_whole_timestamps(server: LiveServer) -> None:
+    from elevenlabs import ElevenLabs
+
+    client = ElevenLabs(base_url=server.base_url, api_key="any")
+    assert [v.voice_id for v in client.voices.get_all().voices] == ["sim"]
+    assert "eleven_flash_v2_5" in [m.model_id for m in client.models.list()]
+    whole = client.text_to_speech.convert_with_timestamps(
+        "sim", text="Hello there.", output_format="pcm_24000"
+    )
+    assert whole.alignment is not None
+    assert "".join(whole.alignment.characters) == "Hello there."
+    audio_s = len(base64.b64decode(whole.audio_base_64)) / 2 / 24000
+    assert audio_s == pytest.approx(expected_audio_s(server.settings, "Hello there."), abs=0.01)
