@@ -57,6 +57,13 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="listen address (server.host)")
     serve.add_argument("--port", type=int, help="listen port (server.port)")
     serve.add_argument(
+        "--wyoming-port",
+        type=int,
+        metavar="N",
+        help="also serve the Wyoming protocol (Home Assistant) on TCP port N "
+        "(wyoming.port, turns wyoming.enabled on)",
+    )
+    serve.add_argument(
         "--replicas",
         type=int,
         metavar="N",
@@ -81,6 +88,9 @@ def _load(args: argparse.Namespace) -> tuple[Settings, Path | Traversable]:
         options.append(("--host", "server.host", args.host))
     if getattr(args, "port", None) is not None:
         options.append(("--port", "server.port", args.port))
+    if getattr(args, "wyoming_port", None) is not None:
+        options.append(("--wyoming-port", "wyoming.port", args.wyoming_port))
+        options.append(("--wyoming-port", "wyoming.enabled", True))
     if getattr(args, "replicas", None) is not None:
         options.append(("--replicas", "cluster.replicas", args.replicas))
     return load_settings(path, args.overrides, options=options), path
@@ -107,6 +117,9 @@ def _serve(settings: Settings, path: Path | Traversable) -> int:
     server = settings.server
     configure_logging(server.log_level, LOG_FORMAT)
     if settings.cluster.replicas:
+        if settings.wyoming.enabled:
+            print("playhead: error: the Wyoming server needs cluster.replicas 0", file=sys.stderr)
+            return 2
         return _serve_cluster(settings)
     try:
         from app.server import create_app

@@ -5,8 +5,8 @@ engine and the model's loading), installs the error handlers (app/errors.py), th
 middleware (x-request-id, CORS when configured, the shutdown drain of app/shutdown.py, the
 API key of app/security.py, the speech route's admission of app/admission_gate.py) and the
 routes (app/routes.py; the WebSocket and the page at / in app/ws/; ElevenLabs' API in
-app/elevenlabs/). Nothing imports this module
-but the command line and tests.
+app/elevenlabs/), and the Wyoming server (app/wyoming/) when `wyoming.enabled`. Nothing
+imports this module but the command line and tests.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from app.settings import Settings
 from app.shutdown import DrainMiddleware
 from app.state import AppState, BackendFactory, attach_state
 from app.ws.route import install as install_websocket
+from app.wyoming.server import WyomingServer
 from pipeline import build_backend
 
 __all__ = ["AppState", "BackendFactory", "create_app"]
@@ -44,6 +45,8 @@ def create_app(settings: Settings, *, backend_factory: BackendFactory | None = N
         codec_lm=settings.codec_lm,
     )
     state = AppState(settings, factory)
+    if settings.wyoming.enabled:
+        state.services.append(WyomingServer(state))
     server = settings.server
     app = FastAPI(
         title="Playhead",

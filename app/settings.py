@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from app.cluster.config import ClusterConfig
 from app.encoding_config import EncodingConfig
 from app.ws.config import WebSocketConfig
+from app.wyoming.config import WyomingConfig
 from pipeline.config import (
     BackendConfig,
     CodecLMConfig,
@@ -177,6 +178,7 @@ class Settings(BaseModel):
     chunking: ChunkingConfig = Field(default_factory=lambda: DEFAULT_CHUNKING)
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     websocket: WebSocketConfig = Field(default_factory=WebSocketConfig)
+    wyoming: WyomingConfig = Field(default_factory=WyomingConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
 
 
@@ -410,6 +412,12 @@ def load_settings(
     for label, dotted, value in options:
         layers.add_option(label, dotted, value)
     try:
-        return Settings.model_validate(layers.merged())
+        settings = Settings.model_validate(layers.merged())
     except ValidationError as exc:
         raise SettingsError(_describe(exc, layers, fallback)) from None
+    if settings.backend.kind == "codec_lm":
+        from pipeline.backends.codec_lm.extra import missing_extra
+
+        if missing := missing_extra():
+            raise SettingsError(f"{fallback}: backend.kind codec_lm: {missing}")
+    return settings

@@ -4,7 +4,8 @@
 `lifespan` starts loading the model in a worker thread and returns at once, so the server
 answers /health (and 503 on everything that needs the model) while a voice loads; when the
 backend is built, the Engine is created and started. At shutdown the engine is stopped and
-the backend closed.
+the backend closed. Its `services` (the Wyoming server, app/wyoming/) are opened before
+the model loads and closed before the engine stops.
 
 Routes reach the state through `get_state` (a FastAPI dependency, or called with the
 request), never through the module that builds the app (app/server.py).
@@ -18,7 +19,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
-from typing import Annotated
+from typing import Annotated, Protocol
 
 from fastapi import Depends, FastAPI, Request
 
@@ -31,6 +32,17 @@ from pipeline import Backend, Engine
 logger = logging.getLogger("playhead.app")
 
 BackendFactory = Callable[[], Backend]
+
+
+class Service(Protocol):
+    """Something served beside the HTTP routes over the same engine (the Wyoming server,
+    app/wyoming/): `open` at startup, before the model loads (an error fails the
+    startup), `close` at shutdown, before the engine stops."""
+
+    async def open(self) -> None: ...
+
+    async def close(self) -> None: ...
+
 
 # The attribute of `app.state` that holds the AppState.
 STATE_ATTRIBUTE = "playhead"
@@ -53,6 +65,7 @@ class AppState:
         # set by a graceful shutdown (app/shutdown.py): new requests get 503
         self._drain_deadline_s: float | None = None
         self._drain_now: asyncio.Event | None = None
+        self.services: list[Service] = []  # opened and closed by the lifespan
 
     @property
     def backend(self) -> Backend | None:
@@ -227,13 +240,24 @@ class AppState:
     @asynccontextmanager
     async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
         self._loaded = asyncio.Event()
-        load_task = asyncio.create_task(self.load(), name="playhead-load")
+        opened: list[Service] = []
+        try:
+            for service in self.services:
+                await service.open()
+                opened.append(service)
+            load_task = asyncio.create_task(self.load(), name="playhead-load")
+        except BaseException:
+            for service in reversed(opened):
+                await service.close()
+            raise
         try:
             yield
         finally:
             load_task.cancel()
             with suppress(asyncio.CancelledError):
                 await load_task
+            for service in reversed(opened):
+                await service.close()
             await self.shutdown()
 
 

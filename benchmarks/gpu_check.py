@@ -1,30 +1,39 @@
-"""GPU check of the codec-LM backend: talker step time per batch, vocoder turn time per K,
-and the largest number of streams held stall-free through the Engine.
+"""GPU check of the codec-LM backend, as one prepared command (about 5-10 minutes on an H200):
 
-    python -m benchmarks.gpu_check --config configs/codec-lm-1b-random.yaml
+    python -m benchmarks.gpu_check --out benchmarks/results/
 
-Loads the model the config names on its device (tiny, full-size random, or a checkpoint),
-then prints three tables:
-1. talker step (ms) at batch 1, 8, 32, 64: `backend.step` over B open segments, median of
-   `--steps` steps after a warm-up (the joiners' prompt step is timed apart);
-2. vocoder turn (ms) per K: one batched Mimi call of K chunks of chunk_frames frames plus
-   the left context;
-3. closed loop through the Engine for N = 1, 8, 32, 64 concurrent streams (each client
-   starts its next request when one ends), each client played by benchmarks/player.py's 1x
-   player, for `--duration-s` each: stall-free share, TTFA p50/p99; the largest N with
-   >= 99% stall-free streams and TTFA p99 <= 1 s.
-Every measurement is bounded in steps or seconds, so the whole run has a known length.
+Loads configs/codec-lm-1b-random.yaml's model (CSM-1B sizes, random weights, bfloat16) on
+the GPU with sampling on (temperature 0.9, top-k 50; `--greedy` for argmax), captures every
+CUDA graph, then prints, each beside its target:
 
-Imports only pipeline/, scheduling/, benchmarks/player.py and yaml (no app/, pydantic, av).
+1. start-up: model load and graph capture time, graphs captured, shapes that failed;
+2. talker step time at batch 1, 64, 256 (steady state, steps overlapped as when serving),
+   and the time of a step at batch 64 that also prefills an arriving 320-token prompt;
+3. frame-for-frame checks at every row bucket: CUDA graph vs the same step run eagerly,
+   and the bucket's last row batched vs the same stream alone;
+4. Mimi: a turn of K chunks per K, and bfloat16 against float32 (SNR, dB);
+5. the Engine: N streams, each client looping over requests, the clients arriving spread
+   over the first `--ramp-s`, each played by a 1x player; stall-free share, TTFA p50/p99
+   per N; the largest N held stall-free (>= 99% of streams, TTFA p99 <= 500 ms); TTFA p50
+   of one stream; graphs met while streams played that start-up had not captured.
+
+Every part is bounded (steps, seconds); parts left when `--budget-s` is spent are skipped
+and said so. The printed text and a JSON of the figures go to `--out` (gpu-check-<time>.txt,
+.json). `--device cpu --tiny` runs every part on the tiny model, small and short: a smoke
+test (tests/test_gpu_check.py) so the GPU session does not meet a typo.
+
+Imports only pipeline/, scheduling/, benchmarks/player.py, torch, transformers and yaml.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import dataclasses
+import json
 import random
-import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -32,37 +41,47 @@ from typing import Any
 import numpy as np
 import yaml
 
-from benchmarks.player import DEFAULT_SLO_S, STALL_TOLERANCE_S, Player, percentile
+from benchmarks.player import STALL_TOLERANCE_S, Player, percentile
 from pipeline.backend import TalkRequest, VocodeItem
-from pipeline.config import BackendConfig, CodecLMConfig, EngineConfig, TalkerConfig
+from pipeline.config import CodecLMConfig, EngineConfig, TalkerConfig
 from scheduling import AdmissionConfig, ChunkingConfig, SchedulingConfig
 
 CORPUS = Path(__file__).with_name("corpus.txt")
-BATCHES = (1, 8, 32, 64)
-DRAIN_S = 20.0  # most seconds an engine run waits for its last requests
+ROOT = Path(__file__).resolve().parents[1]
 SECTIONS = {
-    "backend": BackendConfig,
     "codec_lm": CodecLMConfig,
     "talker": TalkerConfig,
     "engine": EngineConfig,
     "scheduling": SchedulingConfig,
     "chunking": ChunkingConfig,
-    "admission": AdmissionConfig,
 }
+TTFA_P99_TARGET_S = 0.5
+STALL_FREE_TARGET = 0.99
+FULL = {
+    "batches": (1, 64, 256),
+    "streams": (1, 64, 128, 256),
+    "steps": 30,
+    "check_steps": 6,
+    "vocoder_k": (1, 8, 16, 64),
+}
+TINY = {"batches": (1, 4, 8), "streams": (1, 4), "steps": 3, "check_steps": 3, "vocoder_k": (1, 4)}
+LONG_PROMPT_CHARS = 300
 
 
-def load_sections(path: str, overrides: list[str]) -> dict[str, Any]:
-    """The config's sections this check needs, as the pipeline's dataclasses."""
-    data = yaml.safe_load(Path(path).read_text()) or {}
+def load_sections(path: Path, overrides: list[str]) -> dict[str, Any]:
+    data = yaml.safe_load(path.read_text()) or {}
     for item in overrides:
         key, _, raw = item.partition("=")
-        section, _, field = key.partition(".")
-        data.setdefault(section, {})[field] = yaml.safe_load(raw)
+        section, _, name = key.partition(".")
+        data.setdefault(section, {})[name] = yaml.safe_load(raw)
     out = {}
     for name, cls in SECTIONS.items():
-        body = dict(data.get(name) or {})
         known = {f.name for f in dataclasses.fields(cls)}
-        body = {k: tuple(v) if isinstance(v, list) else v for k, v in body.items() if k in known}
+        body = {
+            k: tuple(v) if isinstance(v, list) else v
+            for k, v in (data.get(name) or {}).items()
+            if k in known
+        }
         out[name] = cls(**body)
     return out
 
@@ -72,105 +91,207 @@ def corpus() -> list[str]:
     return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
 
 
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1000:8.1f}"
+class Report:
+    """Prints, keeps the text, and collects the figures for the JSON."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.figures: dict[str, Any] = {}
+
+    def __call__(self, text: str = "") -> None:
+        print(text, flush=True)
+        self.lines.append(text)
+
+    def target(self, label: str, value: Any, goal: str, met: bool | None) -> None:
+        mark = "n/a" if met is None else ("MET" if met else "NOT MET")
+        self(f"  {label}: {value}   target {goal}: {mark}")
 
 
 def _sync(backend: Any) -> None:
-    device = backend.loaded.device
-    if device.type == "cuda":
+    if backend.loaded.device.type == "cuda":
         import torch
 
-        torch.cuda.synchronize(device)
+        torch.cuda.synchronize(backend.loaded.device)
 
 
-def talker_steps(backend: Any, texts: list[str], steps: int) -> dict[int, float]:
-    """Median decode-step time per batch size (and prints the prompt step too)."""
-    print("\n== talker: one step = one frame for every segment in the batch ==")
-    print(f"{'batch':>6} {'prompt step ms':>15} {'step ms':>9} {'frames/s':>9} {'x real time':>11}")
-    results = {}
-    long_texts = [t for t in texts if len(t) > 60] or texts
+def _request(backend: Any, text: str, tag: int) -> TalkRequest:
+    return TalkRequest(text, backend.default_voice(), 1.0, tag, 0, 0)
+
+
+def _open_talking(backend: Any, texts: list[str], count: int, first_tag: int = 0) -> list:
+    """`count` segments opened and stepped until each has its first frame launched."""
+    segments = [
+        backend.open_segment(_request(backend, texts[i % len(texts)], first_tag + i))
+        for i in range(count)
+    ]
+    while waiting := [s for s in segments if s.launched == 0]:
+        backend.step(waiting)  # the others sit out: none runs out of frames meanwhile
+    return segments
+
+
+def _close(backend: Any, segments: list) -> None:
+    for segment in segments:
+        backend.close_segment(segment)
+    backend.close()  # collects the step still in flight
+
+
+def talker_steps(report: Report, backend: Any, texts: list[str], batches, steps: int) -> None:
+    report("\n== talker step: one frame for every segment (steps overlapped as serving) ==")
+    report(f"{'batch':>6} {'step ms':>9} {'frames/s':>10} {'x real time':>12}")
     frame_s = backend.samples_per_frame / backend.sample_rate_hz
-    for batch in BATCHES:
-        segments = [
-            backend.open_segment(
-                TalkRequest(long_texts[i % len(long_texts)], backend.default_voice(), 1.0, i, 0, 0)
-            )
-            for i in range(batch)
-        ]
+    long_texts = [t for t in texts if len(t) > 60] or texts
+    results = {}
+    for batch in batches:
+        if batch > backend.stepper.cache.capacity and not backend.stepper.cache.grows:
+            report(f"{batch:6d} skipped: more than codec_lm.max_rows slots")
+            continue
+        segments = _open_talking(backend, long_texts, batch)
         try:
-            start = time.perf_counter()
-            backend.step(segments)
+            usable = min(s.max_frames - s.launched for s in segments) - 1
+            count = max(1, min(steps, usable))
             _sync(backend)
-            prompt_s = time.perf_counter() - start
-            backend.step(segments)  # warm-up
-            times = []
-            for _ in range(steps):
-                live = [s for s in segments if not s.done]
-                if len(live) < batch:
-                    break
-                start = time.perf_counter()
-                backend.step(live)
-                _sync(backend)
-                times.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            for _ in range(count):
+                backend.step(segments)
+            _sync(backend)
+            step_s = (time.perf_counter() - start) / count
         finally:
-            for segment in segments:
-                backend.close_segment(segment)
-        step_s = statistics.median(times)
+            _close(backend, segments)
         results[batch] = step_s
         rate = batch / step_s
-        print(f"{batch:6d} {_ms(prompt_s):>15} {_ms(step_s):>9} {rate:9.1f} {rate * frame_s:11.1f}")
-    base = results[BATCHES[0]]
-    for batch in BATCHES[1:]:
-        print(f"step at batch {batch} / batch 1: {results[batch] / base:.2f}x")
-    return results
-
-
-def vocoder_turns(backend: Any, chunking: ChunkingConfig, turns: int) -> dict[int, float]:
-    print("\n== vocoder: one batched Mimi call of K chunks ==")
-    left = chunking.left_context_frames
-    frames = chunking.chunk_frames + left
-    rng = np.random.default_rng(0)
-    print(
-        f"{'K':>4} {'turn ms':>9} {'audio s/s':>10}  ({chunking.chunk_frames} + {left} frames each)"
+        report(f"{batch:6d} {step_s * 1e3:9.1f} {rate:10.1f} {rate * frame_s:12.1f}")
+    report.figures["step_ms"] = {b: round(s * 1e3, 2) for b, s in results.items()}
+    # a step that also prefills an arriving long prompt
+    batch = 64 if 64 in results else max(results)
+    segments = _open_talking(backend, long_texts, batch)
+    newcomer = backend.open_segment(_request(backend, ("word " * 80)[:LONG_PROMPT_CHARS], 9999))
+    try:
+        backend.step(segments)
+        _sync(backend)
+        start = time.perf_counter()
+        backend.step([*segments, newcomer])
+        _sync(backend)
+        arrival_s = time.perf_counter() - start
+    finally:
+        _close(backend, [*segments, newcomer])
+    report.figures["step_with_arrival_ms"] = round(arrival_s * 1e3, 2)
+    report(
+        f"step at batch {batch} prefilling a {len(newcomer.prompt)}-token prompt: "
+        f"{arrival_s * 1e3:.1f} ms (its first {backend.config.prefill_chunk_tokens} tokens)"
     )
-    results = {}
-    for k in BATCHES:
-        items = [
-            VocodeItem(
-                backend.default_voice(),
-                rng.integers(
-                    0, 2048 if backend.num_codebooks == 32 else 64, (frames, backend.num_codebooks)
-                ),
-                left,
-                chunking.chunk_frames,
-            )
-            for _ in range(k)
-        ]
-        backend.vocode(items)  # warm-up
-        times = []
+    if 64 in results:
+        report.target(
+            "step at batch 64", f"{results[64] * 1e3:.1f} ms", "<= 20 ms", results[64] <= 0.020
+        )
+    report.target(
+        "step with an arriving prompt",
+        f"{arrival_s * 1e3:.1f} ms",
+        "< one 80 ms frame",
+        arrival_s < frame_s,
+    )
+
+
+def _first_frames(backend: Any, texts: list[str], tags: list[int], count: int) -> list[list]:
+    """Each segment's first `count` frames (opened together, stepped together)."""
+    segments = [
+        backend.open_segment(_request(backend, texts[tag % len(texts)], tag)) for tag in tags
+    ]
+    got: list[list] = [[] for _ in segments]
+    try:
+        for _ in range(100 * len(segments) + 10 * count):  # bounded: prefill, then frames
+            live = [i for i, s in enumerate(segments) if not s.done]
+            if not live or all(len(g) >= count for g in got):
+                break
+            for i, step in zip(live, backend.step([segments[i] for i in live]), strict=True):
+                got[i].extend(step.frames.tolist())
+    finally:
+        _close(backend, segments)
+    return [g[:count] for g in got]
+
+
+def bucket_checks(report: Report, backend: Any, texts: list[str], steps: int) -> None:
+    report("\n== frame for frame at every row bucket: graph vs eager, batched vs alone ==")
+    report(f"{'rows':>5} {'graph = eager':>14} {'batched = alone':>16}  (first {steps} frames)")
+    graphs = backend.stepper.graphs
+    checked = {}
+    for rows in backend.stepper.row_buckets:
+        if rows > backend.stepper.cache.capacity:
+            break
+        tags = list(range(rows))  # the last one sits in the bucket's last row
+        try:
+            graphs.replay = False
+            eager = _first_frames(backend, texts, tags, steps)
+        finally:
+            graphs.replay = True
+        graphed = _first_frames(backend, texts, tags, steps)
+        (alone,) = _first_frames(backend, texts, tags[-1:], steps)
+        same_graph = graphed == eager
+        same_alone = graphed[-1] == alone and len(alone) == steps
+        checked[rows] = {"graph_equals_eager": same_graph, "batched_equals_alone": same_alone}
+        report(f"{rows:5d} {same_graph!s:>14} {same_alone!s:>16}")
+    report.figures["buckets"] = checked
+
+
+def vocoder_checks(
+    report: Report, backend: Any, chunking: ChunkingConfig, turns: int, ks: tuple[int, ...]
+) -> None:
+    import torch
+
+    from pipeline.backends.codec_lm.loading import cast_codec
+
+    report("\n== Mimi: one batched call of K chunks; bfloat16 vs float32 ==")
+    frames = chunking.chunk_frames + chunking.left_context_frames
+    rng = np.random.default_rng(0)
+    codes = int(backend.loaded.model.codec_model.config.codebook_size)
+    items_all = [
+        VocodeItem(
+            backend.default_voice(),
+            rng.integers(0, codes, (frames, backend.num_codebooks)),
+            chunking.left_context_frames,
+            chunking.chunk_frames,
+        )
+        for _ in range(64)
+    ]
+    report(
+        f"{'K':>4} {'turn ms':>9}   ({chunking.chunk_frames} + "
+        f"{chunking.left_context_frames} frames each, Mimi in "
+        f"{str(next(backend.vocoder.codec.parameters()).dtype).removeprefix('torch.')})"
+    )
+    turns_ms = {}
+    for k in ks:
+        items = items_all[:k]
+        backend.vocode(items)
+        start = time.perf_counter()
         for _ in range(turns):
-            start = time.perf_counter()
             backend.vocode(items)
-            _sync(backend)
-            times.append(time.perf_counter() - start)
-        turn_s = statistics.median(times)
-        results[k] = turn_s
-        audio_s = k * chunking.chunk_frames * backend.samples_per_frame / backend.sample_rate_hz
-        print(f"{k:4d} {_ms(turn_s):>9} {audio_s / turn_s:10.1f}")
-    return results
+        turns_ms[k] = (time.perf_counter() - start) / turns * 1e3
+        report(f"{k:4d} {turns_ms[k]:9.1f}")
+    report.figures["vocoder_turn_ms"] = turns_ms
+    codec = backend.vocoder.codec
+    batch = torch.from_numpy(np.stack([i.frames.T for i in items_all[:16]])).to(
+        backend.vocoder.device
+    )
+    with torch.inference_mode():
+        ref = cast_codec(copy.deepcopy(codec), torch.float32).decode(batch)[0].float()
+        test = cast_codec(copy.deepcopy(codec), torch.bfloat16).decode(batch)[0].float()
+    noise = (ref - test).pow(2).sum().item()
+    snr_db = 10 * np.log10(ref.pow(2).sum().item() / max(noise, 1e-30))
+    report.figures["mimi_bf16_snr_db"] = round(float(snr_db), 2)
+    report(
+        f"Mimi bfloat16 vs float32 on 16 chunks of random codes: SNR {snr_db:.1f} dB "
+        "(keep float32 unless this is inaudible)"
+    )
 
 
-async def _closed_loop(engine: Any, streams: int, duration_s: float, texts: list[str]) -> dict:
+async def _engine_run(engine: Any, streams: int, duration_s: float, ramp_s: float, texts):
     rng = random.Random(streams)
     records: list[tuple[float | None, Player]] = []
     stop_at = time.monotonic() + duration_s
 
     async def client() -> None:
+        await asyncio.sleep(rng.uniform(0, ramp_s))  # arrivals spread over the run's start
         while time.monotonic() < stop_at:
-            player = Player()
-            sent = time.monotonic()
-            first: float | None = None
+            player, sent, first = Player(), time.monotonic(), None
             stream = engine.submit(rng.choice(texts), voice=engine.backend.default_voice())
             rate = engine.backend.sample_rate_hz
             try:
@@ -183,107 +304,179 @@ async def _closed_loop(engine: Any, streams: int, duration_s: float, texts: list
 
     tasks = [asyncio.create_task(client()) for _ in range(streams)]
     await asyncio.sleep(duration_s)
-    # let the last requests finish (their players count), bounded
-    await asyncio.wait(tasks, timeout=min(duration_s, DRAIN_S))
+    await asyncio.wait(tasks, timeout=max(5.0, duration_s))
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
-    finished = [(ttfa, p) for ttfa, p in records if ttfa is not None]
-    free = [all(s < STALL_TOLERANCE_S for s in p.stalls_s) for _, p in finished]
-    ttfas = [ttfa for ttfa, _ in finished]
+    done = [(t, p) for t, p in records if t is not None]
+    free = [all(s < STALL_TOLERANCE_S for s in p.stalls_s) for _, p in done]
+    ttfas = [t for t, _ in done]
     return {
-        "streams": len(finished),
+        "requests": len(done),
         "stall_free": sum(free) / len(free) if free else 0.0,
-        "ttfa_p50_s": percentile(ttfas, 50),
-        "ttfa_p99_s": percentile(ttfas, 99),
+        "ttfa_p50_s": percentile(ttfas, 50) if ttfas else None,
+        "ttfa_p99_s": percentile(ttfas, 99) if ttfas else None,
     }
 
 
-async def engine_runs(backend: Any, sections: dict[str, Any], duration_s: float) -> int | None:
+async def engine_checks(report, backend, sections, streams_list, duration_s, ramp_s, deadline):
     from pipeline.engine import Engine
 
-    print("\n== engine: N concurrent streams, closed loop, 1x client-side player ==")
-    print(f"{'N':>4} {'requests':>9} {'stall-free':>11} {'TTFA p50 ms':>12} {'TTFA p99 ms':>12}")
-    texts = corpus()
-    best = None
-    for streams in BATCHES:
+    report(
+        "\n== Engine: N streams looping over requests, arriving over the first "
+        f"{ramp_s:.0f} s, 1x players =="
+    )
+    report(f"{'N':>4} {'requests':>9} {'stall-free':>11} {'TTFA p50 ms':>12} {'TTFA p99 ms':>12}")
+    texts, best, rows = corpus(), None, {}
+    talker = dataclasses.replace(
+        sections["talker"], batch=max(max(streams_list), sections["talker"].batch)
+    )
+    for streams in streams_list:
+        if time.monotonic() > deadline:
+            report(f"{streams:4d} skipped: --budget-s spent")
+            continue
         engine = Engine(
             backend,
             scheduling=sections["scheduling"],
             chunking=sections["chunking"],
             admission=AdmissionConfig(enabled=False),
             engine=sections["engine"],
-            talker=sections["talker"],
+            talker=talker,
         )
         await engine.start()
         try:
-            row = await _closed_loop(engine, streams, duration_s, texts)
+            row = await _engine_run(engine, streams, duration_s, ramp_s, texts)
         finally:
             await engine.stop()
-        p50, p99 = row["ttfa_p50_s"], row["ttfa_p99_s"]
-        print(
-            f"{streams:4d} {row['streams']:9d} {row['stall_free']:10.0%} "
-            f"{_ms(p50 or 0):>12} {_ms(p99 or 0):>12}"
+        rows[streams] = row
+        p50, p99 = row["ttfa_p50_s"] or 0, row["ttfa_p99_s"] or 0
+        report(
+            f"{streams:4d} {row['requests']:9d} {row['stall_free']:10.0%} "
+            f"{p50 * 1e3:12.1f} {p99 * 1e3:12.1f}"
         )
-        if row["stall_free"] >= 0.99 and p99 is not None and p99 <= DEFAULT_SLO_S:
+        if row["stall_free"] >= STALL_FREE_TARGET and row["requests"] and p99 <= TTFA_P99_TARGET_S:
             best = streams
-    print(f"largest N held stall-free (>= 99% streams, TTFA p99 <= 1 s): {best}")
-    return best
+    report.figures["engine"] = rows
+    report.figures["largest_n_stall_free"] = best
+    report.target(
+        "largest N stall-free (>= 99%, TTFA p99 <= 500 ms)",
+        best,
+        ">= 256",
+        best is not None and best >= 256,
+    )
+    if 1 in rows and rows[1]["ttfa_p50_s"] is not None:
+        p50 = rows[1]["ttfa_p50_s"]
+        report.target("TTFA p50, one stream", f"{p50 * 1e3:.1f} ms", "<= 100 ms", p50 <= 0.100)
 
 
-def graphs_match_eager(backend: Any, text: str, steps: int = 8) -> bool:
-    """With CUDA graphs on, a segment's first frames equal the eager path's."""
-    stepper = backend.stepper
-
-    def frames() -> list[Any]:
-        segment = backend.open_segment(TalkRequest(text, backend.default_voice(), 1.0, 0, 0, 0))
-        try:
-            return [backend.step([segment])[0].frames.tolist() for _ in range(steps)]
-        finally:
-            backend.close_segment(segment)
-
-    graphed = frames()
-    stepper.cuda_graphs = False
-    try:
-        eager = frames()
-    finally:
-        stepper.cuda_graphs = True
-    return graphed == eager
-
-
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", default="configs/codec-lm-1b-random.yaml")
+    parser.add_argument("--config", type=Path, default=None, help="default: 1b-random (--tiny)")
     parser.add_argument("--set", action="append", default=[], help="section.field=value")
-    parser.add_argument("--steps", type=int, default=20, help="timed talker steps per batch")
-    parser.add_argument("--turns", type=int, default=5, help="timed vocoder turns per K")
-    parser.add_argument("--duration-s", type=float, default=25.0, help="engine run per N")
-    parser.add_argument("--skip-engine", action="store_true", help="backend timings only")
-    args = parser.parse_args()
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--tiny", action="store_true", help="the tiny model, short and small")
+    parser.add_argument("--greedy", action="store_true", help="argmax instead of sampling")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--duration-s", type=float, default=None, help="engine run per N")
+    parser.add_argument("--budget-s", type=float, default=540.0, help="skip parts past this")
+    args = parser.parse_args(argv)
+    tiny = args.tiny
+    sizes = TINY if tiny else FULL
+    config = args.config or ROOT / "configs" / (
+        "codec-lm-tiny.yaml" if tiny else "codec-lm-1b-random.yaml"
+    )
+    sampling = [] if args.greedy else ["codec_lm.temperature=0.9", "codec_lm.top_k=50"]
+    overrides = [
+        "engine.calibration_calls=0",  # admission is off here: no capacity to calibrate
+        f"codec_lm.device={args.device}",
+        *sampling,
+        "codec_lm.overlap_steps=true",
+        *(["codec_lm.max_frames_per_segment=60"] if tiny else []),
+        *args.set,
+    ]
+    sections = load_sections(config, overrides)
+    duration_s = args.duration_s or (2.0 if tiny else 15.0)
+    report = Report()
+    started = time.monotonic()
+    deadline = started + args.budget_s
 
     import torch
 
     from pipeline.backends.codec_lm import CodecLMBackend
 
-    sections = load_sections(args.config, args.set)
-    started = time.perf_counter()
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    report(f"# python -m benchmarks.gpu_check {' '.join(argv or sys.argv[1:])}  ({stamp})")
+    loaded_at = time.perf_counter()
     backend = CodecLMBackend(sections["codec_lm"])
-    print(
-        f"model {backend.loaded.source} on {backend.loaded.device} "
+    load_s = time.perf_counter() - loaded_at - backend.startup_s
+    device = backend.loaded.device
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    cfg = backend.config
+    report(
+        f"model {backend.loaded.source} on {name} "
         f"({str(backend.loaded.dtype).removeprefix('torch.')}), torch {torch.__version__}, "
-        f"loaded in {time.perf_counter() - started:.1f} s"
+        f"sampling {'off' if args.greedy else f'T={cfg.temperature} top-k={cfg.top_k}'}"
     )
-    if backend.loaded.device.type == "cuda":
-        print(f"device: {torch.cuda.get_device_name(backend.loaded.device)}")
+    graphs, vgraphs = backend.stepper.graphs, backend.vocoder.graphs
+    report(
+        f"start-up: model {load_s:.1f} s; CUDA graph capture {backend.startup_s:.1f} s "
+        f"({graphs.captured} talker graphs, {vgraphs.captured} Mimi graphs; "
+        f"failed: talker {len(graphs.failed)}, Mimi {len(vgraphs.failed)})"
+    )
+    for key, why in list(graphs.failed.items())[:3] + list(vgraphs.failed.items())[:3]:
+        report(f"  no graph for {key}: {why[:200]}")
+    report.figures.update(
+        load_s=round(load_s, 2),
+        capture_s=round(backend.startup_s, 2),
+        talker_graphs=graphs.captured,
+        mimi_graphs=vgraphs.captured,
+        talker_graph_failures=len(graphs.failed),
+        mimi_graph_failures=len(vgraphs.failed),
+    )
     texts = corpus()
-    if backend.stepper.cuda_graphs:
-        same = graphs_match_eager(backend, texts[0])
-        print(f"cuda graphs on: the depth decoder replayed; frames equal to eager: {same}")
-    talker_steps(backend, texts, args.steps)
-    vocoder_turns(backend, sections["chunking"], args.turns)
-    if not args.skip_engine:
-        asyncio.run(engine_runs(backend, sections, args.duration_s))
-    print(f"\ntotal {time.perf_counter() - started:.0f} s")
+    parts = [
+        ("talker", lambda: talker_steps(report, backend, texts, sizes["batches"], sizes["steps"])),
+        ("buckets", lambda: bucket_checks(report, backend, texts, sizes["check_steps"])),
+        (
+            "vocoder",
+            lambda: vocoder_checks(
+                report, backend, sections["chunking"], 2 if tiny else 10, sizes["vocoder_k"]
+            ),
+        ),
+        (
+            "engine",
+            lambda: asyncio.run(
+                engine_checks(
+                    report,
+                    backend,
+                    sections,
+                    sizes["streams"],
+                    duration_s,
+                    min(5.0, duration_s / 3),
+                    deadline,
+                )
+            ),
+        ),
+    ]
+    for part, run in parts:
+        if time.monotonic() > deadline:
+            report(f"\n== {part}: skipped, --budget-s spent ==")
+            continue
+        try:
+            run()
+        except Exception as error:  # one part failing still leaves the others' figures
+            report(f"\n== {part} FAILED: {type(error).__name__}: {error} ==")
+            report.figures.setdefault("failed", {})[part] = repr(error)
+    late = sorted(map(str, graphs.late_keys | vgraphs.late_keys))
+    report.figures["late_graph_keys"] = late
+    report(f"\nshapes met while serving without a start-up graph: {late or 'none'}")
+    report(f"total {time.monotonic() - started:.0f} s")
+    args.out.mkdir(parents=True, exist_ok=True)
+    name = f"gpu-check-{'tiny-' if tiny else ''}{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    (args.out / f"{name}.txt").write_text("\n".join(report.lines) + "\n")
+    (args.out / f"{name}.json").write_text(json.dumps(report.figures, indent=2, default=str))
+    print(f"written: {args.out / name}.txt, .json")
+    return report.figures
 
 
 if __name__ == "__main__":

@@ -279,11 +279,19 @@ class CodecLMConfig:
     min_frames_per_segment: int = 2  # ... but at least this many
     max_frames_per_segment: int = 400  # ... and never more (400 x 80 ms = 32 s)
     max_prompt_tokens: int = 512  # a longer tokenised segment fails its stream
-    initial_slots: int = 8  # KV-cache slots allocated at start (doubled when all are taken)
-    row_multiple: int = 4  # batch rows padded to a multiple of this (CPU gemm tiles, see talker)
-    # on cuda with greedy decoding, replay the depth decoder's 31 passes as one CUDA graph
-    # per padded batch size (captured on first use) instead of launching every kernel
+    initial_slots: int = 8  # KV-cache slots at start without CUDA graphs (doubled when full)
+    row_multiple: int = 4  # row buckets are this x 1, 2, 4 ... (CPU gemm tiles, see talker)
+    # on cuda: the whole step (embeddings, backbone, depth decoder, sampling) and Mimi replay
+    # as CUDA graphs, one per shape bucket, all captured at start-up (docs/codec-lm.md)
     cuda_graphs: bool = True
+    max_rows: int = 256  # with CUDA graphs: the KV-cache slots (fixed) = the largest row bucket
+    key_bucket_tokens: int = 128  # key lengths are bucketed to multiples of this
+    prefill_chunk_tokens: int = 64  # a prompt is prefilled this many tokens per step
+    prefill_rows: int = 4  # prompts prefilled per step (the others wait for the next)
+    overlap_steps: bool = True  # collect step n's frames after launching step n+1 (no sync)
+    mimi_dtype: str = "float32"  # Mimi's dtype: float32, bfloat16, float16 or model
+    vocoder_max_batch: int = 64  # with CUDA graphs: Mimi graphs for K = 1, 2, 4 .. this (0: none)
+    vocoder_max_frames: int = 32  # ... and 4, 8 .. this frames per chunk (beyond: eager)
     # sizes of a random-weight model (model: null); defaults: the published CSM-1B + Mimi
     num_codebooks: int = 32
     codebook_size: int = 2051  # CSM's codebook vocabulary (codec codes + 3 special ids)
@@ -320,6 +328,12 @@ class CodecLMConfig:
         if not isinstance(self.save_random, bool):
             raise ConfigError(f"save_random must be true or false, got {self.save_random!r}")
         check_bool("cuda_graphs", self.cuda_graphs)
+        check_bool("overlap_steps", self.overlap_steps)
+        if self.mimi_dtype not in (*CODEC_LM_DTYPES[1:], "model"):
+            raise ConfigError(
+                "mimi_dtype must be one of float32, bfloat16, float16, model, "
+                f"got {self.mimi_dtype!r}"
+            )
         if not isinstance(self.stop_on_end_frame, bool):
             raise ConfigError(
                 f"stop_on_end_frame must be true or false, got {self.stop_on_end_frame!r}"
@@ -336,6 +350,12 @@ class CodecLMConfig:
             "max_prompt_tokens": 2,
             "initial_slots": 1,
             "row_multiple": 1,
+            "max_rows": 1,
+            "key_bucket_tokens": 1,
+            "prefill_chunk_tokens": 1,
+            "prefill_rows": 1,
+            "vocoder_max_batch": 0,
+            "vocoder_max_frames": 1,
         }
         sizes = [f for f in self.__dataclass_fields__ if f.startswith(_SIZE_PREFIXES)]
         minimums.update({name: 1 for name in sizes})
@@ -343,6 +363,11 @@ class CodecLMConfig:
             value = getattr(self, name)
             if not (isinstance(value, int) and not isinstance(value, bool) and value >= minimum):
                 raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        if self.max_rows % self.row_multiple:
+            raise ConfigError(
+                f"max_rows ({self.max_rows}) must be a multiple of row_multiple "
+                f"({self.row_multiple})"
+            )
         if self.max_frames_per_segment < self.min_frames_per_segment:
             raise ConfigError(
                 f"max_frames_per_segment ({self.max_frames_per_segment}) must be >= "

@@ -1,26 +1,38 @@
 """CodecLMBackend: CSM's backbone + depth decoder as the talker, Mimi as the vocoder.
 
-The talker's state per segment is a CodecSegment (a KV-cache slot, a position, the last
-frame). A segment's prompt is CSM's: bos + "[speaker]text" + eos. It ends at CSM's end
-condition (an all-zero frame, not emitted) or after `max_frames` frames:
-min(max_frames_per_segment, max(min_frames_per_segment, ceil(frames_per_char x chars /
-speed))); random-weight models never end by themselves, so the bound is what ends them.
-CSM has no speed control: `speed` only scales that bound.
+The talker's state per segment is a SlotSegment (launches.py: a KV-cache slot, its seed,
+how much of its prompt is in the cache, frames launched and handed back). A segment's
+prompt is CSM's: bos + "[speaker]text" + eos. It ends at CSM's end condition (an all-zero
+frame, not emitted) or after `max_frames` frames: min(max_frames_per_segment,
+max(min_frames_per_segment, ceil(frames_per_char x chars / speed))); random-weight models
+never end by themselves, so the bound is what ends them. CSM has no speed control: `speed`
+only scales that bound. Sampling draws counter-based noise from the segment's seed, derived
+from `codec_lm.seed`, the stream's tag and the segment's index (sampling.py): the same
+frames alone or batched.
 
 Frames are int64 [frames, codebooks]; PCM is float32 at 24 kHz, 1920 samples per frame.
+
+A step runs on fixed shapes (fixed.py: persistent buffers, row and key buckets, chunked
+prefill), on CUDA replayed from graphs captured here, before the backend serves
+(`startup_s` says how long the capture took). With `overlap_steps` a step hands back the
+frames of the previous one (launches.py): a segment's first step returns no frame, and
+after its last frame is launched one more step returns that frame with `done`.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Sequence
 
 import numpy as np
 
 from pipeline.backend import TalkRequest, TalkStep, VocodeItem, Voice
+from pipeline.backends.codec_lm.fixed import FixedStep
+from pipeline.backends.codec_lm.launches import Launch, Launcher, SlotSegment
 from pipeline.backends.codec_lm.loading import LoadedModel, load_model
-from pipeline.backends.codec_lm.talker import CodecSegment, CsmStepper
+from pipeline.backends.codec_lm.sampling import segment_seed
 from pipeline.backends.codec_lm.vocoder import MimiVocoder
 from pipeline.config import CodecLMConfig
 
@@ -48,19 +60,36 @@ class CodecLMBackend:
         self._bos = tokenizer.bos_token_id
         self._eos = tokenizer.eos_token_id
         self._tokenizer = tokenizer
-        self.stepper = CsmStepper(
+        cfg = self.config
+        graphs = cfg.cuda_graphs and self.loaded.device.type == "cuda"
+        self.stepper = FixedStep(
             model,
-            max_tokens=self.config.max_prompt_tokens + self.config.max_frames_per_segment,
-            slots=self.config.initial_slots,
-            row_multiple=self.config.row_multiple,
+            max_tokens=cfg.max_prompt_tokens + cfg.max_frames_per_segment,
+            slots=cfg.max_rows if graphs else cfg.initial_slots,
+            grow=not graphs,
+            row_multiple=cfg.row_multiple,
+            key_bucket_tokens=cfg.key_bucket_tokens,
+            prefill_chunk_tokens=cfg.prefill_chunk_tokens,
+            prefill_rows=cfg.prefill_rows,
             codec_codebook_size=int(codec_config.codebook_size),
-            temperature=self.config.temperature,
-            top_k=self.config.top_k,
-            cuda_graphs=self.config.cuda_graphs,
+            temperature=cfg.temperature,
+            top_k=cfg.top_k,
+            cuda_graphs=graphs,
         )
+        self.launcher = Launcher(self.stepper, cfg.prefill_rows)
+        self._in_flight: Launch | None = None
         self.vocoder = MimiVocoder(
-            codec, num_codebooks=self.num_codebooks, samples_per_frame=self.samples_per_frame
+            codec,
+            num_codebooks=self.num_codebooks,
+            samples_per_frame=self.samples_per_frame,
+            cuda_graphs=graphs,
+            max_batch=cfg.vocoder_max_batch,
+            max_frames=cfg.vocoder_max_frames,
         )
+        started = time.perf_counter()
+        self.stepper.capture_all()
+        self.vocoder.capture_all()
+        self.startup_s = time.perf_counter() - started  # CUDA graph capture (0 on a CPU)
         self._voices = [
             Voice(
                 id=f"{VOICE_PREFIX}{n}",
@@ -72,12 +101,16 @@ class CodecLMBackend:
             for n in range(self.config.speakers)
         ]
         logger.info(
-            "codec_lm: %s on %s (%s), %d codebooks, %d Hz",
+            "codec_lm: %s on %s (%s), %d codebooks, %d Hz; %d talker and %d vocoder CUDA "
+            "graphs captured in %.1f s",
             self.loaded.source,
             self.loaded.device,
             str(self.loaded.dtype).removeprefix("torch."),
             self.num_codebooks,
             self.sample_rate_hz,
+            self.stepper.graphs.captured,
+            self.vocoder.graphs.captured,
+            self.startup_s,
         )
 
     # voices
@@ -118,25 +151,53 @@ class CodecLMBackend:
             )
         return ids
 
-    def open_segment(self, request: TalkRequest) -> CodecSegment:
+    def open_segment(self, request: TalkRequest) -> SlotSegment:
         prompt = self.prompt(request.text, self._speaker(request.voice))
-        return self.stepper.open(prompt, self.max_frames(request.text, request.speed))
+        max_frames = self.max_frames(request.text, request.speed)
+        if len(prompt) + max_frames > self.stepper.max_tokens:
+            raise ValueError(
+                f"{len(prompt)} prompt tokens + {max_frames} frames exceed the cache's "
+                f"{self.stepper.max_tokens} tokens"
+            )
+        seed = segment_seed(self.config.seed, request.stream_tag, request.segment_index)
+        slot = self.stepper.cache.allocate()
+        self.stepper.ensure_capacity()
+        self.stepper.seeds[slot : slot + 1].fill_(seed)  # a kernel, no host sync
+        return SlotSegment(prompt=prompt, max_frames=max_frames, slot=slot, seed=seed)
 
-    def step(self, segments: Sequence[CodecSegment]) -> list[TalkStep]:
+    def step(self, segments: Sequence[SlotSegment]) -> list[TalkStep]:
         segments = list(segments)
         if not segments:
             return []
-        frames = self.stepper.step(segments).numpy()
-        steps = []
-        for seg, frame in zip(segments, frames, strict=True):
-            ended = self.config.stop_on_end_frame and not frame.any()
-            seg.done = ended or seg.frames_done >= seg.max_frames
-            emitted = frame[None, :] if not ended else np.empty((0, frame.size), np.int64)
-            steps.append(TalkStep(frames=emitted, done=seg.done))
-        return steps
+        for seg in segments:
+            if seg.closed or seg.done:
+                raise ValueError("step() got a closed or finished segment")
+        launch = self.launcher.launch(segments)
+        if self.config.overlap_steps:
+            previous, self._in_flight = self._in_flight, launch
+            self.launcher.collect(previous)
+        else:
+            self.launcher.collect(launch)
+        return [self._outcome(seg) for seg in segments]
 
-    def close_segment(self, segment: CodecSegment) -> None:
-        self.stepper.close(segment)
+    def _outcome(self, seg: SlotSegment) -> TalkStep:
+        frames, seg.pending = seg.pending, []
+        kept = []
+        for frame in frames:
+            if self.config.stop_on_end_frame and not frame.any():
+                seg.ended = True
+                break
+            kept.append(frame)
+        seg.delivered += len(kept)
+        seg.done = seg.ended or seg.delivered >= seg.max_frames
+        emitted = np.stack(kept) if kept else np.empty((0, self.num_codebooks), np.int64)
+        return TalkStep(frames=emitted, done=seg.done)
+
+    def close_segment(self, segment: SlotSegment) -> None:
+        if not segment.closed:
+            segment.closed = True
+            segment.pending = []
+            self.stepper.cache.release(segment.slot)
 
     # vocoder
 
@@ -166,4 +227,5 @@ class CodecLMBackend:
         ]
 
     def close(self) -> None:
-        return None
+        self.launcher.collect(self._in_flight)
+        self._in_flight = None

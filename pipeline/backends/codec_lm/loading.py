@@ -197,6 +197,24 @@ def random_model_path(config: CodecLMConfig) -> Path:
     return path
 
 
+def cast_codec(codec: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """Mimi in `dtype`, its codebooks' cached embeddings dropped (rebuilt in that dtype)."""
+    codec.to(dtype=dtype)
+    for module in codec.modules():
+        if hasattr(module, "embed_sum") and hasattr(module, "_embed"):
+            module._embed = None
+    return codec
+
+
+def _dtype_kwarg(dtype: torch.dtype) -> dict[str, torch.dtype]:
+    """from_pretrained's dtype argument: `dtype` since transformers 4.56, `torch_dtype` before."""
+    import transformers
+    from packaging.version import Version
+
+    new = Version(transformers.__version__).release >= (4, 56)
+    return {"dtype" if new else "torch_dtype": dtype}
+
+
 def load_model(config: CodecLMConfig) -> LoadedModel:
     """The model and tokenizer named by the config, on its device, in eval mode."""
     from transformers import AutoTokenizer, CsmForConditionalGeneration
@@ -209,9 +227,11 @@ def load_model(config: CodecLMConfig) -> LoadedModel:
         source = f"random:{random_model_digest(config)}"
     else:
         path = str(random_model_path(config)) if config.model is None else config.model
-        model = CsmForConditionalGeneration.from_pretrained(path, dtype=dtype)
+        model = CsmForConditionalGeneration.from_pretrained(path, **_dtype_kwarg(dtype))
         tokenizer = AutoTokenizer.from_pretrained(path)
         source = path if config.model is not None else f"random:{Path(path).name}"
     model = model.to(device=device, dtype=dtype).eval()
     model.requires_grad_(False)
+    if config.mimi_dtype != "model":  # Mimi keeps its own precision (float32 by default)
+        cast_codec(model.codec_model, getattr(torch, config.mimi_dtype))
     return LoadedModel(model=model, tokenizer=tokenizer, device=device, dtype=dtype, source=source)

@@ -2,14 +2,22 @@
 
 Each layer holds K and V as [slots + 1, kv_heads, max_tokens, head_dim]; a segment owns
 one slot for its life and writes token t of its sequence at index t. The last slot is
-scratch: padding rows of a batch write there. Freeing a slot makes it reusable at once
-(the memory stays allocated; `live` counts the slots in use). When every slot is taken,
-the cache grows to twice the slots (one copy).
+scratch: padding rows of a batch write there. Slots are handed out lowest first, so the
+live ones stay packed at the start (the fixed-shape step's rows are the slots
+0..R-1). Freeing a slot makes it reusable at once (the memory stays allocated; `live`
+counts the slots in use). When every slot is taken, a growable cache doubles (one copy);
+a fixed one (its tensors captured in CUDA graphs) refuses the segment.
 """
 
 from __future__ import annotations
 
+import heapq
+
 import torch
+
+
+class SlotsFull(RuntimeError):
+    """Every slot of a fixed-size cache is held by an open segment."""
 
 
 class KVSlots:
@@ -23,8 +31,10 @@ class KVSlots:
         slots: int,
         device: torch.device,
         dtype: torch.dtype,
+        grow: bool = True,
     ) -> None:
         self.max_tokens = max_tokens
+        self.grows = grow
         self._shape = (kv_heads, max_tokens, head_dim)
         self._layers = layers
         self._device = device
@@ -32,7 +42,7 @@ class KVSlots:
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self._capacity = 0
-        self._free: list[int] = []
+        self._free: list[int] = []  # a min-heap
         self._used: set[int] = set()
         self._grow(slots)
 
@@ -63,17 +73,23 @@ class KVSlots:
         else:
             self.keys = [grown(None) for _ in range(self._layers)]
             self.values = [grown(None) for _ in range(self._layers)]
-        self._free.extend(range(capacity - 1, self._capacity - 1, -1))
+        for slot in range(self._capacity, capacity):
+            heapq.heappush(self._free, slot)
         self._capacity = capacity
 
     def allocate(self) -> int:
         if not self._free:
+            if not self.grows:
+                raise SlotsFull(
+                    f"all {self._capacity} KV-cache slots are held by open segments "
+                    "(codec_lm.max_rows)"
+                )
             self._grow(self._capacity * 2)
-        slot = self._free.pop()
+        slot = heapq.heappop(self._free)
         self._used.add(slot)
         return slot
 
     def release(self, slot: int) -> None:
         if slot in self._used:
             self._used.remove(slot)
-            self._free.append(slot)
+            heapq.heappush(self._free, slot)

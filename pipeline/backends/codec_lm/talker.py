@@ -1,4 +1,10 @@
-"""CSM's talker, stepped in batches: one frame (all codebooks) per segment per step.
+"""The reference step: CSM's talker stepped in batches, one frame per segment per step,
+plainly (shapes follow the batch, the batch's slots gathered per layer, eager only).
+
+The backend serves the fixed-shape step (fixed.py, launches.py); this one is what that is
+checked against, frame for frame (tests/test_codec_lm_fixed.py), sampling included: both
+draw the same counter-based noise (sampling.py), at the position of the token that
+predicts the frame.
 
 A step runs the backbone once for the segments that continue (one token each: the sum of
 their last frame's codebook embeddings) and, when segments join, once more for the
@@ -32,11 +38,15 @@ depth decoder runs inside each step, which it does not model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from pipeline.backends.codec_lm.ops import finish_layer as _finish_layer
+from pipeline.backends.codec_lm.ops import project as _project
+from pipeline.backends.codec_lm.ops import rope as _rope
+from pipeline.backends.codec_lm.sampling import choose_codes
 from pipeline.backends.codec_lm.slots import KVSlots
 
 
@@ -52,16 +62,7 @@ class CodecSegment:
     last_frame: torch.Tensor | None = None  # [codebooks] int64, on the device
     done: bool = False
     closed: bool = False
-    generator: torch.Generator | None = field(default=None, repr=False)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    return x * cos + _rotate_half(x) * sin
+    seed: int = 0  # the sampling noise's seed (sampling.segment_seed)
 
 
 def _repeat_kv(x: torch.Tensor, times: int) -> torch.Tensor:
@@ -69,21 +70,6 @@ def _repeat_kv(x: torch.Tensor, times: int) -> torch.Tensor:
         return x
     b, h, n, d = x.shape
     return x[:, :, None].expand(b, h, times, n, d).reshape(b, h * times, n, d)
-
-
-def _project(attn: torch.nn.Module, x: torch.Tensor, heads_dim: int):
-    b, t, _ = x.shape
-    q = attn.q_proj(x).view(b, t, -1, heads_dim).transpose(1, 2)
-    k = attn.k_proj(x).view(b, t, -1, heads_dim).transpose(1, 2)
-    v = attn.v_proj(x).view(b, t, -1, heads_dim).transpose(1, 2)
-    return q, k, v
-
-
-def _finish_layer(layer: torch.nn.Module, hidden: torch.Tensor, attended: torch.Tensor):
-    b, h, t, d = attended.shape
-    out = layer.self_attn.o_proj(attended.transpose(1, 2).reshape(b, t, h * d))
-    hidden = hidden + out
-    return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
 
 
 class CsmStepper:
@@ -99,7 +85,6 @@ class CsmStepper:
         codec_codebook_size: int,
         temperature: float = 0.0,
         top_k: int = 0,
-        cuda_graphs: bool = False,
     ) -> None:
         self.model = model
         cfg = model.config
@@ -119,9 +104,6 @@ class CsmStepper:
         dcfg = cfg.depth_decoder_config
         self.depth_head_dim = dcfg.head_dim
         self.depth_kv_repeat = dcfg.num_attention_heads // dcfg.num_key_value_heads
-        # the depth decoder's passes replayed as CUDA graphs, one per padded row count
-        self.cuda_graphs = cuda_graphs and self.device.type == "cuda" and temperature <= 0
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self.cache = KVSlots(
             layers=cfg.num_hidden_layers,
             kv_heads=cfg.num_key_value_heads,
@@ -157,16 +139,21 @@ class CsmStepper:
                 raise ValueError("step() got a closed or finished segment")
         joiners = [i for i, s in enumerate(segments) if s.position == 0]
         running = [i for i, s in enumerate(segments) if s.position > 0]
-        order: list[int] = []
+        order = joiners + running
+        rows = self._padded(len(order))
+        # a frame's noise is drawn at the position of the token that predicts it
+        drawn_at = [len(s.prompt) - 1 if s.position == 0 else s.position for s in segments]
+        seeds = torch.zeros(rows, dtype=torch.long)
+        positions = torch.zeros(rows, dtype=torch.long)
+        seeds[: len(order)] = torch.tensor([segments[i].seed for i in order])
+        positions[: len(order)] = torch.tensor([drawn_at[i] for i in order])
         hiddens: list[torch.Tensor] = []
         if joiners:
             hiddens.append(self._prefill([segments[i] for i in joiners]))
-            order.extend(joiners)
         if running:
             hiddens.append(self._decode([segments[i] for i in running]))
-            order.extend(running)
         hidden = torch.cat(hiddens) if len(hiddens) > 1 else hiddens[0]
-        frames = self._frames(hidden)
+        frames = self._frames(hidden, seeds.to(self.device), positions.to(self.device))
         inverse = torch.empty(len(order), dtype=torch.long)
         inverse[torch.tensor(order)] = torch.arange(len(order))
         frames = frames[inverse.to(frames.device)]
@@ -251,54 +238,24 @@ class CsmStepper:
 
     # the frame: codebook 0 from the backbone, the others from the depth decoder
 
-    def _choose(self, logits: torch.Tensor) -> torch.Tensor:
-        logits = logits[..., : self.codes].float()
-        if self.temperature <= 0:
-            return logits.argmax(dim=-1)
-        logits = logits / self.temperature
-        if 0 < self.top_k < logits.shape[-1]:
-            kth = torch.topk(logits, self.top_k, dim=-1).values[..., -1:]
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        return torch.multinomial(torch.softmax(logits, dim=-1), 1).squeeze(-1)
+    def _choose(self, logits, seeds, positions, codebook: int) -> torch.Tensor:
+        return choose_codes(
+            logits,
+            codes=self.codes,
+            temperature=self.temperature,
+            top_k=self.top_k,
+            seeds=seeds,
+            positions=positions,
+            codebook=codebook,
+        )
 
-    def _frames(self, backbone_hidden: torch.Tensor) -> torch.Tensor:
-        if self.cuda_graphs:
-            return self._frames_graphed(backbone_hidden)
-        return self._frames_eager(backbone_hidden)
-
-    def _frames_graphed(self, backbone_hidden: torch.Tensor) -> torch.Tensor:
-        """`_frames_eager` replayed from a CUDA graph captured for this padded row count:
-        the same kernels on the same shapes, launched at once (greedy decoding only: no
-        random draws inside the graph)."""
-        count = backbone_hidden.shape[0]
-        rows = self._padded(count)
-        entry = self._graphs.get(rows)
-        if entry is None:
-            static_in = backbone_hidden.new_zeros((rows, backbone_hidden.shape[1]))
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(2):  # warm-up outside the capture (allocations, autotuning)
-                    self._frames_eager(static_in)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                static_out = self._frames_eager(static_in)
-            entry = (graph, static_in, static_out)
-            self._graphs[rows] = entry
-        graph, static_in, static_out = entry
-        static_in.zero_()
-        static_in[:count].copy_(backbone_hidden)
-        graph.replay()
-        return static_out[:count].clone()
-
-    def _frames_eager(self, backbone_hidden: torch.Tensor) -> torch.Tensor:
+    def _frames(self, backbone_hidden, seeds, drawn_at) -> torch.Tensor:
         count = backbone_hidden.shape[0]
         rows = self._padded(count)
         if rows > count:
             pad = backbone_hidden.new_zeros((rows - count, backbone_hidden.shape[1]))
             backbone_hidden = torch.cat([backbone_hidden, pad])
-        codes = [self._choose(self.model.lm_head(backbone_hidden))]
+        codes = [self._choose(self.model.lm_head(backbone_hidden), seeds, drawn_at, 0)]
         depth = self.depth
         first = depth.embed_tokens(codes[0])  # codebook 0's ids carry no offset
         embeds = depth.inputs_embeds_projector(torch.stack([backbone_hidden, first], dim=1))
@@ -331,7 +288,7 @@ class CsmStepper:
             last = depth.norm(hidden[:, -1])
             codebook = len(codes)  # predicted by head weight codebook - 1
             logits = last @ self.depth_head.weight[codebook - 1]
-            code = self._choose(logits)
+            code = self._choose(logits, seeds, drawn_at, codebook)
             codes.append(code)
             position += tokens
             if len(codes) < self.num_codebooks:

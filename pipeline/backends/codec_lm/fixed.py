@@ -1,0 +1,272 @@
+"""CSM's step at fixed shapes: persistent buffers, row and key buckets, one graph per bucket.
+
+Two step functions, each the whole of its work (embeddings, backbone, depth decoder,
+sampling) over persistent tensors, so that a CUDA graph per bucket can hold it
+(graphs.py); on a CPU the same functions run eagerly.
+
+- decode (rows R, keys KB): row r *is* cache slot r (slots are handed out lowest first,
+  so the live ones stay packed). Each row feeds its last frame (`last_frames[r]`, kept on
+  the device) at `positions[r]`; its K and V go into its slot at that position and the
+  attention reads the slot cache `[:R, :, :KB]` in place (a view: nothing gathered, nothing
+  repeated per head, see ops.gqa_attention). A row with no work this step (a free slot, a
+  segment sitting out or prefilling) has position `trash`, a cache column no attention
+  reads, so it changes nothing. R is the smallest row bucket holding the highest slot in
+  the step, KB the smallest key bucket past its longest position.
+- prefill (rows P, keys KB): up to `prefill_rows` segments each run one chunk of at most
+  `prefill_chunk_tokens` prompt tokens. Their slots are gathered (a bounded copy: P rows of
+  KB keys). A segment whose chunk ends its prompt gets its first frame here; the others
+  get theirs in a later step. So a step's time is bounded whatever prompts arrive.
+
+Shapes are fixed per bucket: what changes from step to step is only the contents of the
+buffers (positions, slots, token ids, seeds), written by the host before a launch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pipeline.backends.codec_lm.graphs import StepGraphs
+from pipeline.backends.codec_lm.ops import finish_layer, gqa_attention, project, rope
+from pipeline.backends.codec_lm.sampling import choose_codes
+from pipeline.backends.codec_lm.slots import KVSlots
+
+
+def buckets(step: int, top: int) -> list[int]:
+    """step, 2 step, 4 step ... below top, then top (top a multiple of step)."""
+    out, size = [], step
+    while size < top:
+        out.append(size)
+        size *= 2
+    return [*out, top]
+
+
+class FixedStep:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        max_tokens: int,
+        slots: int,
+        grow: bool,
+        row_multiple: int,
+        key_bucket_tokens: int,
+        prefill_chunk_tokens: int,
+        prefill_rows: int,
+        codec_codebook_size: int,
+        temperature: float,
+        top_k: int,
+        cuda_graphs: bool,
+    ) -> None:
+        self.model = model
+        cfg = model.config
+        self.num_codebooks = cfg.num_codebooks
+        self.vocab = cfg.vocab_size
+        self.codes = min(codec_codebook_size, cfg.vocab_size)
+        self.temperature = temperature
+        self.top_k = top_k
+        self.backbone = model.backbone_model
+        self.depth = model.depth_decoder.model
+        self.depth_head = model.depth_decoder.codebooks_head
+        self.device = next(model.parameters()).device
+        self.head_dim = cfg.head_dim
+        self.depth_head_dim = cfg.depth_decoder_config.head_dim
+        self.row_multiple = row_multiple
+        self.max_tokens = max_tokens
+        self.trash = max_tokens  # the extra cache column: written by idle rows, never read
+        self.key_buckets = buckets(key_bucket_tokens, max_tokens)
+        self.chunk = prefill_chunk_tokens
+        self.prefill_buckets = buckets(row_multiple, self.padded(prefill_rows))
+        self.cache = KVSlots(
+            layers=cfg.num_hidden_layers,
+            kv_heads=cfg.num_key_value_heads,
+            head_dim=cfg.head_dim,
+            max_tokens=max_tokens + 1,
+            slots=self.padded(slots),
+            device=self.device,
+            dtype=next(model.parameters()).dtype,
+            grow=grow,
+        )
+        self.graphs = StepGraphs("codec_lm talker", self.device, cuda_graphs)
+        long = {"dtype": torch.long, "device": self.device}
+        top = self.prefill_buckets[-1]
+        self.pf_slots = torch.full((top,), self.cache.scratch, **long)
+        self.pf_ids = torch.zeros((top, self.chunk), **long)
+        self.pf_start = torch.zeros(top, **long)
+        self.pf_len = torch.ones(top, **long)
+        self.pf_final = torch.zeros(top, **long)  # 1: this chunk ends the prompt
+        self.pf_frames = torch.zeros((top, self.num_codebooks), **long)
+        self._slot_buffers(self.cache.capacity)
+
+    def padded(self, count: int) -> int:
+        m = self.row_multiple
+        return -(-count // m) * m
+
+    def _slot_buffers(self, capacity: int) -> None:
+        """The per-slot buffers (one row per slot and the scratch slot), kept on growth."""
+        long = {"dtype": torch.long, "device": self.device}
+        old_seeds = getattr(self, "seeds", None)
+        old_last = getattr(self, "last_frames", None)
+        self.positions = torch.full((capacity + 1,), self.trash, **long)
+        self.seeds = torch.zeros(capacity + 1, **long)
+        self.last_frames = torch.zeros((capacity + 1, self.num_codebooks), **long)
+        self.frames = torch.zeros((capacity + 1, self.num_codebooks), **long)
+        if old_seeds is not None and old_last is not None:
+            kept = len(old_seeds) - 1  # the old slots (not the old scratch row)
+            self.seeds[:kept] = old_seeds[:kept]
+            self.last_frames[:kept] = old_last[:kept]
+
+    def ensure_capacity(self) -> None:
+        """After the cache grew (eager only): grow the per-slot buffers with it."""
+        if self.positions.shape[0] != self.cache.capacity + 1:
+            self._slot_buffers(self.cache.capacity)
+
+    @property
+    def row_buckets(self) -> list[int]:
+        return buckets(self.row_multiple, self.cache.capacity)
+
+    def row_bucket(self, rows: int) -> int:
+        return next(b for b in self.row_buckets if b >= rows)
+
+    def key_bucket(self, keys: int) -> int:
+        return next(b for b in self.key_buckets if b >= keys)
+
+    def prefill_bucket(self, rows: int) -> int:
+        return next(b for b in self.prefill_buckets if b >= rows)
+
+    # launching (the buffers are filled by the caller)
+
+    def decode(self, rows: int, keys: int) -> None:
+        self.graphs.run(("decode", rows, keys), lambda: self._decode(rows, keys))
+
+    def prefill(self, rows: int, keys: int) -> None:
+        self.graphs.run(("prefill", rows, keys), lambda: self._prefill(rows, keys))
+
+    def capture_all(self) -> None:
+        """Every bucket's graph (CUDA): before serving, with every row idle."""
+        for rows in self.row_buckets:
+            for keys in self.key_buckets:
+                self.graphs.capture(
+                    ("decode", rows, keys), lambda r=rows, k=keys: self._decode(r, k)
+                )
+        for rows in self.prefill_buckets:
+            for keys in self.key_buckets:
+                self.graphs.capture(
+                    ("prefill", rows, keys), lambda r=rows, k=keys: self._prefill(r, k)
+                )
+
+    # the step functions: inputs and outputs in the persistent buffers only
+
+    @torch.inference_mode()
+    def _decode(self, rows: int, keys: int) -> None:
+        positions = self.positions[:rows]
+        active = positions < self.trash
+        last = self.last_frames[:rows]
+        embeds = self.backbone.embed_tokens(last[:, None, :])  # sums the codebook embeddings
+        slots = torch.arange(rows, device=self.device)
+        hidden = self._backbone(embeds, slots, positions[:, None], keys, direct=True)
+        codes = self._frame(hidden[:, 0], self.seeds[:rows], positions)
+        self.frames[:rows] = codes
+        self.last_frames[:rows] = torch.where(active[:, None], codes, last)
+
+    @torch.inference_mode()
+    def _prefill(self, rows: int, keys: int) -> None:
+        slots, length = self.pf_slots[:rows], self.pf_len[:rows]
+        offsets = torch.arange(self.chunk, device=self.device)
+        positions = self.pf_start[:rows, None] + offsets[None, :]
+        writes = torch.where(offsets[None, :] < length[:, None], positions, self.trash)
+        embeds = self.model.embed_text_tokens(self.pf_ids[:rows])
+        states = self._backbone(embeds, slots, positions, keys, direct=False, writes=writes)
+        last = (length - 1).clamp(min=0)
+        hidden = states[torch.arange(rows, device=self.device), last]
+        codes = self._frame(hidden, self.seeds[slots], positions.gather(1, last[:, None])[:, 0])
+        self.pf_frames[:rows] = codes
+        self.last_frames[slots] = torch.where(
+            self.pf_final[:rows, None] > 0, codes, self.last_frames[slots]
+        )
+
+    def _backbone(
+        self,
+        embeds: torch.Tensor,
+        slots: torch.Tensor,
+        positions: torch.Tensor,
+        keys: int,
+        *,
+        direct: bool,
+        writes: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The backbone over [rows, tokens, H] at `positions` [rows, tokens] of `slots`.
+
+        K and V are written at `writes` (default: the positions); with `direct` the rows
+        are the slots 0..rows-1 and the attention reads the cache in place, else the
+        rows' slots are gathered. Returns the normed hidden states."""
+        cos, sin = self.backbone.rotary_emb(embeds, positions)
+        cos, sin = cos[:, None], sin[:, None]
+        key_index = torch.arange(keys, device=self.device)
+        mask = key_index[None, None, None, :] <= positions[:, None, :, None]
+        writes = positions if writes is None else writes
+        rows = embeds.shape[0]
+        hidden = embeds
+        for index, layer in enumerate(self.backbone.layers):
+            q, k, v = project(layer.self_attn, layer.input_layernorm(hidden), self.head_dim)
+            q, k = rope(q, cos, sin), rope(k, cos, sin)
+            cache_k, cache_v = self.cache.keys[index], self.cache.values[index]
+            cache_k[slots[:, None], :, writes] = k.transpose(1, 2)
+            cache_v[slots[:, None], :, writes] = v.transpose(1, 2)
+            if direct:
+                past_k, past_v = cache_k[:rows, :, :keys], cache_v[:rows, :, :keys]
+            else:
+                past_k = cache_k[:, :, :keys].index_select(0, slots)
+                past_v = cache_v[:, :, :keys].index_select(0, slots)
+            attended = gqa_attention(q, past_k, past_v, mask, layer.self_attn.scaling)
+            hidden = finish_layer(layer, hidden, attended)
+        return self.backbone.norm(hidden)
+
+    def _choose(self, logits, seeds, positions, codebook: int) -> torch.Tensor:
+        return choose_codes(
+            logits,
+            codes=self.codes,
+            temperature=self.temperature,
+            top_k=self.top_k,
+            seeds=seeds,
+            positions=positions,
+            codebook=codebook,
+        )
+
+    def _frame(self, backbone_hidden, seeds, positions) -> torch.Tensor:
+        """A frame per row [rows, codebooks]: codebook 0 from the backbone's head, the
+        others from the depth decoder, one pass per codebook, K and V kept per pass."""
+        codes = [self._choose(self.model.lm_head(backbone_hidden), seeds, positions, 0)]
+        depth = self.depth
+        rows = backbone_hidden.shape[0]
+        first = depth.embed_tokens(codes[0])  # codebook 0's ids carry no offset
+        embeds = depth.inputs_embeds_projector(torch.stack([backbone_hidden, first], dim=1))
+        past: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(depth.layers)
+        start = 0
+        while len(codes) < self.num_codebooks:
+            tokens = embeds.shape[1]
+            positions_d = torch.arange(start, start + tokens, device=self.device)
+            cos, sin = depth.rotary_emb(embeds, positions_d[None])
+            cos, sin = cos[:, None], sin[:, None]
+            key_index = torch.arange(start + tokens, device=self.device)
+            mask = (key_index[None, :] <= positions_d[:, None])[None, None].expand(rows, 1, -1, -1)
+            hidden = embeds
+            for index, layer in enumerate(depth.layers):
+                normed = layer.input_layernorm(hidden)
+                q, k, v = project(layer.self_attn, normed, self.depth_head_dim)
+                q, k = rope(q, cos, sin), rope(k, cos, sin)
+                if past[index] is not None:
+                    k = torch.cat([past[index][0], k], dim=2)
+                    v = torch.cat([past[index][1], v], dim=2)
+                past[index] = (k, v)
+                attended = gqa_attention(q, k, v, mask, layer.self_attn.scaling)
+                hidden = finish_layer(layer, hidden, attended)
+            last = depth.norm(hidden[:, -1])
+            codebook = len(codes)  # predicted by head weight codebook - 1
+            logits = last @ self.depth_head.weight[codebook - 1]
+            code = self._choose(logits, seeds, positions, codebook)
+            codes.append(code)
+            start += tokens
+            if len(codes) < self.num_codebooks:
+                ids = code + codebook * self.vocab
+                embeds = depth.inputs_embeds_projector(depth.embed_tokens(ids)[:, None])
+        return torch.stack(codes, dim=1)

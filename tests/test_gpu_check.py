@@ -1,0 +1,46 @@
+"""benchmarks/gpu_check.py runs end to end on the CPU with the tiny model (`--device cpu
+--tiny`): every part, its figures written, so a GPU session's one run meets no typo."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from benchmarks import gpu_check
+
+
+def test_the_gpu_check_runs_every_part_on_the_tiny_model(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "results"
+    figures = gpu_check.main(
+        [
+            "--device",
+            "cpu",
+            "--tiny",
+            "--out",
+            str(out),
+            "--duration-s",
+            "1.5",
+            "--set",
+            f"codec_lm.cache_dir={tmp_path / 'cache'}",
+        ]
+    )
+    printed = capsys.readouterr().out
+    assert "failed" not in figures, figures.get("failed")
+    for key in ("step_ms", "step_with_arrival_ms", "buckets", "vocoder_turn_ms", "engine"):
+        assert key in figures, key
+    assert set(figures["step_ms"]) == {1, 4, 8}
+    assert all(ms > 0 for ms in figures["step_ms"].values())
+    # eager on a CPU: graph = eager trivially; batched = alone is a real check
+    assert figures["buckets"] and all(
+        row == {"graph_equals_eager": True, "batched_equals_alone": True}
+        for row in figures["buckets"].values()
+    )
+    assert figures["engine"][1]["requests"] >= 1
+    assert figures["late_graph_keys"] == []
+    assert -100 < figures["mimi_bf16_snr_db"] < 200
+    for target in ("step with an arriving prompt", "largest N stall-free", "TTFA p50"):
+        assert target in printed
+    (text,) = out.glob("gpu-check-tiny-*.txt")
+    (data,) = out.glob("gpu-check-tiny-*.json")
+    assert text.read_text().splitlines()[0].startswith("# python -m benchmarks.gpu_check")
+    assert json.loads(data.read_text())["buckets"]
