@@ -413,8 +413,8 @@ class Connection:
         if self.multi and text == "" and not flush:
             return  # a keep-alive
         if context is None:
-            if not self.multi and "text" in data and text == "":
-                return  # the end of a text that never began
+            if not text:
+                return  # a flush, or the end, of a text that never began: nothing to say
             context = self._new_context(context_id, data.get("voice_settings"))
         elif context.text_done or context.speech.interrupted:
             raise Refused(
