@@ -449,3 +449,16 @@ def test_the_sdk_reads_voices_models_and_whole_timestamps(server: LiveServer) ->
     assert "".join(whole.alignment.characters) == "Hello there."
     audio_s = len(base64.b64decode(whole.audio_base_64)) / 2 / 24000
     assert audio_s == pytest.approx(expected_audio_s(server.settings, "Hello there."), abs=0.01)
+
+
+def test_a_client_leaving_mid_stream_frees_its_engine_stream(server: LiveServer) -> None:
+    long_text = " ".join(["This sentence is one of many that make a long answer."] * 6)
+    with (
+        httpx.Client(timeout=10) as client,
+        client.stream("POST", tts_url(server, fmt="pcm_24000"), json={"text": long_text}) as r,
+    ):
+        assert r.status_code == 200
+        next(r.iter_raw())  # the first audio, then the client hangs up
+    left_s = time.monotonic()
+    assert _engine_idle(server, timeout_s=1.0)
+    assert time.monotonic() - left_s < 1.0
