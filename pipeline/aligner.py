@@ -66,6 +66,9 @@ class StreamAligner:
     ) -> None:
         """`sent_s`: the stream's audio sent so far (no timing is placed before it)."""
         self._alignment = alignment
+        # timings made by the transition running now, handed to the alignment at its end
+        self._chars: list[CharTiming] = []
+        self._words: list[WordTiming] = []
         self._sent_s = sent_s
         self._frame_s = seconds_per_frame
         self._speed = speed
@@ -102,6 +105,9 @@ class StreamAligner:
             return
         try:
             work()
+            if self._chars or self._words:
+                self._alignment.extend(self._chars, self._words)
+                self._chars, self._words = [], []
         except Exception:
             self._broken = True
             log.exception("timing a stream's text failed: its alignment stops here")
@@ -183,7 +189,7 @@ class StreamAligner:
         self._emit_gap(self._client_end, total_frames * self._frame_s)
         word = self._end_word(self._client_end)
         if word is not None:
-            self._alignment.extend([], [word])
+            self._words.append(word)
 
     # Inner workings.
 
@@ -298,8 +304,8 @@ class StreamAligner:
         step = (end_s - start_s) / count
         text = self._client
         base = self._client_base
-        chars: list[CharTiming] = []
-        words: list[WordTiming] = []
+        chars = self._chars
+        words = self._words
         for k in range(count):
             index = start + k
             char = text[index - base]
@@ -318,7 +324,6 @@ class StreamAligner:
                 word = self._end_word(index + 1)
                 if word is not None:
                     words.append(word)
-        self._alignment.extend(chars, words)
         self._next_char = stop
         self._last_end_s = max(self._last_end_s, end_s)
         # keep only the client text not yet timed, and the open word's
