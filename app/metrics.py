@@ -110,6 +110,13 @@ class Metrics:
             buckets=_TURN_BUCKETS_S,
             registry=r,
         )
+        self.protocol_streams = Counter(
+            "playhead_protocol_streams",
+            "Speech requests of the client protocols besides OpenAI's, by protocol "
+            "(elevenlabs...) and outcome (admitted, rejected)",
+            ["protocol", "outcome"],
+            registry=r,
+        )
         self.admission_rejections = Counter(
             "playhead_admission_rejections",
             "Requests rejected by admission control (429)",

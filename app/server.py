@@ -4,9 +4,9 @@ It picks the backend factory, creates the AppState (app/state.py: settings, metr
 engine and the model's loading), installs the error handlers (app/errors.py), the
 middleware (x-request-id, CORS when configured, the shutdown drain of app/shutdown.py, the
 API key of app/security.py, the speech route's admission of app/admission_gate.py) and the
-routes (app/routes.py; the WebSocket and the page at / in app/ws/), and the Wyoming server
-(app/wyoming/) when `wyoming.enabled`. Nothing imports this module
-but the command line and tests.
+routes (app/routes.py; the WebSocket and the page at / in app/ws/; ElevenLabs' API in
+app/elevenlabs/), and the Wyoming server (app/wyoming/) when `wyoming.enabled`. Nothing
+imports this module but the command line and tests.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from functools import partial
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
-from app import __version__
+from app import __version__, elevenlabs
 from app.admission_gate import AdmissionGate
 from app.errors import install_error_handlers
 from app.request_id import RequestIdMiddleware
@@ -63,17 +63,23 @@ def create_app(settings: Settings, *, backend_factory: BackendFactory | None = N
     # the last added runs first: request id, CORS, drain (503), the API key, then
     # admission for the speech route (app/admission_gate.py: 429 before FastAPI's work)
     app.add_middleware(AdmissionGate, state=state)
-    app.add_middleware(AccessMiddleware, api_key=server.api_key, public_routes=server.public_routes)
+    app.add_middleware(
+        AccessMiddleware,
+        api_key=server.api_key,
+        public_routes=server.public_routes,
+        error_shapes=(elevenlabs.ERROR_SHAPE,),
+    )
     app.add_middleware(DrainMiddleware, state=state)
     if server.cors_origins:
         app.add_middleware(
             CORSMiddleware,
             allow_origins=list(server.cors_origins),
             allow_methods=["GET", "POST"],
-            allow_headers=["Authorization", "Content-Type"],
+            allow_headers=["Authorization", "Content-Type", "xi-api-key"],
             expose_headers=["x-request-id", "X-Playhead-Stream-Id", "Retry-After", "Server-Timing"],
         )
     app.add_middleware(RequestIdMiddleware)
+    elevenlabs.install(app)  # first: GET /v1/models answers both APIs
     app.include_router(v1_router)
     app.include_router(open_router)
     install_websocket(app)

@@ -1,0 +1,464 @@
+"""ElevenLabs' API (app/elevenlabs/) over a live uvicorn server, sim backend: formats,
+errors in ElevenLabs' shape, the key, admission, the sockets' contexts (flush, close,
+interruption, live text) and the alignment's two clocks. The real clients against the real
+voice are in tests/test_elevenlabs_clients.py."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import av
+import httpx
+import numpy as np
+import pytest
+import websockets
+from api_support import (
+    SLOW_TALKER,
+    LiveServer,
+    expected_audio_s,
+    live_server,
+    metric_value,
+    sim_settings,
+)
+
+from app.elevenlabs.sockets import ws_alignment
+from pipeline.alignment import CharTiming
+
+TEXT = "Hello there. This is a test of the multi context socket."
+KEY = "sk-test-key"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[LiveServer]:
+    with live_server(sim_settings(*SLOW_TALKER, "admission.enabled=false")) as live:
+        yield live
+
+
+def tts_url(server: LiveServer, path: str = "/stream", voice: str = "sim", fmt: str = "") -> str:
+    query = f"?output_format={fmt}" if fmt else ""
+    return f"{server.base_url}/v1/text-to-speech/{voice}{path}{query}"
+
+
+def ws_url(server: LiveServer, kind: str, fmt: str = "pcm_24000", extra: str = "") -> str:
+    base = server.base_url.replace("http://", "ws://")
+    return f"{base}/v1/text-to-speech/sim/{kind}?output_format={fmt}{extra}"
+
+
+def _engine_idle(server: LiveServer, timeout_s: float = 5.0) -> bool:
+    engine = server.app.state.playhead.engine
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        stats = engine.stats()
+        if stats.active_streams + stats.draining_streams == 0:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+async def _context_audio(
+    ws: websockets.ClientConnection, context_id: str, *, timeout_s: float = 30.0
+) -> tuple[bytes, list[dict[str, Any]]]:
+    """Audio and messages of one context until its isFinal."""
+    audio, messages = bytearray(), []
+    async with asyncio.timeout(timeout_s):
+        while True:
+            message = json.loads(await ws.recv())
+            if message.get("contextId") not in (None, context_id):
+                continue
+            messages.append(message)
+            if message.get("audio"):
+                audio += base64.b64decode(message["audio"])
+            if message.get("isFinal") or ("error" in message and "contextId" not in message):
+                return bytes(audio), messages
+
+
+# HTTP
+
+
+def test_stream_pcm_and_ulaw_have_the_length_of_the_text(server: LiveServer) -> None:
+    expected_s = expected_audio_s(server.settings, TEXT)
+    pcm = httpx.post(tts_url(server, fmt="pcm_16000"), json={"text": TEXT}, timeout=30)
+    assert pcm.status_code == 200 and pcm.headers["content-type"] == "audio/pcm"
+    assert len(pcm.content) / 2 / 16000 == pytest.approx(expected_s, abs=0.01)
+    ulaw = httpx.post(tts_url(server, "", fmt="ulaw_8000"), json={"text": TEXT}, timeout=30)
+    assert ulaw.status_code == 200 and ulaw.headers["content-type"] == "audio/basic"
+    assert len(ulaw.content) / 8000 == pytest.approx(expected_s, abs=0.01)  # a byte a sample
+    assert int(ulaw.headers["x-character-count"]) == len(TEXT)
+
+
+def test_default_format_is_mp3_44100_128(server: LiveServer) -> None:
+    response = httpx.post(tts_url(server, ""), json={"text": "Hello there."}, timeout=30)
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("audio/")  # LiveKit requires audio/*
+    with av.open(io.BytesIO(response.content), format="mp3") as container:
+        stream = container.streams.audio[0]
+        assert stream.rate == 44100 and stream.codec_context.bit_rate == 128000
+
+
+def test_stream_with_timestamps_is_json_lines_of_audio(server: LiveServer) -> None:
+    response = httpx.post(
+        tts_url(server, "/stream/with-timestamps", fmt="pcm_24000"), json={"text": TEXT}
+    )
+    assert response.status_code == 200
+    lines = [json.loads(line) for line in response.text.splitlines() if line]
+    assert all(set(line) == {"audio_base64", "alignment", "normalized_alignment"} for line in lines)
+    audio = b"".join(base64.b64decode(line["audio_base64"]) for line in lines)
+    expected_s = expected_audio_s(server.settings, TEXT)
+    assert len(audio) / 2 / 24000 == pytest.approx(expected_s, abs=0.01)
+    whole = httpx.post(tts_url(server, "/with-timestamps", fmt="pcm_24000"), json={"text": TEXT})
+    assert len(base64.b64decode(whole.json()["audio_base64"])) == len(audio)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "fmt", "status", "code"),
+    [
+        ("/stream", "not json", "", 400, "invalid_json"),
+        ("/stream", {"model_id": "eleven_flash_v2_5"}, "", 400, "missing_required_parameter"),
+        ("/stream", {"text": "  "}, "", 400, "invalid_text"),
+        ("/stream", {"text": "Hi.", "voice_settings": {"speed": 9}}, "", 400, "invalid_value"),
+        ("/stream", {"text": "Hi."}, "alaw_8000", 400, "invalid_output_format"),
+        ("/stream", {"text": "Hi."}, "mp3_44100", 400, "invalid_output_format"),
+        ("/stream", {"text": "Hi."}, "wav_44100", 400, "invalid_output_format"),
+        ("/stream", {"text": "x" * 5000}, "", 400, "max_character_limit_exceeded"),
+    ],
+)
+def test_bad_input_is_a_400_in_elevenlabs_shape(
+    server: LiveServer, path: str, body: object, fmt: str, status: int, code: str
+) -> None:
+    content = body if isinstance(body, str) else json.dumps(body)
+    response = httpx.post(tts_url(server, path, fmt=fmt), content=content, timeout=10)
+    assert response.status_code == status
+    detail = response.json()["detail"]
+    assert detail["status"] == code and detail["message"]
+
+
+def test_unknown_voice_is_a_404_and_elevenlabs_ids_take_the_default(server: LiveServer) -> None:
+    missing = httpx.post(tts_url(server, voice="no-such-voice"), json={"text": "Hi."})
+    assert missing.status_code == 404
+    assert missing.json()["detail"]["status"] == "voice_not_found"
+    default = httpx.post(tts_url(server, voice="hpp4J3VqNfWAUOO0d1Us"), json={"text": "Hi."})
+    assert default.status_code == 200  # LiveKit's default voice id: the default voice
+
+
+def test_voices_and_models(server: LiveServer) -> None:
+    voices = httpx.get(server.base_url + "/v1/voices").json()
+    assert [v["voice_id"] for v in voices["voices"]] == ["sim"]
+    assert {"name", "category"} <= set(voices["voices"][0])
+    elevenlabs = httpx.get(server.base_url + "/v1/models", headers={"xi-api-key": "k"}).json()
+    assert "eleven_flash_v2_5" in [m["model_id"] for m in elevenlabs]
+    assert all(m["can_do_text_to_speech"] for m in elevenlabs)
+    openai = httpx.get(server.base_url + "/v1/models").json()  # the shared path's other API
+    assert openai["object"] == "list"
+
+
+def test_the_key_in_xi_api_key_and_a_401_in_elevenlabs_shape() -> None:
+    with live_server(sim_settings(f"server.api_key={KEY}")) as live:
+        url = tts_url(live, fmt="pcm_24000")
+        ok = httpx.post(url, json={"text": "Hi."}, headers={"xi-api-key": KEY})
+        assert ok.status_code == 200
+        for headers in ({}, {"xi-api-key": "wrong"}):
+            refused = httpx.post(url, json={"text": "Hi."}, headers=headers)
+            assert refused.status_code == 401
+            assert refused.json()["detail"]["status"] in ("needs_authorization", "invalid_api_key")
+        # the OpenAI route takes the same key in its own header, and answers its own shape
+        openai = httpx.post(
+            live.base_url + "/v1/audio/speech",
+            json={"model": "tts-1", "input": "Hi.", "voice": "sim"},
+            headers={"xi-api-key": "wrong"},
+        )
+        assert openai.status_code == 401 and "detail" in openai.json()
+
+        async def sockets() -> None:
+            with pytest.raises(websockets.InvalidStatus) as denied:
+                async with websockets.connect(ws_url(live, "multi-stream-input")):
+                    pass
+            assert denied.value.response.status_code == 401
+            assert json.loads(denied.value.response.body)["detail"]["status"]
+            headers = {"xi-api-key": KEY}
+            async with websockets.connect(
+                ws_url(live, "stream-input"), additional_headers=headers
+            ) as ws:
+                await ws.send(json.dumps({"text": "Hello. "}))
+                await ws.send(json.dumps({"text": ""}))
+                audio, messages = await _context_audio(ws, "default")
+            assert audio and messages[-1] == {"isFinal": True}
+
+        asyncio.run(sockets())
+
+
+def test_capacity_is_a_429_with_retry_after_and_a_socket_error() -> None:
+    with live_server(sim_settings(*SLOW_TALKER, "admission.max_streams=1")) as live:
+
+        async def run() -> None:
+            async with websockets.connect(ws_url(live, "multi-stream-input")) as ws:
+                await ws.send(json.dumps({"text": "Held open. ", "context_id": "held"}))
+                while not json.loads(await ws.recv()).get("audio"):
+                    pass  # the first context plays: the engine is full
+                response = httpx.post(tts_url(live, fmt="pcm_24000"), json={"text": "Hi."})
+                assert response.status_code == 429
+                assert int(response.headers["Retry-After"]) >= 1
+                assert response.json()["detail"]["status"] == "too_many_concurrent_requests"
+                await ws.send(json.dumps({"text": "Refused. ", "context_id": "second"}))
+                error = json.loads(await ws.recv())
+                while error.get("contextId") != "second":
+                    error = json.loads(await ws.recv())
+                assert error["error"] == "too_many_concurrent_requests" and error["code"] == 429
+                assert error["context_id"] == "second" and error["retry_after_s"] >= 1
+                final = json.loads(await ws.recv())
+                while final.get("contextId") != "second":
+                    final = json.loads(await ws.recv())
+                assert final == {"isFinal": True, "contextId": "second"}
+                await ws.send(json.dumps({"context_id": "held", "close_context": True}))
+                await _context_audio(ws, "held")  # the socket stayed open
+
+        asyncio.run(run())
+        metrics = live.metrics()
+        assert (
+            metric_value(
+                metrics,
+                "playhead_protocol_streams_total",
+                'outcome="rejected",protocol="elevenlabs"',
+            )
+            >= 2
+        )
+
+
+# Sockets
+
+
+async def test_flush_then_close_context_ends_with_all_audio_and_is_final(
+    server: LiveServer,
+) -> None:
+    async with websockets.connect(ws_url(server, "multi-stream-input")) as ws:
+        await ws.send(json.dumps({"text": " ", "context_id": "c1", "voice_settings": {}}))
+        for sentence in ("Hello there. ", "This is a test of the multi context socket. "):
+            await ws.send(json.dumps({"text": sentence, "context_id": "c1"}))
+        await ws.send(json.dumps({"text": ""}))  # a keep-alive changes nothing
+        await ws.send(json.dumps({"context_id": "c1", "flush": True}))
+        await ws.send(json.dumps({"context_id": "c1", "close_context": True}))
+        audio, messages = await _context_audio(ws, "c1")
+    text = "Hello there. This is a test of the multi context socket."
+    expected_s = expected_audio_s(server.settings, text)
+    assert len(audio) / 2 / 24000 == pytest.approx(expected_s, abs=0.01)
+    assert messages[-1] == {"isFinal": True, "contextId": "c1"}
+    assert all(m["contextId"] == "c1" for m in messages)
+    assert _engine_idle(server)
+
+
+async def test_close_context_without_flush_interrupts_within_one_chunk(
+    server: LiveServer,
+) -> None:
+    long_text = " ".join(["This sentence is one of many that make a long answer."] * 6)
+    async with websockets.connect(ws_url(server, "multi-stream-input")) as ws:
+        await ws.send(json.dumps({"text": long_text + " ", "context_id": "talk"}))
+        chunk_sizes: list[int] = []
+        while len(chunk_sizes) < 2:
+            message = json.loads(await ws.recv())
+            if message.get("audio"):
+                chunk_sizes.append(len(base64.b64decode(message["audio"])))
+        await ws.send(json.dumps({"context_id": "talk", "close_context": True}))
+        after, messages = await _context_audio(ws, "talk", timeout_s=5)
+    assert messages[-1] == {"isFinal": True, "contextId": "talk"}
+    assert len(after) <= max(chunk_sizes)  # at most the chunk that was on its way
+    full_s = expected_audio_s(server.settings, long_text)
+    assert (sum(chunk_sizes) + len(after)) / 2 / 24000 < full_s / 2
+    assert _engine_idle(server)  # the engine stream is freed
+
+
+async def test_live_text_speaks_its_first_sentence_before_the_rest_arrives(
+    server: LiveServer,
+) -> None:
+    async with websockets.connect(ws_url(server, "multi-stream-input")) as ws:
+        await ws.send(json.dumps({"text": "The first sentence is complete. ", "context_id": "a"}))
+        await ws.send(json.dumps({"text": "The second one is still ", "context_id": "a"}))
+        async with asyncio.timeout(5):  # no flush, no close: the first sentence speaks
+            while not json.loads(await ws.recv()).get("audio"):
+                pass
+        await ws.send(json.dumps({"text": "being written. ", "context_id": "a"}))
+        await ws.send(json.dumps({"text": "", "flush": True, "context_id": "a"}))  # LiveKit's
+        await ws.send(json.dumps({"context_id": "a", "close_context": True}))
+        await _context_audio(ws, "a")
+
+
+async def test_two_contexts_and_the_socket_closes_on_close_socket(server: LiveServer) -> None:
+    async with websockets.connect(ws_url(server, "multi-stream-input", "mp3_22050_32")) as ws:
+        for context_id in ("one", "two"):
+            await ws.send(json.dumps({"text": "Hello there. ", "context_id": context_id}))
+            await ws.send(json.dumps({"text": "How are you? ", "context_id": context_id}))
+            await ws.send(json.dumps({"context_id": context_id, "flush": True}))
+            await ws.send(json.dumps({"context_id": context_id, "close_context": True}))
+        audio: dict[str, bytearray] = {"one": bytearray(), "two": bytearray()}
+        finals = set()
+        while finals != {"one", "two"}:
+            message = json.loads(await ws.recv())
+            if message.get("audio"):
+                audio[message["contextId"]] += base64.b64decode(message["audio"])
+            if message.get("isFinal"):
+                finals.add(message["contextId"])
+        await ws.send(json.dumps({"close_socket": True}))
+        with pytest.raises(websockets.ConnectionClosedOK):
+            await ws.recv()
+    # each context is one continuous mp3 stream (LiveKit's decoder needs that)
+    expected_s = expected_audio_s(server.settings, "Hello there. How are you?")
+    for data in audio.values():
+        with av.open(io.BytesIO(bytes(data)), format="mp3") as container:
+            decoded = sum(f.samples for f in container.decode(audio=0)) / 22050
+        assert expected_s <= decoded <= expected_s + 0.08
+
+
+async def test_bad_messages_get_an_error_and_the_socket_stays(server: LiveServer) -> None:
+    async with websockets.connect(ws_url(server, "multi-stream-input")) as ws:
+        for bad in ("not json", "[1, 2]", json.dumps({"text": 5, "context_id": "x"})):
+            await ws.send(bad)
+            error = json.loads(await ws.recv())
+            assert error["error"] and error["message"]
+        await ws.send(json.dumps({"text": "Still here. ", "context_id": "ok"}))
+        await ws.send(json.dumps({"context_id": "ok", "flush": True}))
+        await ws.send(json.dumps({"context_id": "ok", "close_context": True}))
+        audio, _ = await _context_audio(ws, "ok")
+        assert audio
+    with pytest.raises(websockets.InvalidStatus) as denied:
+        async with websockets.connect(ws_url(server, "multi-stream-input", "flac_44100")):
+            pass
+    assert denied.value.response.status_code == 400
+
+
+async def test_the_single_socket_ends_with_is_final_and_closes(server: LiveServer) -> None:
+    started = time.monotonic()
+    async with websockets.connect(ws_url(server, "stream-input")) as ws:
+        await ws.send(json.dumps({"text": " ", "voice_settings": {"speed": 1.0}}))
+        await ws.send(json.dumps({"text": "Hello there. ", "try_trigger_generation": True}))
+        await ws.send(json.dumps({"text": ""}))
+        audio, messages = await _context_audio(ws, "default")
+        assert messages[-1] == {"isFinal": True}
+        with pytest.raises(websockets.ConnectionClosedOK):
+            await ws.recv()
+    audio_s = expected_audio_s(server.settings, "Hello there.")
+    assert len(audio) / 2 / 24000 == pytest.approx(audio_s, abs=0.01)
+    assert time.monotonic() - started < audio_s + 2.0  # every message handled as it came
+
+
+def _chars(text: str, step_s: float = 0.05) -> list[CharTiming]:
+    return [CharTiming(i, c, i * step_s, step_s) for i, c in enumerate(text)]
+
+
+def test_alignment_clocks_sync_and_restarting() -> None:
+    chars = _chars("Hello world again")
+    pieces = (chars[:4], chars[4:11], chars[11:])
+    base: int | None = None
+    absolute = []
+    for piece in pieces:
+        message, base = ws_alignment(piece, base)
+        assert message is not None
+        absolute += message["charStartTimesMs"]
+    assert absolute == [round(c.start_s * 1000) for c in chars]  # sync: the context's clock
+    # restarting at zero where the last message ended: pipecat's running sum gets them back
+    base, clock_ms, rebuilt = 0, 0, []
+    for piece in pieces:
+        message, base = ws_alignment(piece, base)
+        assert message is not None and message["charStartTimesMs"][0] <= 50
+        rebuilt += [clock_ms + s for s in message["charStartTimesMs"]]
+        clock_ms += message["charStartTimesMs"][-1] + message["charDurationsMs"][-1]
+    assert rebuilt == absolute
+    assert ws_alignment([], 120) == (None, 120)
+    assert np.all(np.diff(absolute) >= 0)
+
+
+def test_alignment_is_of_the_text_as_sent(server: LiveServer) -> None:
+    text = "It costs $5. Call me at 10 tomorrow."
+    whole = httpx.post(tts_url(server, "/with-timestamps", fmt="pcm_24000"), json={"text": text})
+    body = whole.json()
+    alignment = body["alignment"]
+    assert "".join(alignment["characters"]) == text  # "$5", not "five dollars"
+    starts = alignment["character_start_times_seconds"]
+    assert starts == sorted(starts)
+    audio_s = len(base64.b64decode(body["audio_base64"])) / 2 / 24000
+    assert alignment["character_end_times_seconds"][-1] == pytest.approx(audio_s, abs=0.002)
+
+
+async def test_socket_alignment_restarts_or_counts_from_the_context(server: LiveServer) -> None:
+    pieces = ("It costs $5. ", "Call me at 10 tomorrow. ")
+    for extra, sync in (("&sync_alignment=true", True), ("", False)):
+        async with websockets.connect(ws_url(server, "multi-stream-input", extra=extra)) as ws:
+            for piece in pieces:
+                await ws.send(json.dumps({"text": piece, "context_id": "t"}))
+            await ws.send(json.dumps({"context_id": "t", "flush": True}))
+            await ws.send(json.dumps({"context_id": "t", "close_context": True}))
+            audio, messages = await _context_audio(ws, "t")
+        chars, starts, clock_ms = [], [], 0
+        for message in messages:
+            alignment = message.get("normalizedAlignment")
+            if alignment:
+                chars += alignment["chars"]
+                # sync: the context's clock; else pipecat's running sum of the spans
+                starts += [s + (0 if sync else clock_ms) for s in alignment["charStartTimesMs"]]
+                clock_ms += alignment["charStartTimesMs"][-1] + alignment["charDurationsMs"][-1]
+        assert "".join(chars) == "".join(pieces)
+        assert starts == sorted(starts), sync
+        assert starts[-1] <= len(audio) / 2 / 24
+        if not sync:
+            assert clock_ms <= len(audio) / 2 / 24 + 1
+
+
+async def test_socket_limits_nul_contexts_size_and_inactivity(server: LiveServer) -> None:
+    async with websockets.connect(ws_url(server, "multi-stream-input")) as ws:
+        await ws.send(json.dumps({"text": "Bad\x00text. ", "context_id": "nul"}))
+        error = json.loads(await ws.recv())
+        assert error["error"] == "invalid_text" and error["contextId"] == "nul"
+        for n in range(6):  # five contexts may be open at once
+            await ws.send(json.dumps({"text": " ", "context_id": f"c{n}"}))
+        error = json.loads(await ws.recv())
+        assert error["error"] == "max_active_contexts_exceeded" and error["contextId"] == "c5"
+        limit = server.settings.websocket.max_message_bytes
+        await ws.send(json.dumps({"text": "x" * limit, "context_id": "c0"}))
+        error = json.loads(await ws.recv())
+        assert error["error"] == "message_too_large"
+        finals = set()
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            while True:  # the open contexts end (isFinal each), then the socket closes
+                finals.add(json.loads(await ws.recv())["contextId"])
+        assert finals == {f"c{n}" for n in range(5)}
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+    started = time.monotonic()
+    extra = "&inactivity_timeout=1"
+    async with websockets.connect(ws_url(server, "multi-stream-input", extra=extra)) as ws:
+        error = json.loads(await ws.recv())  # nothing sent: closed after about a second
+        assert error["error"] == "input_timeout_exceeded"
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await ws.recv()
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+    assert 1.0 <= time.monotonic() - started < 3.0
+
+
+def test_the_sdk_reads_voices_models_and_whole_timestamps(server: LiveServer) -> None:
+    from elevenlabs import ElevenLabs
+
+    client = ElevenLabs(base_url=server.base_url, api_key="any")
+    assert [v.voice_id for v in client.voices.get_all().voices] == ["sim"]
+    assert "eleven_flash_v2_5" in [m.model_id for m in client.models.list()]
+    whole = client.text_to_speech.convert_with_timestamps(
+        "sim", text="Hello there.", output_format="pcm_24000"
+    )
+    assert whole.alignment is not None
+    assert "".join(whole.alignment.characters) == "Hello there."
+    audio_s = len(base64.b64decode(whole.audio_base_64)) / 2 / 24000
+    assert audio_s == pytest.approx(expected_audio_s(server.settings, "Hello there."), abs=0.01)
+
+
+def test_a_client_leaving_mid_stream_frees_its_engine_stream(server: LiveServer) -> None:
+    long_text = " ".join(["This sentence is one of many that make a long answer."] * 6)
+    with (
+        httpx.Client(timeout=10) as client,
+        client.stream("POST", tts_url(server, fmt="pcm_24000"), json={"text": long_text}) as r,
+    ):
+        assert r.status_code == 200
+        next(r.iter_raw())  # the first audio, then the client hangs up
+    left_s = time.monotonic()
+    assert _engine_idle(server, timeout_s=1.0)
+    assert time.monotonic() - left_s < 1.0
