@@ -15,13 +15,17 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from collections.abc import Callable, Mapping
 
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.errors import Unauthorized, error_response
+from app.errors import ApiError, Unauthorized, error_response
 
 ALWAYS_OPEN_PATHS = frozenset({"/health", "/ready"})
+# Headers that carry the key itself (no scheme), as some protocols' clients send it
+# (Cartesia's: X-API-Key); `Authorization: Bearer` wins when both come.
+KEY_HEADERS = ("x-api-key",)
 
 
 def _digest(text: str) -> bytes:
@@ -48,6 +52,16 @@ def check_api_key(expected: str | None, authorization: str | None) -> None:
         )
 
 
+def presented_authorization(headers: Headers) -> str | None:
+    """The request's `Authorization`, else `Bearer <key>` from the first KEY_HEADERS."""
+    authorization = headers.get("authorization")
+    if authorization is None:
+        key = next((headers[name] for name in KEY_HEADERS if name in headers), None)
+        if key is not None:
+            return f"Bearer {key}"
+    return authorization
+
+
 def route_group(path: str) -> str | None:
     """The `server.public_routes` name a path belongs to, if any."""
     if path == "/metrics":
@@ -60,22 +74,33 @@ def route_group(path: str) -> str | None:
 
 
 class AccessMiddleware:
-    """401 with the envelope for an HTTP request without the key (see the module doc)."""
+    """401 with the envelope for an HTTP request without the key (see the module doc);
+    `error_renderers` answers it in a protocol's own shape under a path prefix."""
 
     def __init__(
-        self, app: ASGIApp, *, api_key: str | None, public_routes: tuple[str, ...]
+        self,
+        app: ASGIApp,
+        *,
+        api_key: str | None,
+        public_routes: tuple[str, ...],
+        error_renderers: Mapping[str, Callable[[ApiError], ASGIApp]] | None = None,
     ) -> None:
         self.app = app
         self._api_key = api_key
         self._public = frozenset(public_routes)
+        self._renderers = dict(error_renderers or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and self._api_key is not None:
             path = scope["path"]
             if path not in ALWAYS_OPEN_PATHS and route_group(path) not in self._public:
                 try:
-                    check_api_key(self._api_key, Headers(scope=scope).get("authorization"))
+                    check_api_key(self._api_key, presented_authorization(Headers(scope=scope)))
                 except Unauthorized as exc:
-                    await error_response(exc)(scope, receive, send)
+                    render = next(
+                        (r for prefix, r in self._renderers.items() if path.startswith(prefix)),
+                        error_response,
+                    )
+                    await render(exc)(scope, receive, send)
                     return
         await self.app(scope, receive, send)

@@ -15,7 +15,7 @@ from functools import partial
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
-from app import __version__
+from app import __version__, cartesia
 from app.admission_gate import AdmissionGate
 from app.errors import install_error_handlers
 from app.request_id import RequestIdMiddleware
@@ -59,7 +59,12 @@ def create_app(settings: Settings, *, backend_factory: BackendFactory | None = N
     # the last added runs first: request id, CORS, drain (503), the API key, then
     # admission for the speech route (app/admission_gate.py: 429 before FastAPI's work)
     app.add_middleware(AdmissionGate, state=state)
-    app.add_middleware(AccessMiddleware, api_key=server.api_key, public_routes=server.public_routes)
+    app.add_middleware(
+        AccessMiddleware,
+        api_key=server.api_key,
+        public_routes=server.public_routes,
+        error_renderers=cartesia.ERROR_RENDERERS,
+    )
     app.add_middleware(DrainMiddleware, state=state)
     if server.cors_origins:
         app.add_middleware(
@@ -73,4 +78,5 @@ def create_app(settings: Settings, *, backend_factory: BackendFactory | None = N
     app.include_router(v1_router)
     app.include_router(open_router)
     install_websocket(app)
+    cartesia.install(app)  # Cartesia's API (docs/cartesia.md)
     return app
