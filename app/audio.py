@@ -20,10 +20,11 @@ Bit rates (mp3, opus, aac), the Ogg page duration and soxr's quality are the set
 Containers: mp3 is bare MPEG frames (no ID3, no Xing header); opus is Ogg Opus; aac is
 ADTS; flac is native FLAC whose STREAMINFO says "total samples unknown" (the stream is not
 seekable, so the header is never rewritten); wav is a RIFF header with 0xFFFFFFFF sizes (the
-streaming convention) then s16le; pcm is raw s16le. mp3 and aac decoders see the encoder's
-priming samples (about 529 / 1024 samples at the encoded rate) and the padding of the last
-frame, because neither container can signal them (+52 / +47 ms for 2.3 s at 24 kHz); opus,
-flac, wav and pcm decode to the exact length.
+streaming convention) then s16le; pcm is raw s16le; ulaw is raw G.711 u-law, a byte a
+sample (ITU-T G.711, no header). mp3 and aac decoders see the encoder's priming
+samples (about 529 / 1024 samples at the encoded rate) and the padding of the last frame,
+because neither container can signal them (+52 / +47 ms for 2.3 s at 24 kHz); opus, flac, wav,
+pcm and ulaw decode to the exact length.
 
 Errors: UnsupportedFormat, UnsupportedSampleRate (ValueError: before the first byte, a 400);
 EncoderError (a codec failure mid-stream); EncoderClosed (use after finish/close: a bug).
@@ -40,7 +41,7 @@ import av
 import numpy as np
 import soxr
 
-from app.audio_codecs import AV_SPECS, AvCodec, RateRule, RawCodec, codec_spec, wav_stream_header
+from app.audio_codecs import AV_SPECS, AvCodec, RateRule, RawCodec, UlawCodec, codec_spec, raw_codec
 from app.encoding_config import DEFAULT_ENCODING, EncodingConfig
 
 FORMATS: Mapping[str, str] = MappingProxyType(
@@ -51,6 +52,7 @@ FORMATS: Mapping[str, str] = MappingProxyType(
         "flac": "audio/flac",
         "wav": "audio/wav",
         "pcm": "audio/pcm",
+        "ulaw": "audio/basic",  # raw G.711 u-law, any rate (telephony: 8000)
     }
 )
 
@@ -133,13 +135,11 @@ class StreamEncoder:
             )
         )
         spec = codec_spec(response_format, encoding)
-        self._codec: RawCodec | AvCodec | None  # None once closed: PyAV objects freed
+        self._codec: RawCodec | UlawCodec | AvCodec | None  # None once closed: PyAV freed
         if spec is not None:
             self._codec = AvCodec(spec, self.output_rate_hz)
-        elif response_format == "wav":
-            self._codec = RawCodec(wav_stream_header(self.output_rate_hz))
         else:
-            self._codec = RawCodec(b"")
+            self._codec = raw_codec(response_format, self.output_rate_hz)
 
     @property
     def closed(self) -> bool:
@@ -147,11 +147,11 @@ class StreamEncoder:
 
     @property
     def raw(self) -> bool:
-        """pcm or wav (no PyAV codec: `AV_SPECS` has none), so `encode` is a clip and a cast
+        """pcm, wav or ulaw (no PyAV codec: `AV_SPECS` has none), so `encode` is a clip and a cast
         (and resampling when the rates differ), about 0.2-0.5 ms per second of audio."""
         return self.response_format not in AV_SPECS
 
-    def _check_open(self) -> RawCodec | AvCodec:
+    def _check_open(self) -> RawCodec | UlawCodec | AvCodec:
         if self._codec is None:
             raise EncoderClosed(f"{self.response_format} encoder is finished or closed")
         return self._codec

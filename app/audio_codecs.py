@@ -1,4 +1,5 @@
-"""The codec layer under app/audio.py: s16le (pcm, wav) and PyAV muxer + encoder pairs.
+"""The codec layer under app/audio.py: s16le (pcm, wav), G.711 u-law (ulaw) and PyAV
+muxer + encoder pairs.
 
 A codec takes float32 mono PCM in [-1, 1] already at its own rate and returns the bytes
 that are ready: `write(pcm) -> bytes`, `flush() -> bytes` (the rest plus the container's
@@ -134,6 +135,45 @@ class RawCodec:
 
     def close(self) -> None:
         pass
+
+
+# G.711 u-law segment ends, on the 14-bit magnitude plus bias (ITU-T G.711, Sun's g711.c)
+_ULAW_SEG_ENDS = np.array([0x3F, 0x7F, 0xFF, 0x1FF, 0x3FF, 0x7FF, 0xFFF, 0x1FFF], dtype=np.int32)
+_ULAW_CLIP = 8159
+_ULAW_BIAS = 0x84 >> 2
+
+
+def ulaw_encode(s16: np.ndarray) -> bytes:
+    """16-bit linear samples -> G.711 u-law bytes (g711.c's truncating quantiser; ffmpeg's
+    pcm_mulaw rounds to the nearest level instead, one level apart at 1 % of the values)."""
+    value = s16.astype(np.int32) >> 2  # 14 bits, rounding toward -inf as in g711.c
+    mask = np.where(value < 0, 0x7F, 0xFF)
+    value = np.minimum(np.abs(value), _ULAW_CLIP) + _ULAW_BIAS
+    segment = np.searchsorted(_ULAW_SEG_ENDS, value)
+    ulaw = (segment << 4) | ((value >> (segment + 1)) & 0x0F)
+    ulaw = np.where(segment >= _ULAW_SEG_ENDS.size, 0x7F, ulaw)  # beyond the last: the top
+    return (ulaw ^ mask).astype(np.uint8).tobytes()
+
+
+class UlawCodec:
+    """Raw G.711 u-law, one byte a sample, no header (telephony: Twilio's media streams);
+    nothing is held back, so every sample leaves with the chunk that brought it."""
+
+    def write(self, pcm: np.ndarray) -> bytes:
+        return ulaw_encode(_to_s16(pcm)) if pcm.size else b""
+
+    def flush(self) -> bytes:
+        return b""
+
+    def close(self) -> None:
+        pass
+
+
+def raw_codec(response_format: str, rate_hz: int) -> RawCodec | UlawCodec:
+    """The codec of a format that needs no PyAV: pcm, wav (with its header) or ulaw."""
+    if response_format == "ulaw":
+        return UlawCodec()
+    return RawCodec(wav_stream_header(rate_hz) if response_format == "wav" else b"")
 
 
 class _ByteSink:

@@ -37,6 +37,7 @@ EXTRA_S_RANGE = {
     "flac": (-0.001, 0.001),
     "wav": (-0.001, 0.001),
     "pcm": (-0.001, 0.001),
+    "ulaw": (-0.001, 0.001),
 }
 
 
@@ -76,6 +77,13 @@ def _decode(data: bytes, fmt: str) -> tuple[np.ndarray, int]:
     return samples, rate_hz
 
 
+def _decode_ulaw(data: bytes, rate_hz: int) -> np.ndarray:
+    options = {"sample_rate": str(rate_hz), "ch_layout": "mono"}
+    with av.open(io.BytesIO(data), format="mulaw", options=options) as container:
+        planes = [frame.to_ndarray().reshape(-1) for frame in container.decode(audio=0)]
+    return np.concatenate(planes).astype(np.float32) / 32768.0
+
+
 def _decodable_s(data: bytes, fmt: str) -> float:
     """Seconds of audio a decoder gets from a stream cut short (what a client has so far)."""
     try:
@@ -105,6 +113,7 @@ def test_formats_map_to_the_api_content_types():
         "flac": "audio/flac",
         "wav": "audio/wav",
         "pcm": "audio/pcm",
+        "ulaw": "audio/basic",
     }
     for fmt, content_type in FORMATS.items():
         encoder = open_encoder(fmt, INPUT_RATE_HZ, OUTPUT_RATE_HZ)
@@ -119,6 +128,8 @@ def test_stream_decodes_whole_with_the_input_duration(fmt):
     data = b"".join(parts) + tail
     if fmt == "pcm":
         decoded, rate_hz = np.frombuffer(data, "<i2") / 32768.0, OUTPUT_RATE_HZ
+    elif fmt == "ulaw":
+        decoded, rate_hz = _decode_ulaw(data, OUTPUT_RATE_HZ), OUTPUT_RATE_HZ
     else:
         decoded, rate_hz = _decode(data, fmt)
     if fmt == "opus":
