@@ -122,6 +122,13 @@ class Metrics:
             buckets=_REJECTION_BUCKETS_S,
             registry=r,
         )
+        self.protocol_requests = Counter(
+            "playhead_protocol_requests",
+            "Speech requests (a socket's contexts too) by client protocol, transport and "
+            "outcome: admitted, rejected (429), invalid (another 4xx), failed (5xx)",
+            ["protocol", "transport", "outcome"],
+            registry=r,
+        )
         self.capacity_gauge = Gauge(
             "playhead_capacity_audio_seconds_per_second",
             "Estimated audio seconds the pipeline produces per wall second",
@@ -156,6 +163,19 @@ class Metrics:
         # lock on the same thread
         self._gc_pauses = tuple(self.gc_pause_s.labels(generation=str(g)) for g in range(3))
         self._gc_started_s: float | None = None
+
+    def protocol_request(self, protocol: str, transport: str, status_code: int) -> None:
+        """One request's start: its status code (200: admitted) counted by outcome."""
+        outcome = (
+            "admitted"
+            if status_code < 400
+            else "rejected"
+            if status_code == 429
+            else "invalid"
+            if status_code < 500
+            else "failed"
+        )
+        self.protocol_requests.labels(protocol, transport, outcome).inc()
 
     # the garbage collector ------------------------------------------------------------
 

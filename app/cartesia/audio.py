@@ -24,13 +24,9 @@ import numpy as np
 import soxr
 
 from app.audio import EncoderClosed, StreamEncoder, open_encoder
+from app.audio_codecs import ulaw_encode
 from app.cartesia.schema import OutputFormat
 from app.encoding_config import EncodingConfig
-
-try:  # the shared u-law encoder (the ElevenLabs work brings it to app/audio_codecs.py)
-    from app.audio_codecs import ulaw_encode
-except ImportError:  # pragma: no cover - until that commit is merged
-    ulaw_encode = None
 
 _S16_SCALE = 32767.0
 # encoding -> (WAVE format tag, bits per sample, content type of the raw stream)
@@ -39,10 +35,6 @@ _SAMPLE_FORMATS = {
     "pcm_f32le": (3, 32, "audio/pcm"),
     "pcm_mulaw": (7, 8, "audio/basic"),
 }
-
-
-def mulaw_available() -> bool:
-    return ulaw_encode is not None
 
 
 def wav_header(format_tag: int, bits: int, rate_hz: int) -> bytes:
@@ -102,7 +94,6 @@ class PcmEncoder:
             return header + pcm.astype("<f4").tobytes()
         s16 = np.rint(pcm * _S16_SCALE).astype("<i2")
         if self.encoding == "pcm_mulaw":
-            assert ulaw_encode is not None
             return header + ulaw_encode(s16)
         return header + s16.tobytes()
 

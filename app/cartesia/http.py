@@ -29,7 +29,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from app.audio import EncoderClosed, EncoderError
-from app.cartesia.audio import mulaw_available, open_output
+from app.cartesia.audio import open_output
 from app.cartesia.schema import (
     CONTAINERS,
     CartesiaError,
@@ -95,13 +95,12 @@ async def read_generation(request: Request, state: AppState, *, sse: bool) -> Ge
         raise invalid(f"The body is not valid JSON. {exc.message}", "invalid_json") from None
     generation = parse_generation(data, socket=False, containers=("raw",) if sse else CONTAINERS)
     check_model(generation.model_id, server.accepted_model_ids)
-    if generation.output_format.encoding == "pcm_mulaw" and not mulaw_available():
-        raise invalid("pcm_mulaw is not available on this server.", "invalid_output_format")
     return generation
 
 
 async def speech_response(request: Request, state: AppState, *, sse: bool) -> Response:
     request_id = str(uuid.uuid4())
+    transport = "sse" if sse else "http"
     try:
         generation = await read_generation(request, state, sse=sse)
         text = clean_transcript(generation.transcript, state.settings.server.max_input_chars)
@@ -121,10 +120,12 @@ async def speech_response(request: Request, state: AppState, *, sse: bool) -> Re
         except BaseException:
             body.close()
             raise
-    except CartesiaError as exc:
-        return error_json(exc, request_id)
-    except PipelineError as exc:  # Rejected, NotReady, StreamFailed before the first audio
-        return error_json(pipeline_error(exc), request_id)
+    except (CartesiaError, PipelineError) as exc:
+        # PipelineError: Rejected, NotReady, StreamFailed before the first audio
+        error = exc if isinstance(exc, CartesiaError) else pipeline_error(exc)
+        state.metrics.protocol_request(PROTOCOL, transport, error.status_code)
+        return error_json(error, request_id)
+    state.metrics.protocol_request(PROTOCOL, transport, 200)
     headers = {"Cache-Control": "no-cache", "X-Request-Id": request_id}
     if sse:
         headers["X-Accel-Buffering"] = "no"

@@ -38,7 +38,7 @@ async def tts_websocket(websocket: WebSocket) -> None:
         await _refuse(websocket, exc)
         return
     await websocket.accept()
-    await CartesiaSocket(websocket, engine, state.settings).run()
+    await CartesiaSocket(websocket, engine, state.settings, state.metrics).run()
 
 
 async def _refuse(websocket: WebSocket, error: CartesiaError) -> None:

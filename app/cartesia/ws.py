@@ -41,10 +41,11 @@ from typing import Any
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from app.audio import StreamEncoder
-from app.cartesia.audio import PcmEncoder, mulaw_available, open_output
+from app.cartesia.audio import PcmEncoder, open_output
 from app.cartesia.schema import CartesiaError, Generation, check_model, invalid, parse_generation
-from app.cartesia.speech import WordCursor, pipeline_error, resolve_voice
+from app.cartesia.speech import PROTOCOL, WordCursor, pipeline_error, resolve_voice
 from app.client_json import ClientJsonError, load_client_json
+from app.metrics import Metrics
 from app.settings import Settings
 from pipeline import Engine, PipelineError, Stream, Voice
 from pipeline.engine import Reservation
@@ -83,10 +84,13 @@ class Context:
 class CartesiaSocket:
     """One socket; `run()` serves it until it closes, and frees every context."""
 
-    def __init__(self, websocket: WebSocket, engine: Engine, settings: Settings) -> None:
+    def __init__(
+        self, websocket: WebSocket, engine: Engine, settings: Settings, metrics: Metrics
+    ) -> None:
         self.websocket = websocket
         self.engine = engine
         self.settings = settings
+        self.metrics = metrics
         self.request_id = str(uuid.uuid4())
         self.contexts: dict[str, Context] = {}
         self._dead: OrderedDict[str, None] = OrderedDict()
@@ -199,7 +203,11 @@ class CartesiaSocket:
         context = self.contexts.get(context_id)
         try:
             if context is None:
-                self._open(generation)
+                try:
+                    self._open(generation)
+                except CartesiaError as error:
+                    self.metrics.protocol_request(PROTOCOL, "websocket", error.status_code)
+                    raise
             else:
                 self._more(context, generation)
         except CartesiaError:
@@ -221,8 +229,6 @@ class CartesiaSocket:
 
     def _open(self, generation: Generation) -> None:
         check_model(generation.model_id, self.settings.server.accepted_model_ids)
-        if generation.output_format.encoding == "pcm_mulaw" and not mulaw_available():
-            raise invalid("pcm_mulaw is not available on this server.", "invalid_output_format")
         self._check_length(None, generation.transcript)
         voice = resolve_voice(self.engine, generation.voice_id)
         encoder = open_output(
@@ -330,11 +336,15 @@ class CartesiaSocket:
                     reservation=reservation,
                 )
             except PipelineError as exc:  # refused while waiting for a start slot
+                self.metrics.protocol_request(
+                    PROTOCOL, "websocket", pipeline_error(exc).status_code
+                )
                 if not context.cancelled:
                     if not context.text_closed:
                         self._bury(context.id)
                     await self.send_error(pipeline_error(exc), context.id)
                 return
+            self.metrics.protocol_request(PROTOCOL, "websocket", 200)
             await self._send_audio(context, context.stream)
         except (WebSocketDisconnect, OSError, asyncio.CancelledError):
             pass  # the socket is going: run() cancels every context
