@@ -18,12 +18,56 @@ A character the voice does not speak on its own (a space, punctuation) gets the 
 the phonemes around it, with zero duration where it has none; a span of text the
 normaliser expanded ("$3.50" -> "three dollars fifty") shares the time of everything it
 was expanded to, spread over its characters.
+
+Text reaches the engine as the voice will read it (normalised), so a caller that
+normalises says where each spoken character came from: it passes a `SpokenText` (a str,
+so every other use of it is unchanged) whose `source` is the client's text it was made
+from and whose `spans` give, per spoken character, the span of `source` it stands for
+(pipeline/normalize: `normalize_mapped`, `StreamNormalizer`). The stream's text is then
+the concatenation of the sources; a plain str is its own source, character by character.
+Every character of the stream's text gets exactly one CharTiming, in order.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass
+
+
+class SpokenText(str):
+    """Text for the voice, made from `source` (a piece of the client's text, as sent):
+    spoken character i stands for `source[spans[i][0]:spans[i][1]]`. Spans may repeat
+    (three dollars fifty all stand for "$3.50") and may be empty (a space: it stands for
+    nothing). The spans of the characters that are not white space are in order (each
+    starts no earlier than the one before)."""
+
+    source: str
+    spans: tuple[tuple[int, int], ...]
+
+    def __new__(cls, text: str, source: str, spans: tuple[tuple[int, int], ...]) -> SpokenText:
+        if len(spans) != len(text):
+            raise ValueError(f"{len(spans)} spans for {len(text)} spoken characters")
+        self = super().__new__(cls, text)
+        self.source = source
+        self.spans = spans
+        return self
+
+    @classmethod
+    def verbatim(cls, text: str) -> SpokenText:
+        """Text spoken as written: each character stands for itself."""
+        return cls(text, text, tuple((i, i + 1) for i in range(len(text))))
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (SpokenText, (str(self), self.source, self.spans))
+
+    def __add__(self, other: str) -> SpokenText:  # type: ignore[override]
+        """Joined text keeps its map: `other`'s source follows this one's (a plain str
+        stands for itself)."""
+        if not isinstance(other, SpokenText):
+            other = SpokenText.verbatim(str(other))
+        shift = len(self.source)
+        spans = self.spans + tuple((a + shift, b + shift) for a, b in other.spans)
+        return SpokenText(str(self) + str(other), self.source + other.source, spans)
 
 
 @dataclass(frozen=True, slots=True)

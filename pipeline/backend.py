@@ -39,6 +39,13 @@ prepared segment never opened, changes nothing but the time. With it goes
 once more streams have work: the backend gives up the work not yet taken, so that no
 talker waits on a background thread that the busy cores starve.
 
+Timing: a backend that knows where each character of a segment is heard (Piper's
+duration predictor gives every phoneme its frames) returns a `SegmentTiming` on the
+segment's first step with frames (`TalkStep.timing`); the engine turns it into the
+stream's alignment (pipeline/alignment.py) before any of those frames are vocoded. A
+backend that cannot (the sim backend, a codec LM) returns None: the engine then spreads
+the segment's characters evenly over its frames as they come (estimates).
+
 Errors: an exception from `open_segment` fails that one stream; one from `step` fails
 the streams of that step; one from `vocode` fails the streams of that turn. The engine's
 loops survive all three.
@@ -82,11 +89,33 @@ class TalkRequest:
 
 
 @dataclass(frozen=True)
+class SegmentTiming:
+    """Where each character of a segment's text (`TalkRequest.text`) is heard, in frames
+    of the segment (frame 0: the segment's first frame; fractions allowed).
+
+    One (start, end) pair per character, starts non-decreasing, `start <= end`. A
+    character the voice does not speak on its own (a space) may have `start == end`.
+    """
+
+    start_frames: tuple[float, ...]
+    end_frames: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.start_frames) != len(self.end_frames):
+            raise ValueError("a segment timing needs as many starts as ends")
+
+
+@dataclass(frozen=True)
 class TalkStep:
     """One open segment's outcome of one talker step."""
 
     frames: np.ndarray  # new frames, frames on axis 0; may hold none
     done: bool  # the segment ended: no more frames will come; close it
+    # where the segment's characters are heard, from a backend that knows (Piper: its
+    # duration predictor), given once per segment, on a step no later than the one with
+    # the segment's first frames; None: the engine spreads the characters evenly over
+    # the segment's frames (an estimate)
+    timing: SegmentTiming | None = None
 
 
 class VocodeItem(NamedTuple):

@@ -45,7 +45,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipeline.backend import SegmentState, TalkRequest, Voice
+from pipeline.aligner import StreamAligner
+from pipeline.backend import SegmentState, SegmentTiming, TalkRequest, Voice
 from pipeline.channel import AudioSender, audio_channel
 from pipeline.events import EngineEvents, EngineStats
 from pipeline.frames import Segment, StreamFrames
@@ -119,6 +120,7 @@ class StreamRecord:
     tag: int  # the backend's stream_tag
     order: int  # submission order (the last tie-break)
     segmenter: Segmenter
+    aligner: StreamAligner  # its talker segments' timings -> stream.alignment
     text: deque[str] = field(default_factory=deque)  # segments not yet given to the talker
     text_closed: bool = False  # no more text will be appended
     text_chars: int = 0  # characters submitted so far
@@ -515,6 +517,12 @@ class StreamBook:
             tag=self._submitted,
             order=self._submitted,
             segmenter=self._new_segmenter(),
+            aligner=StreamAligner(
+                stream.alignment,
+                voice.samples_per_frame / voice.sample_rate_hz,
+                speed,
+                lambda: stream.stats.audio_s,
+            ),
         )
         if self._start_phase_chunks:
             self._starting[stream_id] = None
@@ -528,6 +536,7 @@ class StreamBook:
         record = self._records.get(stream_id)
         if record is None or record.text_closed:
             raise ValueError(f"stream {stream_id} takes no more text")
+        record.aligner.add_text(text)
         segments = record.segmenter.push(text)
         if final:
             segments += record.segmenter.flush()
@@ -538,6 +547,8 @@ class StreamBook:
             self._update_candidate(record)
             self._wakes.talker()
         if final:
+            if record.talked_all:
+                record.aligner.finish(record.frames.produced_frames)
             if record.talked_all and record.stream.state is StreamState.TALKING:
                 record.stream.state = StreamState.VOCODING
             self._mark_dirty(record)  # the planner learns whether the stream may end
@@ -594,8 +605,14 @@ class StreamBook:
         limit_s = self._alone_urgent_slack_s if len(self._records) == 1 else self._urgent_slack_s
         return max(slack_s, 0.0) + queued_s < limit_s
 
-    def talked(self, opened: OpenSegment, frames: np.ndarray, done: bool) -> None:
-        """One talker step's outcome for one segment."""
+    def talked(
+        self,
+        opened: OpenSegment,
+        frames: np.ndarray,
+        done: bool,
+        timing: SegmentTiming | None = None,
+    ) -> None:
+        """One talker step's outcome for one segment (`timing`: the backend's, if any)."""
         record = opened.record
         if opened.cancelled:  # the stream ended during the step
             self.orphan(opened)
@@ -605,6 +622,8 @@ class StreamBook:
             record.frames.append(opened.segment, frames)
             stream.stats.frames += len(frames)
             self._mark_dirty(record)
+        # the timings of these frames go to stream.alignment before they can be vocoded
+        record.aligner.talked(opened.request, opened.segment.available_frames, done, timing)
         if not done:
             self._update_candidate(record)
             return
@@ -617,6 +636,7 @@ class StreamBook:
         self._talked_audio_s += audio_s * stream.speed
         self._update_candidate(record)
         if record.talked_all:
+            record.aligner.finish(record.frames.produced_frames)
             stream.state = StreamState.VOCODING
         self._mark_dirty(record)
         self._check_finished(record)

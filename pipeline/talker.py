@@ -276,7 +276,7 @@ class Talker:
         for opened, result in zip(outcome.stepped, outcome.results, strict=True):
             voice = opened.record.stream.voice
             audio_s += len(result.frames) * voice.samples_per_frame / voice.sample_rate_hz
-            book.talked(opened, result.frames, result.done)
+            book.talked(opened, result.frames, result.done, result.timing)
         for opened in batch:
             if opened.cancelled:
                 book.orphan(opened)  # closed in the next call if the thread did not

@@ -85,6 +85,7 @@ def test_cut_graphs_declare_the_latent_and_are_cached(cache_dir: Path) -> None:
         (PRIOR_NAME, ["batch_size", 192, "frames"]),
         (MASK_NAME, ["batch_size", 1, "frames"]),
         (FRAME_COUNT_NAME, ["batch_size"]),
+        ("/Ceil_output_0", ["batch_size", 1, "phonemes"]),  # frames per phoneme id
     ]
     assert [(i.name, i.shape) for i in flow.get_inputs()] == [
         (PRIOR_NAME, ["batch_size", 192, "frames"]),
@@ -162,7 +163,11 @@ def test_a_voice_without_the_flow_names_keeps_its_talker_whole(tmp_path: Path) -
     split = load_split(tmp_path / "en_US-renamed-medium.onnx", tmp_path, "en_US-renamed-medium")
     assert split.flow is None
     talker = ort.InferenceSession(str(split.encoder))
-    assert [o.name for o in talker.get_outputs()] == [LATENT_NAME, FRAME_COUNT_NAME]
+    assert [o.name for o in talker.get_outputs()] == [
+        LATENT_NAME,
+        FRAME_COUNT_NAME,
+        "/Ceil_output_0",
+    ]
     model_path = tmp_path / "en_US-renamed-medium.onnx"
     backend = PiperBackend(
         PiperConfig(model_path=str(model_path), cache_dir=str(tmp_path)),

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from app.client_json import ClientJsonError, load_client_json, quote
 from app.errors import json_type_name, validation_error
+from pipeline.alignment import CharTiming, WordTiming
 
 # Close codes (RFC 6455).
 CLOSE_NORMAL = 1000
@@ -38,6 +39,8 @@ class SessionConfig(BaseModel):
     response_format: str = "pcm"
     sample_rate: int | None = Field(None, ge=8000, le=48000)
     speed: float = Field(1.0, ge=0.25, le=4.0)
+    # send `alignment` events (when each character and word is heard) before the audio
+    alignment: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +125,31 @@ def error_event(
     if retry_after_s is not None:
         event["retry_after_s"] = retry_after_s
     return event
+
+
+def alignment_event(
+    utterance: int, chars: list[CharTiming], words: list[WordTiming]
+) -> dict[str, Any]:
+    """The `alignment` event: characters (and the words they complete) of one utterance's
+    text as sent, with times in ms from the start of the utterance's audio."""
+    return {
+        "type": "alignment",
+        "utterance": utterance,
+        "start_index": chars[0].index if chars else None,
+        "chars": [c.char for c in chars],
+        "char_start_ms": [round(c.start_s * 1000.0, 1) for c in chars],
+        "char_duration_ms": [round(c.duration_s * 1000.0, 1) for c in chars],
+        "words": [
+            {
+                "word": w.word,
+                "start_ms": round(w.start_s * 1000.0, 1),
+                "end_ms": round(w.end_s * 1000.0, 1),
+                "start_index": w.start_index,
+                "end_index": w.end_index,
+            }
+            for w in words
+        ],
+    }
 
 
 def _field(data: dict[str, Any], name: str, kind: type | tuple[type, ...], what: str) -> Any:

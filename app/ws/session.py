@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import time
 from collections import deque
 from contextlib import aclosing
@@ -50,6 +51,7 @@ from app.ws.protocol import (
     ProtocolError,
     SessionClose,
     SessionConfig,
+    alignment_event,
     error_event,
     parse_message,
 )
@@ -80,6 +82,9 @@ class Utterance:
     text_closed: bool = False
     cancelled: bool = False
     sent_samples: int = 0  # at the encoder's output rate
+    alignment: bool = False  # send alignment events (session.config)
+    chars_sent: int = 0  # alignment cursors: characters and words sent in events
+    words_sent: int = 0
 
     @property
     def audio_ms(self) -> float:
@@ -92,6 +97,7 @@ class _Voice:
     sample_rate_hz: int
     response_format: str
     speed: float
+    alignment: bool = False  # send alignment events
 
 
 @dataclass
@@ -149,15 +155,27 @@ class Session:
                 self._queue.popleft()
                 self._finish(utterance)
 
+    async def _send_alignment(self, utterance: Utterance, until_s: float) -> None:
+        """The alignment event for the utterance's characters and words that start before
+        `until_s` of its audio and were not sent yet (none when there are none)."""
+        alignment = utterance.stream.alignment
+        chars, utterance.chars_sent = alignment.chars_before(until_s, utterance.chars_sent)
+        words, utterance.words_sent = alignment.words_before(until_s, utterance.words_sent)
+        if chars or words:
+            await self.send_json(alignment_event(utterance.index, chars, words))
+
     async def _send_utterance(self, utterance: Utterance) -> None:
         stream, encoder = utterance.stream, utterance.encoder
         started = False
         failure: str | None = None
+        aligned = utterance.alignment
+        audio_s = 0.0  # the engine's audio so far (its own clock: samples at its rate)
         try:
             async with aclosing(stream.chunks()) as chunks:
                 async for pcm in chunks:
                     if utterance.cancelled:
                         break
+                    audio_s += len(pcm) / stream.sample_rate_hz
                     data = encoder.encode(pcm)
                     if not started:
                         started = True
@@ -169,6 +187,9 @@ class Session:
                                 "format": encoder.response_format,
                             }
                         )
+                    if aligned and not utterance.cancelled:
+                        # what this chunk's audio says goes before it
+                        await self._send_alignment(utterance, audio_s)
                     if data and not utterance.cancelled:
                         utterance.sent_samples = encoder.output_samples
                         await self._send_bytes(data)
@@ -187,6 +208,9 @@ class Session:
                     utterance=utterance.index,
                 )
             )
+        if aligned and not utterance.cancelled and failure is None:
+            # the text's last characters (a trailing space, at the end of the audio)
+            await self._send_alignment(utterance, math.inf)
         if not utterance.cancelled and failure is None:
             tail = encoder.finish()
             utterance.sent_samples = encoder.output_samples
@@ -362,7 +386,7 @@ class Session:
             code = exc.code or "invalid_value"
             raise ProtocolError(exc.message, code=code, param="voice") from None
         rate_hz = config.sample_rate or self.settings.server.default_sample_rate_hz
-        return _Voice(voice.id, rate_hz, config.response_format, config.speed)
+        return _Voice(voice.id, rate_hz, config.response_format, config.speed, config.alignment)
 
     def _input_text(self, text: str) -> None:
         max_chars = self.settings.websocket.max_text_chars
@@ -421,7 +445,14 @@ class Session:
                 error_type="server_error",
                 close_code=CLOSE_SERVER_ERROR,
             ) from exc
-        utterance = Utterance(index, stream, encoder, text_chars=len(text), normalizer=normalizer)
+        utterance = Utterance(
+            index,
+            stream,
+            encoder,
+            text_chars=len(text),
+            normalizer=normalizer,
+            alignment=voice.alignment,
+        )
         self.current = utterance
         self.in_flight.append(utterance)
         self._queue.append(utterance)

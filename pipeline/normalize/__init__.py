@@ -10,6 +10,10 @@ become one space). `speakable(text)` tells whether anything is left to say.
 `StreamNormalizer` applies a normaliser to text that arrives in pieces (a live stream):
 it holds back the end of the text until a sentence ends, or until enough words follow,
 so that a date or a sum split across two pieces is still read as one.
+
+`normalize_mapped` and `StreamNormalizer` return a `SpokenText` (pipeline/alignment.py):
+a str that also says which span of the written text each spoken character stands for
+(mapping.py), so that the engine times the text as the client sent it.
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ import re
 import unicodedata
 from collections.abc import Callable
 
+from pipeline.alignment import SpokenText
 from pipeline.config import NormalizeConfig
 from pipeline.normalize import tables
 from pipeline.normalize.english import normalize_english
+from pipeline.normalize.mapping import map_spans
 
 Normalizer = Callable[[str], str]
 
@@ -86,6 +92,19 @@ def normalize_text(text: str, language: str, config: NormalizeConfig | None = No
     return normalize(text) if normalize is not None else text
 
 
+def mapped(written: str, normalize: Normalizer | None) -> SpokenText:
+    """`written` normalised by `normalize` (as it is for None), with its map."""
+    if normalize is None:
+        return SpokenText.verbatim(written)
+    spoken = normalize(written)
+    return SpokenText(spoken, written, map_spans(written, spoken))
+
+
+def normalize_mapped(text: str, language: str, config: NormalizeConfig | None = None) -> SpokenText:
+    """`normalize_text`, as a SpokenText whose source is `text` (for a stream's alignment)."""
+    return mapped(text, normalizer_for(language, config))
+
+
 def speakable(text: str) -> bool:
     """Whether `text` has anything to say: a letter, a digit, or (normalisation off) a
     symbol that the phonemiser reads by its name."""
@@ -126,27 +145,33 @@ HOLD_WORDS = 4  # words kept back at the end of unfinished text: the longest rul
 class StreamNormalizer:
     """A normaliser for text given in pieces: `push` returns the normalised text that is
     settled (up to the last sentence end, or all but the last HOLD_WORDS words), `flush`
-    the rest. Each returned piece ends with a space unless it is empty or the last."""
+    the rest. Each returned piece ends with a space unless it is empty or the last.
+
+    Each piece is a SpokenText whose source is the written text it settled (even when
+    nothing in it is said): the sources of the pieces, in order, are exactly the text
+    pushed, so the engine's offsets are offsets into everything the client sent."""
 
     def __init__(self, normalize: Normalizer) -> None:
         self._normalize = normalize
         self._buffer = ""
 
-    def push(self, text: str) -> str:
+    def push(self, text: str) -> SpokenText:
         self._buffer += text
         cut = _release_point(self._buffer)
         spaces = [m.start() for m in re.finditer(r"\s+", self._buffer[cut:].rstrip())]
         if len(spaces) >= 2 * HOLD_WORDS:
             cut += spaces[-HOLD_WORDS]
         if cut == 0:
-            return ""
+            return SpokenText("", "", ())
         settled, self._buffer = self._buffer[:cut], self._buffer[cut:]
-        said = self._normalize(settled)
-        return said + " " if said else ""
+        said = mapped(settled, self._normalize)
+        if not said:
+            return said
+        return said + SpokenText(" ", "", ((len(settled), len(settled)),))
 
-    def flush(self) -> str:
+    def flush(self) -> SpokenText:
         rest, self._buffer = self._buffer, ""
-        return self._normalize(rest)
+        return mapped(rest, self._normalize)
 
 
 __all__ = [
@@ -155,6 +180,8 @@ __all__ = [
     "StreamNormalizer",
     "clean",
     "language_code",
+    "mapped",
+    "normalize_mapped",
     "normalize_text",
     "normalizer_for",
     "speakable",

@@ -27,16 +27,17 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
-from pipeline.backend import TalkRequest, TalkStep, VocodeItem, Voice
+from pipeline.backend import SegmentTiming, TalkRequest, TalkStep, VocodeItem, Voice
 from pipeline.backends.piper.errors import UnknownPiperVoice, VoiceLoadError
 from pipeline.backends.piper.graph_split import SplitGraphs, load_split
-from pipeline.backends.piper.phonemes import text_to_ids
+from pipeline.backends.piper.phonemes import text_to_ids, text_to_phoneme_ids
+from pipeline.backends.piper.timing import segment_timing
 from pipeline.backends.piper.vocoder_trim import TRIM_START, TRIM_STOP, Trim, read_trim, trim_range
 from pipeline.backends.piper.voices import (
     VoiceSpec,
@@ -68,6 +69,13 @@ class PiperSegment:
     mask: np.ndarray | None = None  # [1, 1, frames]
     position: int = 0  # frames returned so far
     next_chunk: int = 0  # frames the next flow step returns
+    # for the segment's timing (pipeline/backends/piper/timing.py): its text, phonemes,
+    # each id's phoneme, and once the encoder ran each id's frames (None: not known)
+    text: str = ""
+    phonemes: list[str] = field(default_factory=list)
+    owners: list[int] = field(default_factory=list)
+    durations: np.ndarray | None = None
+    timed: bool = False  # its timing was returned
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,13 +85,17 @@ class _Prepared:
     phoneme_ids: list[int]
     prior: np.ndarray | None  # the encoder's output (None: not run)
     mask: np.ndarray | None
+    phonemes: list[str] = field(default_factory=list)
+    owners: list[int] = field(default_factory=list)
+    durations: np.ndarray | None = None  # frames per phoneme id (None: not run)
 
 
 @dataclass(frozen=True)
 class _LoadedVoice:
     spec: VoiceSpec
     voice: Voice
-    encoder: ort.InferenceSession  # with `flow`: prior, mask, count; else latent, count
+    # with `flow`: prior, mask, count; else latent, count; then durations where known
+    encoder: ort.InferenceSession
     flow: ort.InferenceSession | None  # prior, mask -> latent; None: the encoder is the talker
     vocoder: ort.InferenceSession
     solo_encoder: ort.InferenceSession | None  # more threads, for a call that runs alone
@@ -249,11 +261,12 @@ class PiperBackend:
         latent = talker_outputs[0].name
         channels = talker_outputs[0].shape[1]
         encoder_outputs = [o.name for o in encoder.get_outputs()]
+        # the last output, frames per phoneme id, is there where the graph has it
         fits = (
-            len(encoder_outputs) == 2
+            len(encoder_outputs) in (2, 3)
             if flow is None
             else (
-                len(encoder_outputs) == 3
+                len(encoder_outputs) in (3, 4)
                 and [i.name for i in flow.get_inputs()] == encoder_outputs[:2]
             )
         )
@@ -314,10 +327,22 @@ class PiperBackend:
                 prior=prepared.prior,
                 mask=prepared.mask,
                 next_chunk=first,
+                text=request.text,
+                phonemes=prepared.phonemes,
+                owners=prepared.owners,
+                durations=prepared.durations,
             )
         with self._phonemize_lock:
-            ids = text_to_ids(loaded.spec, request.text)
-        return PiperSegment(request.voice, ids, scales, next_chunk=first)
+            ids, phonemes, owners = text_to_phoneme_ids(loaded.spec, request.text)
+        return PiperSegment(
+            request.voice,
+            ids,
+            scales,
+            next_chunk=first,
+            text=request.text,
+            phonemes=phonemes,
+            owners=owners,
+        )
 
     def prepare_segment(self, request: TalkRequest) -> Future[_Prepared] | None:
         """Start `request`'s phonemiser and encoder on the helper thread and return at
@@ -361,15 +386,15 @@ class PiperBackend:
         loaded = self._get(request.voice)
         scales = self.scales(request.voice, request.speed)
         with self._phonemize_lock:
-            ids = text_to_ids(loaded.spec, request.text)
+            ids, phonemes, owners = text_to_phoneme_ids(loaded.spec, request.text)
         if not ids or loaded.flow is None:  # nothing to encode ahead: a one-call talker
-            return _Prepared(ids, None, None)
+            return _Prepared(ids, None, None, phonemes, owners)
         self._enter()
         try:
-            prior, mask = self._encode(loaded, ids, scales, run_options=abort.options)
+            prior, mask, durations = self._encode(loaded, ids, scales, run_options=abort.options)
         finally:
             self._leave()
-        return _Prepared(ids, prior, mask)
+        return _Prepared(ids, prior, mask, phonemes, owners, durations)
 
     def _take_prepared(self, request: TalkRequest) -> _Prepared | None:
         """The prepared work for `request`, waiting for it if it runs; None when there is
@@ -415,10 +440,12 @@ class PiperBackend:
         if not segment.phoneme_ids:
             return TalkStep(np.zeros((0, loaded.channels), dtype=np.float32), done=True)
         if loaded.flow is None:
-            frames = self.talk_ids(segment.voice, segment.phoneme_ids, segment.scales)
-            return TalkStep(frames, done=True)
+            frames, segment.durations = self._talk_whole(
+                loaded, segment.phoneme_ids, segment.scales
+            )
+            return TalkStep(frames, done=True, timing=self._timing(segment))
         if segment.prior is None:
-            segment.prior, segment.mask = self._encode(
+            segment.prior, segment.mask, segment.durations = self._encode(
                 loaded, segment.phoneme_ids, segment.scales, alone
             )
         total = segment.prior.shape[2]
@@ -430,10 +457,24 @@ class PiperBackend:
         segment.position = stop
         segment.next_chunk = min(FLOW_GROWTH * segment.next_chunk, self._flow_max_chunk)
         done = stop >= total
+        timing = self._timing(segment)
         if done:
             segment.prior = segment.mask = None
             segment.phoneme_ids = []
-        return TalkStep(frames, done)
+        return TalkStep(frames, done, timing)
+
+    @staticmethod
+    def _timing(segment: PiperSegment) -> SegmentTiming | None:
+        """The segment's timing on its first step with frames (None after that, or when
+        the graph gives no durations); a failure here costs the timing, not the audio."""
+        if segment.timed or segment.durations is None:
+            return None
+        segment.timed = True
+        try:
+            return segment_timing(segment.text, segment.phonemes, segment.owners, segment.durations)
+        except Exception:
+            logger.exception("timing a segment failed; its characters are spread evenly")
+            return None
 
     def _encode(
         self,
@@ -442,13 +483,14 @@ class PiperBackend:
         scales: tuple[float, float, float],
         alone: bool = False,
         run_options: ort.RunOptions | None = None,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """The encoder over a whole segment: (z_p [1, channels, frames], mask [1, 1, frames]);
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """The encoder over a whole segment: (z_p [1, channels, frames], mask [1, 1, frames],
+        frames per phoneme id or None where the graph does not give them);
         `alone`: no other model call is running (the solo session, if any, runs it);
         `run_options`: the call's (its terminate flag ends it early)."""
         ids = np.asarray(phoneme_ids, dtype=np.int64)[np.newaxis, :]
         session = loaded.solo_encoder if alone and loaded.solo_encoder else loaded.encoder
-        prior, mask, frame_count = session.run(
+        prior, mask, frame_count, *timing = session.run(
             None,
             {
                 "input": ids,
@@ -458,7 +500,8 @@ class PiperBackend:
             run_options,
         )
         frames = int(frame_count[0])
-        return prior[:, :, :frames], mask[:, :, :frames]
+        durations = timing[0].reshape(-1) if timing else None
+        return prior[:, :, :frames], mask[:, :, :frames], durations
 
     def _flow(
         self, loaded: _LoadedVoice, prior: np.ndarray, mask: np.ndarray, start: int, stop: int
@@ -582,12 +625,20 @@ class PiperBackend:
         float32 [frames, channels], C-contiguous."""
         loaded = self._get(voice_id)
         if loaded.flow is not None:
-            prior, mask = self._encode(loaded, phoneme_ids, scales)
+            prior, mask, _ = self._encode(loaded, phoneme_ids, scales)
             inputs = [i.name for i in loaded.flow.get_inputs()]
             (latent,) = loaded.flow.run(None, {inputs[0]: prior, inputs[1]: mask})
             return np.ascontiguousarray(latent[0].T, dtype=np.float32)
+        return self._talk_whole(loaded, phoneme_ids, scales)[0]
+
+    @staticmethod
+    def _talk_whole(
+        loaded: _LoadedVoice, phoneme_ids: Sequence[int], scales: tuple[float, float, float]
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """A flow-less voice's one-graph talker: (frames [frames, channels], frames per
+        phoneme id or None)."""
         ids = np.asarray(phoneme_ids, dtype=np.int64)[np.newaxis, :]
-        latent, frame_count = loaded.encoder.run(
+        latent, frame_count, *timing = loaded.encoder.run(
             None,
             {
                 "input": ids,
@@ -596,7 +647,8 @@ class PiperBackend:
             },
         )
         frames = int(frame_count[0])
-        return np.ascontiguousarray(latent[0, :, :frames].T, dtype=np.float32)
+        durations = timing[0].reshape(-1) if timing else None
+        return np.ascontiguousarray(latent[0, :, :frames].T, dtype=np.float32), durations
 
     def _get(self, voice_id: str) -> _LoadedVoice:
         try:

@@ -8,8 +8,13 @@ encoder = text encoder + duration predictor (+ the flow when it is not cut off):
           input, input_lengths, scales -> prior latent z_p [batch, channels, frames]
                                               (means + noise, expanded to frames),
                                              frame mask [batch, 1, frames],
-                                             frame count [batch]
-          (uncut: latent [batch, channels, frames], frame count [batch])
+                                             frame count [batch],
+                                             durations [batch, 1, phoneme ids]
+          (uncut: latent [batch, channels, frames], frame count [batch], durations)
+          The durations are each phoneme id's whole frames (what the frame count sums):
+          where each character is heard (pipeline/backends/piper/timing.py). A graph
+          whose durations are not found has no such output (no timings: the engine
+          spreads the characters evenly).
 flow    = the flow, reversed: z_p, frame mask -> latent [batch, channels, frames] (z, masked)
 vocoder = HiFi-GAN decoder: latent -> output [batch, 1, 1, samples], with a trim after
           its first stage where the graph allows (`trim_start`, `trim_stop`:
@@ -18,9 +23,10 @@ vocoder = HiFi-GAN decoder: latent -> output [batch, 1, 1, samples], with a trim
 The decoder's cut is found by name first (`/Mul_7_output_0`, `/Cast_output_0` in Piper's
 exports), else by structure: the latent is the data input of the decoder's first conv
 (the Conv that feeds the graph's first ConvTranspose), the frame count is the Cast after
-Ceil -> ReduceSum (-> Clip) of the durations. The flow's cut is found by name
-(`/Add_output_0` feeding a node of `/flow/`, the mask `/Cast_2_output_0`, as in Piper's
-exports); a voice without them keeps its talker whole (one graph, run whole per segment).
+Ceil -> ReduceSum (-> Clip) of the durations, the durations that ReduceSum's input. The
+flow's cut is found by name (`/Add_output_0` feeding a node of `/flow/`, the mask
+`/Cast_2_output_0`, as in Piper's exports); a voice without them keeps its talker whole
+(one graph, run whole per segment).
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ from pipeline.backends.piper.vocoder_trim import add_trim
 
 logger = logging.getLogger("playhead.piper")
 
-SPLIT_VERSION = 4  # bump when the cut changes: old cache entries are then ignored
+SPLIT_VERSION = 5  # bump when the cut changes: old cache entries are then ignored
 TALKER_INPUTS = ("input", "input_lengths", "scales")
 AUDIO_OUTPUT = "output"
 LATENT_NAME = "/Mul_7_output_0"
@@ -60,13 +66,16 @@ class CutPoints:
     channels: int
     prior: str | None = None  # [batch, channels, frames] float32: the flow's input (z_p)
     mask: str | None = None  # [batch, 1, frames] float32: the frame mask
+    durations: str | None = None  # [batch, 1, phoneme ids] float32: frames per phoneme id
 
 
 @dataclass(frozen=True)
 class SplitGraphs:
     """The graphs, as cache files (or serialized bytes when the cache is not writable)."""
 
-    encoder: Path | bytes  # outputs: prior, mask, frame count (with flow), else latent, count
+    # outputs: prior, mask, frame count (with flow), else latent, count; then durations
+    # where the graph has them
+    encoder: Path | bytes
     flow: Path | bytes | None  # inputs: prior, mask; output: latent (None: not cut off)
     vocoder: Path | bytes  # inputs: latent (and the trim's, where added); output: audio
     cached: bool  # True: found in the cache, not cut now
@@ -105,7 +114,23 @@ def find_cut(model: onnx.ModelProto, voice_id: str) -> CutPoints:
     frame_count = _frame_count(producers, consumers, voice_id)
     channels = int(weight.dims[1])
     prior, mask = _flow_input(producers, consumers)
-    return CutPoints(latent, frame_count, channels, prior, mask)
+    durations = _durations(producers, frame_count)
+    return CutPoints(latent, frame_count, channels, prior, mask, durations)
+
+
+def _durations(producers: dict[str, onnx.NodeProto], frame_count: str) -> str | None:
+    """The per-phoneme-id frames that the frame count sums (Cast <- Clip/Max <-
+    ReduceSum <- durations), or None when the graph is not of that shape."""
+    node = producers.get(frame_count)
+    for _ in range(4):
+        if node is None:
+            return None
+        if node.op_type == "ReduceSum":
+            return node.input[0]
+        if node.op_type not in ("Cast", "Clip", "Max"):
+            return None
+        node = producers.get(node.input[0])
+    return None
 
 
 def _flow_input(
@@ -192,6 +217,13 @@ def split_model(
         cut.frame_count, onnx.TensorProto.INT64, ["batch_size"]
     )
     infos = [latent_info, count_info]
+    if cut.durations is not None:
+        infos.append(
+            helper.make_tensor_value_info(
+                cut.durations, onnx.TensorProto.FLOAT, ["batch_size", 1, "phonemes"]
+            )
+        )
+    timing = [] if cut.durations is None else [cut.durations]
     if cut.prior is not None and cut.mask is not None:
         infos += [
             helper.make_tensor_value_info(
@@ -214,7 +246,7 @@ def split_model(
     flow = None
     if cut.prior is not None and cut.mask is not None:
         encoder = extractor.extract_model(
-            list(TALKER_INPUTS), [cut.prior, cut.mask, cut.frame_count]
+            list(TALKER_INPUTS), [cut.prior, cut.mask, cut.frame_count, *timing]
         )
         flow = extractor.extract_model([cut.prior, cut.mask], [cut.latent])
         try:
@@ -223,9 +255,11 @@ def split_model(
         except GraphSplitError as error:  # the names lied: keep the talker whole
             logger.info("voice %s: the flow is not cut off (%s)", voice_id, error)
             flow = None
-            cut = CutPoints(cut.latent, cut.frame_count, cut.channels)
+            cut = CutPoints(cut.latent, cut.frame_count, cut.channels, durations=cut.durations)
     if flow is None:
-        encoder = extractor.extract_model(list(TALKER_INPUTS), [cut.latent, cut.frame_count])
+        encoder = extractor.extract_model(
+            list(TALKER_INPUTS), [cut.latent, cut.frame_count, *timing]
+        )
         _check(encoder, voice_id, "talker")
     return encoder, flow, vocoder, cut
 

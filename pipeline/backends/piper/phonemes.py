@@ -43,22 +43,40 @@ def phonemize(voice: VoiceSpec, text: str) -> list[str]:
 
 def phonemes_to_ids(voice: VoiceSpec, phonemes: list[str]) -> list[int]:
     """Piper's id layout: BOS PAD (phoneme PAD)* EOS; phonemes missing from the map are dropped."""
+    return phonemes_to_owned_ids(voice, phonemes)[0]
+
+
+def phonemes_to_owned_ids(voice: VoiceSpec, phonemes: list[str]) -> tuple[list[int], list[int]]:
+    """`phonemes_to_ids`, and for each id the index in `phonemes` of the phoneme it
+    sounds: a phoneme's own ids and the PAD after it are its; BOS, the PAD after it and
+    EOS belong to none (-1)."""
     id_map = voice.phoneme_id_map
     pad = id_map.get(PAD, ())
     ids: list[int] = [*id_map.get(BOS, ()), *pad]
-    for phoneme in phonemes:
+    owners = [-1] * len(ids)
+    for index, phoneme in enumerate(phonemes):
         mapped = id_map.get(phoneme)
         if mapped is None:
             continue
         ids.extend(mapped)
         ids.extend(pad)
-    ids.extend(id_map.get(EOS, ()))
-    return ids
+        owners.extend([index] * (len(mapped) + len(pad)))
+    eos = id_map.get(EOS, ())
+    ids.extend(eos)
+    owners.extend([-1] * len(eos))
+    return ids, owners
 
 
 def text_to_ids(voice: VoiceSpec, text: str) -> list[int]:
     """Phoneme ids for one segment; [] when the text has nothing to say."""
+    return text_to_phoneme_ids(voice, text)[0]
+
+
+def text_to_phoneme_ids(voice: VoiceSpec, text: str) -> tuple[list[int], list[str], list[int]]:
+    """(ids, phonemes, owner of each id: `phonemes_to_owned_ids`) for one segment; no
+    ids when the text has nothing to say."""
     phonemes = phonemize(voice, text)
     if not any(p in voice.phoneme_id_map and p not in (" ", PAD) for p in phonemes):
-        return []
-    return phonemes_to_ids(voice, phonemes)
+        return [], phonemes, []
+    ids, owners = phonemes_to_owned_ids(voice, phonemes)
+    return ids, phonemes, owners
