@@ -13,7 +13,6 @@ at its first complete sentence, before the rest of the text is sent.
 from __future__ import annotations
 
 import asyncio
-import base64
 import re
 import statistics
 import time
@@ -26,6 +25,23 @@ import numpy as np
 import pytest
 from api_support import LiveServer, live_server
 from asr import _LOCK, ASR_RATE_HZ, _decoder, transcribe, word_error_rate
+from livekit.plugins import cartesia as livekit_cartesia
+from pipecat.frames.frames import (
+    EndFrame,
+    ErrorFrame,
+    Frame,
+    InterruptionFrame,
+    StartFrame,
+    TTSAudioRawFrame,
+    TTSSpeakFrame,
+    TTSStoppedFrame,
+    TTSTextFrame,
+)
+from pipecat.pipeline.pipeline import Pipeline
+from pipecat.pipeline.worker import PipelineParams, PipelineWorker
+from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
+from pipecat.services.cartesia.tts import CartesiaHttpTTSService, CartesiaTTSService
+from pipecat.workers.runner import WorkerRunner
 
 from app.settings import Settings, load_settings
 from pipeline.backends.piper import PiperBackend
@@ -41,8 +57,6 @@ MAX_START_ERROR_S = 0.25
 SENTENCE = "The quick brown fox jumps over the lazy dog."
 TWO_SENTENCES = "Please call me back tomorrow morning. We will meet at the station at seven."
 RAW = {"container": "raw", "encoding": "pcm_s16le", "sample_rate": RATE_HZ}
-# every client that reported word timestamps (the last test asserts they all did)
-REPORTED: dict[str, int] = {}
 
 
 @pytest.fixture(scope="module")
@@ -109,10 +123,8 @@ def assert_timestamps_match(
     client: str, reported: list[tuple[str, float]], pcm: np.ndarray
 ) -> None:
     """The reported (word, start_s) against pocketsphinx's segmentation, word by word
-    (the words both agree on, in order). Nothing reported: noted for the last test."""
-    if not reported:
-        return
-    REPORTED[client] = len(reported)
+    (the words both agree on, in order)."""
+    assert reported, f"{client} reported no word timestamps"
     heard = asr_words(pcm, RATE_HZ)
     errors = []
     position = 0
@@ -211,3 +223,169 @@ async def test_sdk_websocket_live_text_timestamps_and_cancel(server: LiveServer)
             assert await wait_engine_idle(server, 2.0) < 2.0
         finally:
             await connection.close()
+
+
+# pipecat ---------------------------------------------------------------------------------
+
+
+class _Sink(FrameProcessor):
+    """The end of the pipeline: keeps every frame with its arrival time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.frames: list[tuple[float, Frame]] = []
+        self.audio = asyncio.Event()
+        self.stopped = asyncio.Event()
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        await super().process_frame(frame, direction)
+        if not isinstance(frame, StartFrame):
+            self.frames.append((time.monotonic(), frame))
+        if isinstance(frame, TTSAudioRawFrame):
+            self.audio.set()
+        if isinstance(frame, TTSStoppedFrame | ErrorFrame):
+            self.stopped.set()
+        await self.push_frame(frame, direction)
+
+    def of(self, kind: type) -> list:
+        return [frame for _, frame in self.frames if isinstance(frame, kind)]
+
+
+async def run_pipecat(tts: FrameProcessor, script) -> _Sink:
+    """`tts` in a pipeline ending in a _Sink; `script(worker, sink)` drives it, then the
+    pipeline ends."""
+    sink = _Sink()
+    worker = PipelineWorker(
+        Pipeline([tts, sink]),
+        cancel_on_idle_timeout=False,
+        params=PipelineParams(audio_out_sample_rate=RATE_HZ),
+    )
+    started = asyncio.Event()
+
+    @worker.event_handler("on_pipeline_started")
+    async def _started(worker: PipelineWorker, frame: Frame) -> None:
+        started.set()
+
+    async def drive() -> None:
+        try:
+            await asyncio.wait_for(started.wait(), 20)
+            await script(worker, sink)
+        finally:
+            await worker.queue_frame(EndFrame())
+
+    runner = WorkerRunner()
+    await runner.add_workers(worker)
+    async with asyncio.timeout(90):
+        await asyncio.gather(runner.run(), drive())
+    assert not sink.of(ErrorFrame), sink.of(ErrorFrame)
+    return sink
+
+
+def pipecat_socket(server: LiveServer) -> CartesiaTTSService:
+    url = server.base_url.replace("http", "ws") + "/tts/websocket"
+    return CartesiaTTSService(api_key=KEY, url=url, sample_rate=RATE_HZ)
+
+
+async def test_pipecat_socket_speaks_with_word_timestamps(server: LiveServer) -> None:
+    async def script(worker: PipelineWorker, sink: _Sink) -> None:
+        await worker.queue_frame(TTSSpeakFrame(TWO_SENTENCES))
+        await asyncio.wait_for(sink.stopped.wait(), 60)
+
+    sink = await run_pipecat(pipecat_socket(server), script)
+    pcm = pcm16(b"".join(f.audio for f in sink.of(TTSAudioRawFrame)))
+    assert_intelligible(TWO_SENTENCES, pcm)
+    words = [f for f in sink.of(TTSTextFrame) if f.pts]
+    assert " ".join(f.text for f in words).split() == TWO_SENTENCES.split()
+    assert len(words) == len(TWO_SENTENCES.split())  # a frame per word: its timestamps
+    # pipecat reports presentation times (its clock at the first audio + the word's
+    # start): compared from its first word, anchored at that word's time in the audio
+    first = asr_words(pcm, RATE_HZ)[0][1]
+    reported = [(f.text, first + (f.pts - words[0].pts) / 1e9) for f in words]
+    assert_timestamps_match("pipecat", reported, pcm)
+
+
+async def test_pipecat_interruption_cancels_the_context(server: LiveServer) -> None:
+    long = " ".join([TWO_SENTENCES] * 3)
+
+    async def script(worker: PipelineWorker, sink: _Sink) -> None:
+        await worker.queue_frame(TTSSpeakFrame(long))
+        await asyncio.wait_for(sink.audio.wait(), 30)
+        await worker.queue_frame(InterruptionFrame())
+        # the cancel reaches the server: its engine stream is freed at once
+        assert await wait_engine_idle(server, 2.0) < 2.0
+
+    sink = await run_pipecat(pipecat_socket(server), script)
+    audio_s = sum(len(f.audio) for f in sink.of(TTSAudioRawFrame)) / 2 / RATE_HZ
+    assert audio_s < 6.0  # far less than the whole text (about 15 s)
+
+
+async def test_pipecat_http_service_in_a_pipeline(server: LiveServer) -> None:
+    async with aiohttp.ClientSession() as session:
+        tts = CartesiaHttpTTSService(
+            api_key=KEY, base_url=server.base_url, aiohttp_session=session, sample_rate=RATE_HZ
+        )
+
+        async def script(worker: PipelineWorker, sink: _Sink) -> None:
+            await worker.queue_frame(TTSSpeakFrame(SENTENCE))
+            await asyncio.wait_for(sink.stopped.wait(), 60)
+
+        sink = await run_pipecat(tts, script)
+    assert_intelligible(SENTENCE, pcm16(b"".join(f.audio for f in sink.of(TTSAudioRawFrame))))
+
+
+# LiveKit ---------------------------------------------------------------------------------
+
+
+def livekit_tts(server: LiveServer, session: aiohttp.ClientSession) -> livekit_cartesia.TTS:
+    return livekit_cartesia.TTS(
+        api_key=KEY, base_url=server.base_url, http_session=session, sample_rate=RATE_HZ
+    )
+
+
+def frame_pcm(frames: list) -> np.ndarray:
+    return np.concatenate([np.frombuffer(f.data, dtype=np.int16) for f in frames]) / 32768.0
+
+
+async def test_livekit_chunked_is_intelligible(server: LiveServer) -> None:
+    async with aiohttp.ClientSession() as session:
+        tts = livekit_tts(server, session)
+        frames = [event.frame async for event in tts.synthesize(SENTENCE)]
+        await tts.aclose()
+    assert_intelligible(SENTENCE, frame_pcm(frames))
+
+
+async def test_livekit_stream_live_text_and_timestamps(server: LiveServer) -> None:
+    first, second = TWO_SENTENCES.split(". ", 1)
+    async with aiohttp.ClientSession() as session:
+        tts = livekit_tts(server, session)
+        stream = tts.stream()
+        # as an LLM writes it: the first sentence and the next word (which tells LiveKit's
+        # sentence tokenizer the first one ended); the rest only once audio came
+        head_words, rest_words = second.split(" ", 1)
+        stream.push_text(f"{first}. {head_words} ")
+        events = aiter(stream)
+        async with asyncio.timeout(15):
+            head = await anext(events)
+        stream.push_text(rest_words)
+        stream.end_input()
+        frames = [head.frame] + [event.frame async for event in events]
+        await stream.aclose()
+        await tts.aclose()
+    pcm = frame_pcm(frames)
+    assert_intelligible(TWO_SENTENCES, pcm)
+    timed = [t for f in frames for t in f.userdata.get("lk.timed_transcripts", [])]
+    reported = [(str(t).strip(), t.start_time) for t in timed if str(t).strip()]
+    assert_timestamps_match("livekit", reported, pcm)
+
+
+async def test_livekit_closing_a_stream_mid_speech_frees_the_engine(server: LiveServer) -> None:
+    async with aiohttp.ClientSession() as session:
+        tts = livekit_tts(server, session)
+        stream = tts.stream()
+        stream.push_text(" ".join([TWO_SENTENCES] * 3))
+        stream.end_input()
+        async with asyncio.timeout(15):
+            await anext(aiter(stream))
+        await stream.aclose()  # LiveKit drops the socket: every context on it ends
+        await tts.aclose()
+    assert await wait_engine_idle(server, 2.0) < 2.0

@@ -46,7 +46,7 @@ from app.routes import read_body, start_unless_client_gone
 from app.state import AppState, StateDep
 from app.streaming import SSE_CONTENT_TYPE, SpeechBody, SpeechResponse
 from pipeline import Engine, PipelineError, Voice
-from pipeline.normalize import language_code, normalize_text, speakable
+from pipeline.normalize import language_code, normalize_mapped, speakable
 
 logger = logging.getLogger("playhead.cartesia")
 
@@ -142,7 +142,8 @@ async def _open_body(
     reservation: Any,
     sse: bool,
 ) -> CartesiaBody:
-    normalize = partial(normalize_text, text, voice.language, state.settings.normalize)
+    # mapped: the stream's timings index the transcript as sent (pipeline/alignment.py)
+    normalize = partial(normalize_mapped, text, voice.language, state.settings.normalize)
     if len(text) <= INLINE_NORMALIZE_MAX_CHARS:
         spoken = normalize()
     else:

@@ -48,6 +48,7 @@ from app.client_json import ClientJsonError, load_client_json
 from app.metrics import Metrics
 from app.settings import Settings
 from pipeline import Engine, PipelineError, Stream, Voice
+from pipeline.alignment import SpokenText
 from pipeline.engine import Reservation
 from pipeline.normalize import StreamNormalizer, normalizer_for
 
@@ -76,7 +77,7 @@ class Context:
     text_closed: bool = False
     cancelled: bool = False
     chars: int = 0  # client characters received
-    spoken: str = ""  # the engine stream's text so far (normalised)
+    written: str = ""  # the client's text so far: the stream's text, as its timings index it
     flush_id: int = 1  # the flush_id of the text now arriving
     flushes: deque[tuple[int, int]] = field(default_factory=deque)  # (flush_id, text end)
 
@@ -280,16 +281,23 @@ class CartesiaSocket:
             logger.debug("context %s takes no more text", context.id)
 
     def _spoken(self, context: Context, text: str, flush: bool, final: bool) -> str:
-        """`text` as the engine gets it (normalised); a flush releases what the normaliser
-        held back and marks where its text ends."""
+        """`text` as the engine gets it: normalised, a SpokenText whose map points into
+        the client's text (a plain str is itself). A flush releases what the normaliser
+        held back and marks where the client's text before it ends."""
         normalizer = context.normalizer
-        spoken = normalizer.push(text) if normalizer is not None else text
-        if normalizer is not None and (flush or final):
-            rest = normalizer.flush()
-            spoken += rest + (" " if rest and not final else "")
-        context.spoken += spoken
+        context.written += text
+        if normalizer is None:
+            spoken: str = text
+        else:
+            spoken = normalizer.push(text)
+            if flush or final:
+                spoken = spoken + normalizer.flush()
+                if not final and spoken and not spoken[-1].isspace():
+                    # a space that stands for nothing the client sent
+                    end = len(context.written)
+                    spoken = spoken + SpokenText(" ", "", ((end, end),))
         if flush:
-            context.flushes.append((context.flush_id, len(context.spoken.rstrip())))
+            context.flushes.append((context.flush_id, len(context.written.rstrip())))
             context.flush_id += 1
         return spoken
 
@@ -323,13 +331,15 @@ class CartesiaSocket:
             try:
                 assert reservation is not None
                 await reservation.wait_start()
-                texts = []
+                spoken: str | None = None
                 for i, (text, flush) in enumerate(context.pending):
                     final = context.text_closed and i == len(context.pending) - 1
-                    texts.append(self._spoken(context, text, flush, final))
+                    piece = self._spoken(context, text, flush, final)
+                    # SpokenText + str keeps the map (str + SpokenText would drop it)
+                    spoken = piece if spoken is None else spoken + piece
                 context.pending.clear()
                 context.stream = self.engine.submit(
-                    "".join(texts),
+                    spoken or "",
                     voice=context.voice.id,
                     speed=context.speed,
                     final=context.text_closed,
