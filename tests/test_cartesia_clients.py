@@ -274,8 +274,10 @@ async def run_pipecat(tts: FrameProcessor, script) -> _Sink:
         try:
             await asyncio.wait_for(started.wait(), 20)
             await script(worker, sink)
-        finally:
-            await worker.queue_frame(EndFrame())
+        except BaseException:
+            await worker.cancel()  # not EndFrame: that waits for the audio still coming
+            raise
+        await worker.queue_frame(EndFrame())
 
     runner = WorkerRunner()
     await runner.add_workers(worker)
