@@ -333,6 +333,28 @@ async def test_flush_marks_chunks_and_answers_flush_done(server: LiveServer) -> 
     assert messages[kinds.index("flush_done")]["flush_id"] == 1
 
 
+@pytest.mark.parametrize("delay_ms", [0, 300])
+async def test_an_open_context_speaks_its_sentence_after_the_buffer_delay(
+    server: LiveServer, delay_ms: int
+) -> None:
+    """As pipecat and LiveKit send it: a whole sentence, no space after it, more to come."""
+    async with websockets.connect(ws_url(server)) as socket:
+        sent_s = time.monotonic()
+        await socket.send(
+            request("b", "Hello there.", max_buffer_delay_ms=delay_ms, **{"continue": True})
+        )
+        async with asyncio.timeout(5):
+            first = json.loads(await socket.recv())
+        waited_s = time.monotonic() - sent_s
+        assert first["type"] == "chunk" and first["context_id"] == "b", first
+        assert waited_s >= delay_ms / 1000.0
+        # the next sentence, no space before it either: it follows on the same stream
+        await socket.send(request("b", "How are you?", **{"continue": False}))
+        messages = [first, *await receive_until_done(socket, "b")]
+    audio_s = len(audio_of(messages)) / 2 / 24000
+    assert audio_s == pytest.approx(sim_seconds(server, "Hello there. How are you?"), abs=0.01)
+
+
 async def test_cancel_stops_the_audio_within_a_chunk_and_frees_the_stream(
     server: LiveServer,
 ) -> None:
@@ -393,6 +415,7 @@ async def test_capacity_refusal_is_an_error_message_with_the_context() -> None:
      "invalid_output_format"),
     (request("x", "Hi.", voice="nobody"), "voice_not_found"),
     (request("x", "Hi.", add_timestamps="yes"), "invalid_request"),
+    (request("x", "Hi.", max_buffer_delay_ms=9000), "invalid_request"),
 ])  # fmt: skip
 async def test_bad_messages_get_errors_and_the_socket_stays(
     server: LiveServer, message: str, code: str

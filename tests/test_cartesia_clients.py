@@ -31,6 +31,9 @@ from pipecat.frames.frames import (
     ErrorFrame,
     Frame,
     InterruptionFrame,
+    LLMFullResponseEndFrame,
+    LLMFullResponseStartFrame,
+    LLMTextFrame,
     StartFrame,
     TTSAudioRawFrame,
     TTSSpeakFrame,
@@ -293,9 +296,17 @@ def pipecat_socket(server: LiveServer) -> CartesiaTTSService:
     return CartesiaTTSService(api_key=KEY, url=url, sample_rate=RATE_HZ)
 
 
-async def test_pipecat_socket_speaks_with_word_timestamps(server: LiveServer) -> None:
+async def test_pipecat_socket_live_text_with_word_timestamps(server: LiveServer) -> None:
+    first, second = TWO_SENTENCES.split(". ", 1)
+    head_word, rest = second.split(" ", 1)
+
     async def script(worker: PipelineWorker, sink: _Sink) -> None:
-        await worker.queue_frame(TTSSpeakFrame(TWO_SENTENCES))
+        # an LLM's reply as it is written: pipecat sends each sentence once it ends
+        await worker.queue_frame(LLMFullResponseStartFrame())
+        await worker.queue_frame(LLMTextFrame(f"{first}. {head_word}"))
+        await asyncio.wait_for(sink.audio.wait(), 30)  # before the rest is written
+        await worker.queue_frame(LLMTextFrame(f" {rest}"))
+        await worker.queue_frame(LLMFullResponseEndFrame())
         await asyncio.wait_for(sink.stopped.wait(), 60)
 
     sink = await run_pipecat(pipecat_socket(server), script)

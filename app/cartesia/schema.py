@@ -4,7 +4,7 @@
 generation message on /tts/websocket) into a `Generation`; `parse_output_format` reads
 `output_format`. Anything Playhead cannot honour as asked is a `CartesiaError` (a 400 with
 Cartesia's `error_code`, `title` and `message`), never a 5xx. Fields Playhead does not use
-(pronunciation dictionaries, `max_buffer_delay_ms`, emotion, volume, `save`, ...) are
+(pronunciation dictionaries, emotion, volume, `save`, ...) are
 accepted and ignored, as the clients send them whatever the server.
 
 Errors have Cartesia's own shape: over HTTP `{"error_code", "title", "message",
@@ -31,6 +31,8 @@ MAX_RATE_HZ = 48000
 # Cartesia's `speed` (an experimental enum) as a speed factor of the engine.
 SPEED_WORDS = {"slowest": 0.7, "slow": 0.85, "normal": 1.0, "fast": 1.2, "fastest": 1.4}
 GENERATION_SPEED_RANGE = (0.6, 1.5)  # generation_config.speed, as Cartesia documents it
+MAX_BUFFER_DELAY_MS = 5000
+DEFAULT_BUFFER_DELAY_MS = 3000  # Cartesia's default
 # A Cartesia voice id: a UUID. One that is not a Playhead voice means the default voice.
 _UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 _VERSION = re.compile(r"^\d{4}-\d{2}-\d{2}$")
@@ -112,6 +114,7 @@ class Generation:
     continue_: bool = False
     flush: bool = False
     add_timestamps: bool = False
+    max_buffer_delay_ms: int | None = None  # None: Cartesia's default
 
 
 def _get(data: dict[str, Any], name: str, kind: type | tuple[type, ...], what: str) -> Any:
@@ -255,7 +258,17 @@ def parse_generation(
         continue_=bool(_get(data, "continue", bool, "a boolean")),
         flush=bool(_get(data, "flush", bool, "a boolean")),
         add_timestamps=bool(_get(data, "add_timestamps", bool, "a boolean")),
+        max_buffer_delay_ms=_buffer_delay_ms(data),
     )
+
+
+def _buffer_delay_ms(data: dict[str, Any]) -> int | None:
+    delay_ms = _get(data, "max_buffer_delay_ms", int, "an integer")
+    if delay_ms is not None and not 0 <= delay_ms <= MAX_BUFFER_DELAY_MS:
+        raise invalid(
+            f"Invalid 'max_buffer_delay_ms' {delay_ms}: between 0 and {MAX_BUFFER_DELAY_MS}."
+        )
+    return delay_ms
 
 
 def check_model(model_id: str | None, accepted: tuple[str, ...]) -> None:

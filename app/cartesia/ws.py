@@ -31,6 +31,7 @@ import contextlib
 import json
 import logging
 import math
+import re
 import time
 import uuid
 from collections import OrderedDict, deque
@@ -42,7 +43,14 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from app.audio import StreamEncoder
 from app.cartesia.audio import PcmEncoder, open_output
-from app.cartesia.schema import CartesiaError, Generation, check_model, invalid, parse_generation
+from app.cartesia.schema import (
+    DEFAULT_BUFFER_DELAY_MS,
+    CartesiaError,
+    Generation,
+    check_model,
+    invalid,
+    parse_generation,
+)
 from app.cartesia.speech import PROTOCOL, WordCursor, pipeline_error, resolve_voice
 from app.client_json import ClientJsonError, load_client_json
 from app.metrics import Metrics
@@ -58,6 +66,8 @@ CLOSE_NORMAL = 1000
 CLOSE_POLICY = 1008
 CLOSE_TOO_BIG = 1009
 DEAD_IDS_KEPT = 1024  # refused or cancelled context ids whose later text is dropped
+# a sentence mark (closing quotes or brackets after it) at the very end of the text
+_SENTENCE_END = re.compile(r"[.!?\u2026][\"')\]\u201d\u2019]*$")
 
 
 @dataclass(eq=False)
@@ -73,7 +83,10 @@ class Context:
     reservation: Reservation | None
     stream: Stream | None = None
     task: asyncio.Task[None] | None = None
-    pending: list[tuple[str, bool]] = field(default_factory=list)  # (text, flush) before submit
+    buffer_delay_s: float = DEFAULT_BUFFER_DELAY_MS / 1000.0
+    # (text, flush, release) received before the submit
+    pending: list[tuple[str, bool, bool]] = field(default_factory=list)
+    timer: asyncio.TimerHandle | None = None  # the buffer delay's release
     text_closed: bool = False
     cancelled: bool = False
     chars: int = 0  # client characters received
@@ -250,6 +263,8 @@ class CartesiaSocket:
             normalizer=StreamNormalizer(rules) if rules is not None else None,
             reservation=reservation,
         )
+        if generation.max_buffer_delay_ms is not None:
+            context.buffer_delay_s = generation.max_buffer_delay_ms / 1000.0
         self.contexts[context.id] = context
         self._take_text(context, generation)
         context.task = asyncio.create_task(self._run(context), name=f"cartesia-{context.id}")
@@ -270,32 +285,60 @@ class CartesiaSocket:
         context.chars += len(generation.transcript)
         final = not generation.continue_
         if context.stream is None:
-            context.pending.append((generation.transcript, generation.flush))
-            context.text_closed = final
-            return
-        spoken = self._spoken(context, generation.transcript, generation.flush, final)
+            context.pending.append((generation.transcript, generation.flush, False))
+        else:
+            spoken = self._spoken(context, generation.transcript, generation.flush, final)
+            self._append(context, spoken, final)
         context.text_closed = final
+        self._arm_release(context)
+
+    def _append(self, context: Context, spoken: str, final: bool) -> None:
+        assert context.stream is not None
         try:
             self.engine.append_text(context.stream.id, spoken, final=final)
         except ValueError:  # the stream ended under us: its task reports it
             logger.debug("context %s takes no more text", context.id)
 
-    def _spoken(self, context: Context, text: str, flush: bool, final: bool) -> str:
+    def _arm_release(self, context: Context) -> None:
+        """Cartesia's buffering: once `max_buffer_delay_ms` passed without more text (at
+        once for 0), the text so far counts as complete (`_release`)."""
+        if context.timer is not None:
+            context.timer.cancel()
+            context.timer = None
+        if context.text_closed or context.cancelled:
+            return
+        if context.buffer_delay_s <= 0:
+            self._release(context)
+        else:
+            loop = asyncio.get_running_loop()
+            context.timer = loop.call_later(context.buffer_delay_s, self._release, context)
+
+    def _release(self, context: Context) -> None:
+        context.timer = None
+        if context.text_closed or context.cancelled:
+            return
+        if context.stream is None:
+            context.pending.append(("", False, True))
+        else:
+            self._append(context, self._spoken(context, "", False, False, release=True), False)
+
+    def _spoken(
+        self, context: Context, text: str, flush: bool, final: bool, *, release: bool = False
+    ) -> str:
         """`text` as the engine gets it: normalised, a SpokenText whose map points into
-        the client's text (a plain str is itself). A flush releases what the normaliser
-        held back and marks where the client's text before it ends."""
+        the client's text (a plain str is itself). A flush (or the buffer delay's release)
+        takes the text so far as complete: what the normaliser held back goes out, and a
+        sentence mark at its very end ends the sentence (a space that stands for nothing
+        the client sent follows it, as the engine's sentence ends need one). A flush also
+        marks where the client's text before it ends."""
         normalizer = context.normalizer
         context.written += text
-        if normalizer is None:
-            spoken: str = text
-        else:
-            spoken = normalizer.push(text)
-            if flush or final:
-                spoken = spoken + normalizer.flush()
-                if not final and spoken and not spoken[-1].isspace():
-                    # a space that stands for nothing the client sent
-                    end = len(context.written)
-                    spoken = spoken + SpokenText(" ", "", ((end, end),))
+        spoken: str = text if normalizer is None else normalizer.push(text)
+        complete = flush or release
+        if normalizer is not None and (complete or final):
+            spoken = spoken + normalizer.flush()
+        if complete and not final and _SENTENCE_END.search(context.written):
+            spoken = _join(spoken, SpokenText(" ", "", ((0, 0),)))
         if flush:
             context.flushes.append((context.flush_id, len(context.written.rstrip())))
             context.flush_id += 1
@@ -316,6 +359,8 @@ class CartesiaSocket:
 
     def _cancel(self, context: Context) -> None:
         context.cancelled = True
+        if context.timer is not None:
+            context.timer.cancel()
         if self.contexts.get(context.id) is context:
             del self.contexts[context.id]
         if context.stream is not None:
@@ -332,11 +377,10 @@ class CartesiaSocket:
                 assert reservation is not None
                 await reservation.wait_start()
                 spoken: str | None = None
-                for i, (text, flush) in enumerate(context.pending):
+                for i, (text, flush, release) in enumerate(context.pending):
                     final = context.text_closed and i == len(context.pending) - 1
-                    piece = self._spoken(context, text, flush, final)
-                    # SpokenText + str keeps the map (str + SpokenText would drop it)
-                    spoken = piece if spoken is None else spoken + piece
+                    piece = self._spoken(context, text, flush, final, release=release)
+                    spoken = piece if spoken is None else _join(spoken, piece)
                 context.pending.clear()
                 context.stream = self.engine.submit(
                     spoken or "",
@@ -371,6 +415,8 @@ class CartesiaSocket:
             if context.stream is not None:
                 self.engine.cancel(context.stream.id)  # a no-op once it finished
             context.encoder.close()
+            if context.timer is not None:
+                context.timer.cancel()
             if self.contexts.get(context.id) is context:
                 del self.contexts[context.id]
 
@@ -429,6 +475,13 @@ class _Close(Exception):
     def __init__(self, code: int) -> None:
         super().__init__(code)
         self.code = code
+
+
+def _join(first: str, second: str) -> str:
+    """`first + second`, keeping a SpokenText's map (str + SpokenText would drop it)."""
+    if isinstance(second, SpokenText) and not isinstance(first, SpokenText):
+        first = SpokenText.verbatim(first)
+    return first + second
 
 
 def _load(text: str) -> dict[str, Any]:
