@@ -110,6 +110,13 @@ class Metrics:
             buckets=_TURN_BUCKETS_S,
             registry=r,
         )
+        self.protocol_streams = Counter(
+            "playhead_protocol_streams",
+            "Speech requests of the client protocols besides OpenAI's, by protocol "
+            "(elevenlabs...) and outcome (admitted, rejected)",
+            ["protocol", "outcome"],
+            registry=r,
+        )
         self.admission_rejections = Counter(
             "playhead_admission_rejections",
             "Requests rejected by admission control (429)",
@@ -120,13 +127,6 @@ class Metrics:
             "playhead_rejection_seconds",
             "Time from admission's check to its 429 sent (app/admission_gate.py, else the route)",
             buckets=_REJECTION_BUCKETS_S,
-            registry=r,
-        )
-        self.protocol_requests = Counter(
-            "playhead_protocol_requests",
-            "Speech requests (a socket's contexts too) by client protocol, transport and "
-            "outcome: admitted, rejected (429), invalid (another 4xx), failed (5xx)",
-            ["protocol", "transport", "outcome"],
             registry=r,
         )
         self.capacity_gauge = Gauge(
@@ -163,19 +163,6 @@ class Metrics:
         # lock on the same thread
         self._gc_pauses = tuple(self.gc_pause_s.labels(generation=str(g)) for g in range(3))
         self._gc_started_s: float | None = None
-
-    def protocol_request(self, protocol: str, transport: str, status_code: int) -> None:
-        """One request's start: its status code (200: admitted) counted by outcome."""
-        outcome = (
-            "admitted"
-            if status_code < 400
-            else "rejected"
-            if status_code == 429
-            else "invalid"
-            if status_code < 500
-            else "failed"
-        )
-        self.protocol_requests.labels(protocol, transport, outcome).inc()
 
     # the garbage collector ------------------------------------------------------------
 

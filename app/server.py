@@ -63,7 +63,7 @@ def create_app(settings: Settings, *, backend_factory: BackendFactory | None = N
         AccessMiddleware,
         api_key=server.api_key,
         public_routes=server.public_routes,
-        error_renderers=cartesia.ERROR_RENDERERS,
+        error_shapes=(cartesia.ERROR_SHAPE,),
     )
     app.add_middleware(DrainMiddleware, state=state)
     if server.cors_origins:

@@ -100,7 +100,6 @@ async def read_generation(request: Request, state: AppState, *, sse: bool) -> Ge
 
 async def speech_response(request: Request, state: AppState, *, sse: bool) -> Response:
     request_id = str(uuid.uuid4())
-    transport = "sse" if sse else "http"
     try:
         generation = await read_generation(request, state, sse=sse)
         text = clean_transcript(generation.transcript, state.settings.server.max_input_chars)
@@ -123,9 +122,10 @@ async def speech_response(request: Request, state: AppState, *, sse: bool) -> Re
     except (CartesiaError, PipelineError) as exc:
         # PipelineError: Rejected, NotReady, StreamFailed before the first audio
         error = exc if isinstance(exc, CartesiaError) else pipeline_error(exc)
-        state.metrics.protocol_request(PROTOCOL, transport, error.status_code)
+        if error.status_code == 429:
+            state.metrics.protocol_streams.labels(PROTOCOL, "rejected").inc()
         return error_json(error, request_id)
-    state.metrics.protocol_request(PROTOCOL, transport, 200)
+    state.metrics.protocol_streams.labels(PROTOCOL, "admitted").inc()
     headers = {"Cache-Control": "no-cache", "X-Request-Id": request_id}
     if sse:
         headers["X-Accel-Buffering"] = "no"

@@ -15,9 +15,9 @@ from typing import Any
 from app.cartesia.schema import CartesiaError, is_cartesia_voice_id
 from app.client_json import quote
 from app.errors import ApiError
-from app.security import check_api_key, presented_authorization
+from app.security import check_credentials
 from pipeline import Engine, NotReady, PipelineError, Rejected, StreamFailed, UnknownVoice, Voice
-from pipeline.alignment import Alignment
+from pipeline.alignment import Alignment, WordTiming
 from pipeline.engine import Reservation
 
 PROTOCOL = "cartesia"
@@ -80,11 +80,11 @@ def check_key(expected: str | None, headers: Any, query_key: str | None = None) 
     (the official SDK), or `?api_key=` on the socket. CartesiaError 401 otherwise."""
     if expected is None:
         return
-    authorization = presented_authorization(headers)
-    if authorization is None and query_key is not None:
-        authorization = f"Bearer {query_key}"
+    presented = dict(headers.items())
+    if query_key is not None and not any(k in presented for k in ("authorization", "x-api-key")):
+        presented["x-api-key"] = query_key
     try:
-        check_api_key(expected, authorization)
+        check_credentials(expected, presented)
     except ApiError as exc:
         message = (
             "Missing API key: send it in an X-API-Key header."
@@ -95,10 +95,16 @@ def check_key(expected: str | None, headers: Any, query_key: str | None = None) 
 
 
 class WordCursor:
-    """The words of a stream's alignment whose audio has been sent, once each."""
+    """The words of a stream's alignment whose audio has been sent, once each.
 
-    def __init__(self, alignment: Alignment) -> None:
+    `breaks`: offsets into the stream's text where a word ends though no white space
+    follows (pipecat sends sentences without the space between them: "morning.We" is two
+    words); a word across one is split there, its second part starting when the voice
+    says the character at the break."""
+
+    def __init__(self, alignment: Alignment, breaks: set[int] | None = None) -> None:
         self._alignment = alignment
+        self._breaks = breaks if breaks is not None else set()
         self._cursor = 0
         self._char_cursor = 0
         self._heard_chars = 0
@@ -109,11 +115,33 @@ class WordCursor:
         words, self._cursor = self._alignment.words_before(sent_s, self._cursor)
         if not words:
             return None
-        return {
-            "words": [w.word for w in words],
-            "start": [round(w.start_s, 4) for w in words],
-            "end": [round(w.end_s, 4) for w in words],
-        }
+        taken: dict[str, list[Any]] = {"words": [], "start": [], "end": []}
+        for word in words:
+            for text, start_s, end_s in self._split(word):
+                taken["words"].append(text)
+                taken["start"].append(round(start_s, 4))
+                taken["end"].append(round(end_s, 4))
+        return taken
+
+    def _split(self, word: WordTiming) -> list[tuple[str, float, float]]:
+        cuts = sorted(b for b in self._breaks if word.start_index < b < word.end_index)
+        if not cuts:
+            return [(word.word, word.start_s, word.end_s)]
+        bounds = [word.start_index, *cuts, word.end_index]
+        starts = [word.start_s, *(self._char_start_s(b, word) for b in cuts)]
+        ends = [*starts[1:], word.end_s]
+        pieces = []
+        for i in range(len(cuts) + 1):
+            text = word.word[bounds[i] - word.start_index : bounds[i + 1] - word.start_index]
+            pieces.append((text, starts[i], max(starts[i], ends[i])))
+        return pieces
+
+    def _char_start_s(self, index: int, word: WordTiming) -> float:
+        chars = self._alignment.chars
+        char = chars[index] if index < len(chars) and chars[index].index == index else None
+        if char is None:
+            char = next((c for c in chars if c.index == index), None)
+        return min(max(char.start_s, word.start_s), word.end_s) if char else word.start_s
 
     def heard_chars(self, sent_s: float) -> int:
         """One past the highest text index whose character starts before `sent_s`."""

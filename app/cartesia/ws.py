@@ -93,6 +93,7 @@ class Context:
     written: str = ""  # the client's text so far: the stream's text, as its timings index it
     flush_id: int = 1  # the flush_id of the text now arriving
     flushes: deque[tuple[int, int]] = field(default_factory=deque)  # (flush_id, text end)
+    breaks: set[int] = field(default_factory=set)  # word ends with no space (WordCursor)
 
 
 class CartesiaSocket:
@@ -220,7 +221,8 @@ class CartesiaSocket:
                 try:
                     self._open(generation)
                 except CartesiaError as error:
-                    self.metrics.protocol_request(PROTOCOL, "websocket", error.status_code)
+                    if error.status_code == 429:
+                        self.metrics.protocol_streams.labels(PROTOCOL, "rejected").inc()
                     raise
             else:
                 self._more(context, generation)
@@ -339,6 +341,7 @@ class CartesiaSocket:
             spoken = spoken + normalizer.flush()
         if complete and not final and _SENTENCE_END.search(context.written):
             spoken = _join(spoken, SpokenText(" ", "", ((0, 0),)))
+            context.breaks.add(len(context.written))
         if flush:
             context.flushes.append((context.flush_id, len(context.written.rstrip())))
             context.flush_id += 1
@@ -390,15 +393,14 @@ class CartesiaSocket:
                     reservation=reservation,
                 )
             except PipelineError as exc:  # refused while waiting for a start slot
-                self.metrics.protocol_request(
-                    PROTOCOL, "websocket", pipeline_error(exc).status_code
-                )
+                if pipeline_error(exc).status_code == 429:
+                    self.metrics.protocol_streams.labels(PROTOCOL, "rejected").inc()
                 if not context.cancelled:
                     if not context.text_closed:
                         self._bury(context.id)
                     await self.send_error(pipeline_error(exc), context.id)
                 return
-            self.metrics.protocol_request(PROTOCOL, "websocket", 200)
+            self.metrics.protocol_streams.labels(PROTOCOL, "admitted").inc()
             await self._send_audio(context, context.stream)
         except (WebSocketDisconnect, OSError, asyncio.CancelledError):
             pass  # the socket is going: run() cancels every context
@@ -422,7 +424,7 @@ class CartesiaSocket:
 
     async def _send_audio(self, context: Context, stream: Stream) -> None:
         encoder = context.encoder
-        words = WordCursor(stream.alignment)
+        words = WordCursor(stream.alignment, context.breaks)
         sent_s = 0.0
         last_s = time.perf_counter()
         try:
