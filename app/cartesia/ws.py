@@ -31,20 +31,17 @@ import contextlib
 import json
 import logging
 import math
-import re
 import time
 import uuid
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from contextlib import aclosing
-from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from app.audio import StreamEncoder
-from app.cartesia.audio import PcmEncoder, open_output
+from app.cartesia.audio import open_output
+from app.cartesia.context import Context, join_spoken
 from app.cartesia.schema import (
-    DEFAULT_BUFFER_DELAY_MS,
     CartesiaError,
     Generation,
     check_model,
@@ -55,9 +52,7 @@ from app.cartesia.speech import PROTOCOL, WordCursor, pipeline_error, resolve_vo
 from app.client_json import ClientJsonError, load_client_json
 from app.metrics import Metrics
 from app.settings import Settings
-from pipeline import Engine, PipelineError, Stream, Voice
-from pipeline.alignment import SpokenText
-from pipeline.engine import Reservation
+from pipeline import Engine, PipelineError, Stream
 from pipeline.normalize import StreamNormalizer, normalizer_for
 
 logger = logging.getLogger("playhead.cartesia")
@@ -66,34 +61,6 @@ CLOSE_NORMAL = 1000
 CLOSE_POLICY = 1008
 CLOSE_TOO_BIG = 1009
 DEAD_IDS_KEPT = 1024  # refused or cancelled context ids whose later text is dropped
-# a sentence mark (closing quotes or brackets after it) at the very end of the text
-_SENTENCE_END = re.compile(r"[.!?\u2026][\"')\]\u201d\u2019]*$")
-
-
-@dataclass(eq=False)
-class Context:
-    """One context: its engine stream (once admitted) and what was said on it."""
-
-    id: str
-    voice: Voice
-    speed: float
-    timestamps: bool
-    encoder: PcmEncoder | StreamEncoder
-    normalizer: StreamNormalizer | None
-    reservation: Reservation | None
-    stream: Stream | None = None
-    task: asyncio.Task[None] | None = None
-    buffer_delay_s: float = DEFAULT_BUFFER_DELAY_MS / 1000.0
-    # (text, flush, release) received before the submit
-    pending: list[tuple[str, bool, bool]] = field(default_factory=list)
-    timer: asyncio.TimerHandle | None = None  # the buffer delay's release
-    text_closed: bool = False
-    cancelled: bool = False
-    chars: int = 0  # client characters received
-    written: str = ""  # the client's text so far: the stream's text, as its timings index it
-    flush_id: int = 1  # the flush_id of the text now arriving
-    flushes: deque[tuple[int, int]] = field(default_factory=deque)  # (flush_id, text end)
-    breaks: set[int] = field(default_factory=set)  # word ends with no space (WordCursor)
 
 
 class CartesiaSocket:
@@ -289,7 +256,7 @@ class CartesiaSocket:
         if context.stream is None:
             context.pending.append((generation.transcript, generation.flush, False))
         else:
-            spoken = self._spoken(context, generation.transcript, generation.flush, final)
+            spoken = context.spoken(generation.transcript, generation.flush, final)
             self._append(context, spoken, final)
         context.text_closed = final
         self._arm_release(context)
@@ -322,30 +289,7 @@ class CartesiaSocket:
         if context.stream is None:
             context.pending.append(("", False, True))
         else:
-            self._append(context, self._spoken(context, "", False, False, release=True), False)
-
-    def _spoken(
-        self, context: Context, text: str, flush: bool, final: bool, *, release: bool = False
-    ) -> str:
-        """`text` as the engine gets it: normalised, a SpokenText whose map points into
-        the client's text (a plain str is itself). A flush (or the buffer delay's release)
-        takes the text so far as complete: what the normaliser held back goes out, and a
-        sentence mark at its very end ends the sentence (a space that stands for nothing
-        the client sent follows it, as the engine's sentence ends need one). A flush also
-        marks where the client's text before it ends."""
-        normalizer = context.normalizer
-        context.written += text
-        spoken: str = text if normalizer is None else normalizer.push(text)
-        complete = flush or release
-        if normalizer is not None and (complete or final):
-            spoken = spoken + normalizer.flush()
-        if complete and not final and _SENTENCE_END.search(context.written):
-            spoken = _join(spoken, SpokenText(" ", "", ((0, 0),)))
-            context.breaks.add(len(context.written))
-        if flush:
-            context.flushes.append((context.flush_id, len(context.written.rstrip())))
-            context.flush_id += 1
-        return spoken
+            self._append(context, context.spoken("", False, False, release=True), False)
 
     def _bury(self, context_id: str) -> None:
         self._dead[context_id] = None
@@ -382,8 +326,8 @@ class CartesiaSocket:
                 spoken: str | None = None
                 for i, (text, flush, release) in enumerate(context.pending):
                     final = context.text_closed and i == len(context.pending) - 1
-                    piece = self._spoken(context, text, flush, final, release=release)
-                    spoken = piece if spoken is None else _join(spoken, piece)
+                    piece = context.spoken(text, flush, final, release=release)
+                    spoken = piece if spoken is None else join_spoken(spoken, piece)
                 context.pending.clear()
                 context.stream = self.engine.submit(
                     spoken or "",
@@ -477,13 +421,6 @@ class _Close(Exception):
     def __init__(self, code: int) -> None:
         super().__init__(code)
         self.code = code
-
-
-def _join(first: str, second: str) -> str:
-    """`first + second`, keeping a SpokenText's map (str + SpokenText would drop it)."""
-    if isinstance(second, SpokenText) and not isinstance(first, SpokenText):
-        first = SpokenText.verbatim(first)
-    return first + second
 
 
 def _load(text: str) -> dict[str, Any]:
