@@ -389,7 +389,7 @@ async def test_capacity_refusal_is_an_error_message_with_the_context() -> None:
                 while (message := json.loads(await socket.recv()))["context_id"] != "more":
                     pass
             assert message["type"] == "error" and message["status_code"] == 429, message
-            assert message["error_code"] == "concurrency_limited" and message["done"] is True
+            assert message["error_code"] == "concurrency_limited" and message["done"] is False
             # its later text is dropped (not a new context: the count below stays 1)
             await socket.send(request("more", "Still too many.", **{"continue": True}))
             await socket.send(request("more", "", **{"continue": False}))
@@ -467,3 +467,42 @@ async def test_the_key_may_come_as_a_header_on_the_socket(server: LiveServer) ->
     async with websockets.connect(url, additional_headers=headers) as socket:
         await socket.send(request("k", "Hello."))
         assert (await receive_until_done(socket, "k"))[-1]["type"] == "done"
+
+
+async def test_the_clients_surface_a_refused_context() -> None:
+    """LiveKit's stream fails with the server's error, pipecat reports it as an
+    ErrorFrame: the refusal is not a silent context."""
+    import aiohttp
+    from livekit.agents import APIConnectOptions, APIError
+    from livekit.plugins import cartesia as livekit_cartesia
+    from pipecat.frames.frames import ErrorFrame, TTSSpeakFrame
+    from pipecat.services.cartesia.tts import CartesiaTTSService
+    from pipecat.tests.utils import SleepFrame, run_test
+
+    settings = sim_settings(f"server.api_key={KEY}", "admission.max_streams=1")
+    with live_server(settings) as small:
+        async with websockets.connect(ws_url(small)) as holder:
+            await holder.send(request("held", "Hold on. ", **{"continue": True}))
+            await asyncio.sleep(0.2)  # admitted: the one stream is taken
+            async with aiohttp.ClientSession() as session:
+                tts = livekit_cartesia.TTS(api_key=KEY, base_url=small.base_url,
+                                           http_session=session)  # fmt: skip
+                stream = tts.stream(conn_options=APIConnectOptions(max_retry=0, timeout=5))
+                stream.push_text("Hello there. ")
+                stream.end_input()
+                with pytest.raises(APIError, match="concurrency_limited"):
+                    async with asyncio.timeout(15):
+                        async for _ in stream:
+                            pass
+                await stream.aclose()
+                await tts.aclose()
+            url = small.base_url.replace("http", "ws") + "/tts/websocket"
+            pipecat_tts = CartesiaTTSService(api_key=KEY, url=url, sample_rate=24000)
+            _, up = await run_test(
+                pipecat_tts,
+                frames_to_send=[TTSSpeakFrame("Hello there."), SleepFrame(1.0)],
+                start_timeout=10,
+            )
+            errors = [f for f in up if isinstance(f, ErrorFrame)]
+            assert errors and "concurrency_limited" in errors[0].error, errors
+            await holder.send(json.dumps({"context_id": "held", "cancel": True}))

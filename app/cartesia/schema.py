@@ -9,7 +9,8 @@ accepted and ignored, as the clients send them whatever the server.
 
 Errors have Cartesia's own shape: over HTTP `{"error_code", "title", "message",
 "request_id"}` with the status code (429 with Retry-After); on the socket the same fields
-plus `type: "error"`, `done: true`, `status_code` and `context_id`.
+plus `type: "error"`, `done` (false: see `CartesiaError.event`), `status_code` and
+`context_id`.
 """
 
 from __future__ import annotations
@@ -79,11 +80,13 @@ class CartesiaError(Exception):
 
     def event(self, request_id: str, context_id: str | None) -> dict[str, Any]:
         """The socket's (and the SSE body's) error message; `context_id` is always there
-        (null when the message had none): pipecat reads it from every message."""
+        (null when the message had none): pipecat reads it from every message. `done` is
+        false, where Cartesia sends true: LiveKit's plugin reads `done` before `type`, and
+        would end the stream quietly instead of raising the error."""
         return {
             "type": "error",
             "context_id": context_id,
-            "done": True,
+            "done": False,
             "status_code": self.status_code,
             **self.body(request_id),
         }

@@ -7,7 +7,10 @@ stream, admitted as POST /v1/audio/speech is (app/cartesia/speech.py: `Engine.re
 now, a 429-shaped `error` message at once when refused; the wait for a start slot and the
 submit in the context's own task, so the socket keeps reading meanwhile). Later requests on
 the same context append their transcript (`continue: true`: the engine's Segmenter speaks
-each sentence as soon as it is complete); `continue: false` closes its text. Contexts run
+each sentence as soon as it is complete); `continue: false` closes its text. After
+`max_buffer_delay_ms` without more text (0: at once) the text so far counts as complete
+(app/cartesia/context.py): a sentence mark at its end ends the sentence, as pipecat and
+LiveKit send whole sentences without the space after them. Contexts run
 side by side, each in its own task, and share the socket's send lock.
 
 Server messages, each with `type` and `context_id`: `chunk` (base64 audio, `flush_id`),
