@@ -30,11 +30,14 @@ left is spread over the rest of the segment when it ends.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable
 
 from pipeline.alignment import Alignment, CharTiming, SpokenText, WordTiming
 from pipeline.backend import SegmentTiming, TalkRequest
+
+log = logging.getLogger("playhead.engine")
 
 DEFAULT_SECONDS_PER_CHAR = 0.07  # speech at speed 1 before any segment of the stream ended
 
@@ -63,6 +66,9 @@ class StreamAligner:
     ) -> None:
         """`sent_s`: the stream's audio sent so far (no timing is placed before it)."""
         self._alignment = alignment
+        # timings made by the transition running now, handed to the alignment at its end
+        self._chars: list[CharTiming] = []
+        self._words: list[WordTiming] = []
         self._sent_s = sent_s
         self._frame_s = seconds_per_frame
         self._speed = speed
@@ -89,11 +95,30 @@ class StreamAligner:
         self._talked_frames = 0
         self._talked_chars = 0
         self._finished = False
+        self._applied = False  # the open segment's backend timing was applied
+        self._broken = False  # an error stopped this stream's alignment (its audio goes on)
+        self._mismatch_logged = False
+
+    def _guard(self, work: Callable[[], None]) -> None:
+        """Run one transition; an error ends the stream's alignment, never its audio."""
+        if self._broken:
+            return
+        try:
+            work()
+            if self._chars or self._words:
+                self._alignment.extend(self._chars, self._words)
+                self._chars, self._words = [], []
+        except Exception:
+            self._broken = True
+            log.exception("timing a stream's text failed: its alignment stops here")
 
     # The text.
 
     def add_text(self, text: str) -> None:
         """The engine's next text (a SpokenText, or a plain str standing for itself)."""
+        self._guard(lambda: self._add_text(text))
+
+    def _add_text(self, text: str) -> None:
         base = self._client_end
         if isinstance(text, SpokenText):
             source, spans = text.source, text.spans
@@ -118,14 +143,26 @@ class StreamAligner:
         timing: SegmentTiming | None,
     ) -> None:
         """A talker step for the segment `request`: it has `segment_frames` frames so far."""
+        self._guard(lambda: self._talked(request, segment_frames, done, timing))
+
+    def _talked(
+        self,
+        request: TalkRequest,
+        segment_frames: int,
+        done: bool,
+        timing: SegmentTiming | None,
+    ) -> None:
         if request.segment_index != self._segment:
             self._open(request)
+            self._applied = False
             if timing is None:
                 estimated = len(self._segment_chars) * self._frames_per_char
                 self._even = _EvenSpread(len(self._segment_chars), estimated)
-        if timing is not None and (self._even is None or self._even.next == 0):
+        usable = self._even is None or self._even.next == 0  # nothing estimated yet
+        if timing is not None and not self._applied and usable:
             # the backend's timing (on its first step with frames, as the protocol says)
             self._even = None
+            self._applied = True
             self._apply(timing)
         if self._even is not None:
             self._spread(segment_frames, done)
@@ -142,6 +179,9 @@ class StreamAligner:
     def finish(self, total_frames: int) -> None:
         """The stream's text is all talked: time what is left of the client's text (at
         the end of the last group, up to the end of the audio) and close the last word."""
+        self._guard(lambda: self._finish(total_frames))
+
+    def _finish(self, total_frames: int) -> None:
         if self._finished:
             return
         self._finished = True
@@ -149,7 +189,7 @@ class StreamAligner:
         self._emit_gap(self._client_end, total_frames * self._frame_s)
         word = self._end_word(self._client_end)
         if word is not None:
-            self._alignment.extend([], [word])
+            self._words.append(word)
 
     # Inner workings.
 
@@ -167,6 +207,12 @@ class StreamAligner:
                 mapping.append(None)
                 continue
             entry = spoken.popleft()
+            if entry[0] != char and not self._mismatch_logged:
+                # the segmenter keeps every non-space character: this is a bug
+                self._mismatch_logged = True
+                log.warning(
+                    "segment character %r met engine text %r: timings may shift", char, entry[0]
+                )
             mapping.append(entry)
             chars.append(index)
         self._segment_map = mapping
@@ -258,8 +304,8 @@ class StreamAligner:
         step = (end_s - start_s) / count
         text = self._client
         base = self._client_base
-        chars: list[CharTiming] = []
-        words: list[WordTiming] = []
+        chars = self._chars
+        words = self._words
         for k in range(count):
             index = start + k
             char = text[index - base]
@@ -278,7 +324,6 @@ class StreamAligner:
                 word = self._end_word(index + 1)
                 if word is not None:
                     words.append(word)
-        self._alignment.extend(chars, words)
         self._next_char = stop
         self._last_end_s = max(self._last_end_s, end_s)
         # keep only the client text not yet timed, and the open word's

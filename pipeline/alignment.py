@@ -13,6 +13,15 @@ audio is sent), in order of time; the app reads them with a cursor per consumer:
     async for pcm in stream.chunks():
         sent_s += len(pcm) / stream.sample_rate_hz
         chars, cursor = stream.alignment.chars_before(sent_s, cursor)
+        ...  # send chars, then pcm
+    chars, cursor = stream.alignment.chars_before(math.inf, cursor)  # the rest (a final
+    # space may start at the very end of the audio)
+
+Every character is timed once the stream's audio has ended (its last chunk read). A word
+is appended once complete (its last character timed and the next known to be white space,
+or the text ended), so `words_before` may give a word a chunk after its first character.
+Where the times come from: pipeline/aligner.py (the engine's side) and the backend's
+`TalkStep.timing` (Piper: its duration predictor; others: an even spread, an estimate).
 
 A character the voice does not speak on its own (a space, punctuation) gets the time of
 the phonemes around it, with zero duration where it has none; a span of text the

@@ -4,14 +4,18 @@ order, in the audio's clock, appended before the audio it describes."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from contextlib import aclosing
 
 import pytest
 from conftest import FAST_SIM, EngineFactory, until
 
 from pipeline.alignment import Alignment, SpokenText
-from pipeline.backends.sim import expected_frames
+from pipeline.backend import SegmentTiming, TalkRequest, TalkStep
+from pipeline.backends.sim import SimBackend, SimSegment, expected_frames, frames_for_text
+from pipeline.config import TalkerConfig
 from pipeline.stream import Stream
+from pipeline.text import segment_options, split_text
 
 FRAME_S = FAST_SIM.samples_per_frame / FAST_SIM.sample_rate_hz
 
@@ -124,3 +128,72 @@ async def test_spoken_text_maps_back_to_the_span_it_stands_for(
     # "three dollars fifty" is 19 of the 36 spoken characters: about half the audio
     span_s = money[-1].end_s - money[0].start_s
     assert 0.35 * audio_s < span_s < 0.65 * audio_s
+    # spread evenly over the span's characters, each after the one before
+    assert [c.duration_s for c in money] == pytest.approx([span_s / 5] * 5)
+
+
+class TimedSim(SimBackend):
+    """The sim backend, timing its characters itself: segment character k of n is heard
+    over frames [k F / n, (k + 1) F / n) of the segment's F frames (or a broken timing)."""
+
+    def __init__(self, *, broken: bool = False) -> None:
+        super().__init__(FAST_SIM)
+        self.broken = broken
+        self._texts: dict[int, str] = {}
+
+    def open_segment(self, request: TalkRequest) -> SimSegment:
+        segment = super().open_segment(request)
+        self._texts[id(segment)] = request.text
+        return segment
+
+    def step(self, segments: Sequence[SimSegment]) -> list[TalkStep]:
+        steps = super().step(segments)
+        out = []
+        for segment, step in zip(segments, steps, strict=True):
+            text = self._texts.pop(id(segment), None)
+            timing = None
+            if text is not None:
+                frames = frames_for_text(text)
+                n = len(text)
+                starts = tuple(k * frames / n for k in range(n))
+                ends = tuple((k + 1) * frames / n for k in range(n))
+                timing = SegmentTiming(("x",) * n if self.broken else starts, ends)  # type: ignore[arg-type]
+            out.append(TalkStep(step.frames, step.done, timing))
+        return out
+
+
+async def test_a_backend_timing_lands_at_its_segment_offset(make_engine: EngineFactory) -> None:
+    """The engine turns segment frames into stream seconds exactly: each said character at
+    (frames of the segments before + its frame in its segment) * seconds per frame."""
+    talker = TalkerConfig(high_water_s=3600.0)
+    engine = await make_engine(TimedSim(), talker=talker)
+    text = "One two three. Four, five and six! Seven eight nine ten eleven twelve."
+    stream = engine.submit(text, voice="sim")
+    audio_s = await read_checking(stream)
+    check_alignment(stream.alignment, text, audio_s)
+    segments = split_text(text, **segment_options(talker))
+    assert len(segments) >= 3
+    expected: list[float] = []
+    offset = 0
+    for segment in segments:
+        frames = frames_for_text(segment)
+        expected += [
+            (offset + k * frames / len(segment)) * FRAME_S
+            for k, char in enumerate(segment)
+            if not char.isspace()
+        ]
+        offset += frames
+    said = [c.start_s for c in stream.alignment.chars if not c.char.isspace()]
+    assert said == pytest.approx(expected, abs=1e-9)
+
+
+async def test_a_broken_timing_stops_the_alignment_not_the_audio(
+    make_engine: EngineFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    engine = await make_engine(TimedSim(broken=True))
+    text = "One two three. Four five six."
+    stream = engine.submit(text, voice="sim")
+    audio_s = await read_checking(stream)
+    assert audio_s == pytest.approx(expected_frames(text) * FRAME_S)
+    assert len(stream.alignment.chars) < len(text)
+    assert "alignment stops here" in caplog.text

@@ -4,6 +4,7 @@ it was made from, whole texts and live pieces alike."""
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 
@@ -131,3 +132,22 @@ def test_live_pieces_have_sources_that_join_to_the_text_pushed() -> None:
     # the money words of the first settled piece stand for "$3.50", across the two pushes
     settled = next(piece for piece in out if "dollars" in piece)
     assert ("dollars", "$3.50") in words_to_sources(settled)
+
+
+def test_a_long_repetitive_text_maps_quickly_and_right_to_its_end() -> None:
+    """The word walk stays about linear (difflib's matcher over the whole text took minutes
+    on this one), and repeated words do not pair across sentences."""
+    sentence = "It costs $3.50 today, said Dr. Smith in 1995. "
+    text = sentence * 300
+    started_s = time.perf_counter()
+    mapped = normalize_mapped(text, "en_US")
+    assert time.perf_counter() - started_s < 5.0
+    pairs = words_to_sources(mapped)
+    assert len(pairs) == 300 * 14
+    last = pairs[-14:]
+    assert last[2:7] == [(word, "$3.50") for word in ["three", "dollars", "and", "fifty", "cents"]]
+    assert last[-2:] == [("nineteen", "1995."), ("ninety-five.", "1995.")]
+    # the first and the last "three dollars" stand for the first and the last "$3.50"
+    last_sentence = len(text) - len(sentence)
+    assert mapped.spans[mapped.index("three dollars")] == (9, 14)
+    assert mapped.spans[mapped.rindex("three dollars")] == (last_sentence + 9, last_sentence + 14)

@@ -65,6 +65,15 @@ async def test_alignment_events_cover_the_text_as_sent_before_its_audio(
         assert TEXT[word["start_index"] : word["end_index"]] == word["word"]
         assert word["start_ms"] <= word["end_ms"] <= done["audio_ms"] + 0.1
     money = next(w for w in words if w["word"] == "$3.50")
+    # the span's time is spread evenly over its five characters
+    durations = [
+        d
+        for event, _ in events
+        for i, d in enumerate(event["char_duration_ms"])
+        if money["start_index"] <= event["start_index"] + i < money["end_index"]
+    ]
+    span_ms = money["end_ms"] - money["start_ms"]
+    assert durations == pytest.approx([span_ms / 5] * 5, abs=0.2)
     # "three dollars and fifty cents": the longest stretch of the first sentence's audio
     others = [w["end_ms"] - w["start_ms"] for w in words[:8] if w is not money]
     assert money["end_ms"] - money["start_ms"] > max(others)

@@ -79,10 +79,10 @@ class Utterance:
     text_chars: int
     # text as written -> spoken words, piece by piece (None: normalisation off)
     normalizer: StreamNormalizer | None = None
+    alignment: bool = False  # send alignment events (session.config)
     text_closed: bool = False
     cancelled: bool = False
     sent_samples: int = 0  # at the encoder's output rate
-    alignment: bool = False  # send alignment events (session.config)
     chars_sent: int = 0  # alignment cursors: characters and words sent in events
     words_sent: int = 0
 
@@ -445,14 +445,7 @@ class Session:
                 error_type="server_error",
                 close_code=CLOSE_SERVER_ERROR,
             ) from exc
-        utterance = Utterance(
-            index,
-            stream,
-            encoder,
-            text_chars=len(text),
-            normalizer=normalizer,
-            alignment=voice.alignment,
-        )
+        utterance = Utterance(index, stream, encoder, len(text), normalizer, voice.alignment)
         self.current = utterance
         self.in_flight.append(utterance)
         self._queue.append(utterance)

@@ -48,19 +48,24 @@ def phonemes_to_ids(voice: VoiceSpec, phonemes: list[str]) -> list[int]:
 
 def phonemes_to_owned_ids(voice: VoiceSpec, phonemes: list[str]) -> tuple[list[int], list[int]]:
     """`phonemes_to_ids`, and for each id the index in `phonemes` of the phoneme it
-    sounds: a phoneme's own ids and the PAD after it are its; BOS, the PAD after it and
-    EOS belong to none (-1)."""
+    sounds: a phoneme's own ids and the PAD before it (the way into it) are its; BOS, the
+    last PAD and EOS belong to none (-1). (Giving each phoneme the PAD after it instead
+    put word starts 20 ms later against a recogniser's, tests/test_alignment_piper.py.)"""
     id_map = voice.phoneme_id_map
     pad = id_map.get(PAD, ())
-    ids: list[int] = [*id_map.get(BOS, ()), *pad]
-    owners = [-1] * len(ids)
+    bos = id_map.get(BOS, ())
+    ids: list[int] = [*bos, *pad]
+    owners = [-1] * len(bos)
+    pending = len(pad)  # PAD ids waiting for the phoneme after them
     for index, phoneme in enumerate(phonemes):
         mapped = id_map.get(phoneme)
         if mapped is None:
             continue
         ids.extend(mapped)
         ids.extend(pad)
-        owners.extend([index] * (len(mapped) + len(pad)))
+        owners.extend([index] * (pending + len(mapped)))
+        pending = len(pad)
+    owners.extend([-1] * pending)
     eos = id_map.get(EOS, ())
     ids.extend(eos)
     owners.extend([-1] * len(eos))

@@ -1,8 +1,10 @@
 """Where each character of a segment is heard, from Piper's duration predictor.
 
 The encoder gives every phoneme id its whole frames (`durations`, the frames the flow
-expands it to: exact, at the segment's length scale). A phoneme's frames are those of
-its ids and of the PAD after it; BOS, the first PAD and EOS belong to no phoneme.
+expands it to: exact, at the segment's length scale, so speed is in them). A phoneme's
+frames are those of its ids and of the PAD before it; BOS, the last PAD and EOS belong to
+no phoneme (phonemes.py: `phonemes_to_owned_ids`). Frame 0 is the segment's first frame:
+the engine adds the frames of the stream's segments before it.
 
 espeak-ng separates its words by a space phoneme, but not always one to one with the
 text's words: it joins short ones ("I am" -> "aɪɐm", "of the" -> "ʌvðə"), drops what it
@@ -10,9 +12,13 @@ does not read ("--") and may read one token as several words. So the text's word
 the phoneme words are matched by a small dynamic programme over their lengths (letters
 against phonemes, scaled to the same total): one text word to one phoneme word, several
 text words to one (their letters share its frames in proportion), one to several, a text
-word with no letter to none. A word's trailing punctuation gets the frames of the
-phoneme word's trailing punctuation (espeak keeps the clause's terminator: its pause);
-within a word, letters share its phonemes' frames evenly. A character with nothing to
+word with no letter to none; joining costs, so a coincidence of lengths does not shift
+words that espeak said one by one. The programme runs clause by clause where both sides
+end the same clauses (espeak keeps , . ; : ! ? after a clause's last word), and not at
+all where every word has its phoneme word of about the right length. A word's trailing
+punctuation gets the frames of the phoneme word's trailing punctuation (espeak keeps the
+clause's terminator: its pause); within a word, letters share its phonemes' frames
+evenly. A character with nothing to
 say (a space, a leading quote) gets no frames, at the time of what comes before it.
 """
 
@@ -29,9 +35,12 @@ from pipeline.backend import SegmentTiming
 
 _WORD = re.compile(r"\S+")
 _MAX_JOINED = 4  # most words on either side of one match
-_JOIN_COST = 0.75  # per word joined beyond one (in phonemes): one-to-one is preferred
+_BAND = 6  # phoneme words the match may stray from the diagonal
+_CLAUSE_MARKS = frozenset(",.;:!?")  # espeak keeps these after a clause's last word
+_JOIN_COST = 2.5  # per word joined beyond one (in phonemes): one-to-one is preferred
 _SKIP_COST = 3.0  # a word with letters matched to nothing (plus its length)
 _LONE_LETTER = 2  # letters a lone letter counts as ("a", "I", "P": one or two phonemes)
+_DIGIT = 5  # letters a digit counts as ("7" -> "sˈɛvən"; a year's four: about 24)
 
 
 @dataclass(slots=True)
@@ -40,6 +49,7 @@ class _PhonemeWord:
     end: float  # frame where its last sounding phoneme ends
     length: int  # sounding phonemes (stress and length marks not counted)
     punct: tuple[float, float] | None  # frames of its trailing punctuation
+    mark: str  # its last punctuation phoneme when it ends a clause (, . ; : ! ?), else ""
 
 
 @dataclass(slots=True)
@@ -48,7 +58,8 @@ class _TextWord:
     core_start: int  # first letter or digit
     core_end: int  # one past the last
     end: int
-    letters: int
+    letters: int  # its letters and digits, weighted (a proxy for its phonemes)
+    mark: str  # its last character when it ends a clause (, . ; : ! ?), else ""
 
 
 def _is_punct(phoneme: str) -> bool:
@@ -63,7 +74,7 @@ def _sounds(phoneme: str) -> bool:
 def phoneme_frames(
     phonemes: Sequence[str], owners: Sequence[int], durations: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(start, end) frame of each phoneme: its ids' frames and the PAD's after it; a
+    """(start, end) frame of each phoneme: the frames of the ids it owns (`owners`); a
     phoneme without ids starts and ends where the one before it ended."""
     frames = np.asarray(durations, dtype=np.float64).reshape(-1)
     if len(frames) != len(owners):
@@ -107,7 +118,8 @@ def _phoneme_words(
             start = end = float(starts[current[0]])
         tail = (float(starts[punct[0]]), float(ends[punct[-1]])) if punct else None
         length = sum(1 for i in body if _sounds(phonemes[i]))
-        words.append(_PhonemeWord(start, end, length, tail))
+        mark = phonemes[punct[-1]] if punct and phonemes[punct[-1]] in _CLAUSE_MARKS else ""
+        words.append(_PhonemeWord(start, end, length, tail, mark))
         current.clear()
 
     for index, phoneme in enumerate(phonemes):
@@ -123,59 +135,118 @@ def _text_words(text: str) -> list[_TextWord]:
     words = []
     for match in _WORD.finditer(text):
         start, end = match.span()
+        mark = text[end - 1] if text[end - 1] in _CLAUSE_MARKS else ""
         alnum = [i for i in range(start, end) if text[i].isalnum()]
         if alnum:
-            # a lone letter is read by its name ("P" -> "pˈiː"): a few phonemes
-            letters = _LONE_LETTER if len(alnum) == 1 and text[alnum[0]].isalpha() else len(alnum)
-            words.append(_TextWord(start, alnum[0], alnum[-1] + 1, end, letters))
+            # a lone letter is read by its name ("P" -> "pˈiː"): a few phonemes; a digit
+            # is a word of its own (normalisation off): several
+            digits = sum(1 for i in alnum if text[i].isdigit())
+            letters = len(alnum) + (_DIGIT - 1) * digits
+            if len(alnum) == 1 and text[alnum[0]].isalpha():
+                letters = _LONE_LETTER
+            words.append(_TextWord(start, alnum[0], alnum[-1] + 1, end, letters, mark))
         else:
-            words.append(_TextWord(start, end, end, end, 0))
+            words.append(_TextWord(start, end, end, end, 0, mark))
     return words
 
 
 def match_words(letters: Sequence[int], lengths: Sequence[int]) -> list[tuple[int, int, int, int]]:
     """Text words (by letters) matched to phoneme words (by sounding phonemes), in order:
     (first text word, end, first phoneme word, end) per match; a side may be empty
-    (a text word with nothing said, a phoneme word of punctuation only)."""
+    (a text word with nothing said, a phoneme word of punctuation only).
+
+    The programme runs in a band around the diagonal (the two sides drift apart by a
+    few words at most); when the band holds no full match it runs again without one."""
     n, m = len(letters), len(lengths)
-    scale = (sum(lengths) / sum(letters)) if sum(letters) else 1.0
-    need = [scale * value for value in letters]
+    total = sum(letters)
+    scale = sum(lengths) / total if total else 1.0
+    needed = [0.0]
+    for value in letters:
+        needed.append(needed[-1] + scale * value)
+    have = [0]
+    for value in lengths:
+        have.append(have[-1] + value)
+    if n == m and all(
+        abs(needed[k + 1] - needed[k] - lengths[k]) <= max(2.0, 0.5 * lengths[k]) for k in range(n)
+    ):  # the common case: one to one, every length about right
+        return [(k, k + 1, k, k + 1) for k in range(n)]
+    matches = _match(letters, lengths, needed, have, _BAND)
+    if matches is None:
+        matches = _match(letters, lengths, needed, have, n + m)
+    assert matches is not None, "a match without a band always exists"
+    return matches
+
+
+def _match(
+    letters: Sequence[int],
+    lengths: Sequence[int],
+    needed: list[float],
+    have: list[int],
+    band: int,
+) -> list[tuple[int, int, int, int]] | None:
+    n, m = len(letters), len(lengths)
     inf = float("inf")
     cost = [[inf] * (m + 1) for _ in range(n + 1)]
-    back: list[list[tuple[int, int] | None]] = [[None] * (m + 1) for _ in range(n + 1)]
+    back: list[list[tuple[int, int]]] = [[(-1, -1)] * (m + 1) for _ in range(n + 1)]
     cost[0][0] = 0.0
     for i in range(n + 1):
-        for j in range(m + 1):
-            here = cost[i][j]
+        center = i * m // n if n else 0
+        row = cost[i]
+        for j in range(max(0, center - band), min(m, center + band) + 1):
+            here = row[j]
             if here == inf:
                 continue
-
-            def relax(a: int, b: int, step: float, i: int = i, j: int = j, here: float = here):
-                if i + a <= n and j + b <= m and here + step < cost[i + a][j + b]:
-                    cost[i + a][j + b] = here + step
-                    back[i + a][j + b] = (i, j)
-
             if i < n:  # a text word matched to nothing
-                relax(1, 0, 0.0 if letters[i] == 0 else _SKIP_COST + need[i])
+                step = 0.0 if letters[i] == 0 else _SKIP_COST + needed[i + 1] - needed[i]
+                if here + step < cost[i + 1][j]:
+                    cost[i + 1][j] = here + step
+                    back[i + 1][j] = (i, j)
             if j < m:  # a phoneme word matched to nothing
-                relax(0, 1, 0.0 if lengths[j] == 0 else _SKIP_COST + lengths[j])
-            for a in range(1, _MAX_JOINED + 1):
-                if i + a > n:
-                    break
-                wanted = sum(need[i : i + a])
-                for b in range(1, _MAX_JOINED + 1) if a == 1 else (1,):
-                    if j + b > m:
-                        break
-                    got = sum(lengths[j : j + b])
-                    relax(a, b, abs(wanted - got) + _JOIN_COST * (a + b - 2))
+                step = 0.0 if lengths[j] == 0 else _SKIP_COST + lengths[j]
+                if here + step < row[j + 1]:
+                    row[j + 1] = here + step
+                    back[i][j + 1] = (i, j)
+            for a in range(1, min(_MAX_JOINED, n - i) + 1):
+                wanted = needed[i + a] - needed[i]
+                target = cost[i + a]
+                for b in range(1, min(_MAX_JOINED if a == 1 else 1, m - j) + 1):
+                    step = abs(wanted - (have[j + b] - have[j])) + _JOIN_COST * (a + b - 2)
+                    if here + step < target[j + b]:
+                        target[j + b] = here + step
+                        back[i + a][j + b] = (i, j)
+    if cost[n][m] == inf:
+        return None
     matches = []
     i, j = n, m
     while (i, j) != (0, 0):
-        previous = back[i][j]
-        assert previous is not None
-        matches.append((previous[0], i, previous[1], j))
-        i, j = previous
+        pi, pj = back[i][j]
+        matches.append((pi, i, pj, j))
+        i, j = pi, pj
     matches.reverse()
+    return matches
+
+
+def _clause_matches(
+    t_words: list[_TextWord], p_words: list[_PhonemeWord]
+) -> list[tuple[int, int, int, int]]:
+    """`match_words` clause by clause where both sides end the same clauses with the same
+    marks (espeak keeps a clause's terminator after its last word): short programmes
+    that cannot stray across a clause; else over the whole segment."""
+    t_cuts = [i + 1 for i, word in enumerate(t_words) if word.mark]
+    p_cuts = [j + 1 for j, word in enumerate(p_words) if word.mark]
+    pieces = [(0, len(t_words), 0, len(p_words))]
+    if [t_words[i - 1].mark for i in t_cuts] == [p_words[j - 1].mark for j in p_cuts]:
+        bounds = list(zip([0, *t_cuts], [*t_cuts, len(t_words)], strict=True))
+        p_bounds = list(zip([0, *p_cuts], [*p_cuts, len(p_words)], strict=True))
+        pieces = [(a, b, c, d) for (a, b), (c, d) in zip(bounds, p_bounds, strict=True)]
+    matches = []
+    for ti, tj, pi, pj in pieces:
+        if ti == tj and pi == pj:
+            continue
+        for a, b, c, d in match_words(
+            [w.letters for w in t_words[ti:tj]], [w.length for w in p_words[pi:pj]]
+        ):
+            matches.append((ti + a, ti + b, pi + c, pi + d))
     return matches
 
 
@@ -198,7 +269,7 @@ def segment_timing(
                 begin + (finish - begin) * (k + 1) / count,
             )
 
-    for ti, tj, pi, pj in match_words([w.letters for w in t_words], [w.length for w in p_words]):
+    for ti, tj, pi, pj in _clause_matches(t_words, p_words):
         if ti == tj:
             continue
         words = t_words[ti:tj]
