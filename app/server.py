@@ -4,8 +4,8 @@ It picks the backend factory, creates the AppState (app/state.py: settings, metr
 engine and the model's loading), installs the error handlers (app/errors.py), the
 middleware (x-request-id, CORS when configured, the shutdown drain of app/shutdown.py, the
 API key of app/security.py, the speech route's admission of app/admission_gate.py) and the
-routes (app/routes.py; the WebSocket and the page at / in app/ws/). Nothing imports this module
-but the command line and tests.
+routes (app/routes.py; the WebSocket and the page at / in app/ws/; Cartesia's API in
+app/cartesia/). Nothing imports this module but the command line and tests.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def create_app(settings: Settings, *, backend_factory: BackendFactory | None = N
             CORSMiddleware,
             allow_origins=list(server.cors_origins),
             allow_methods=["GET", "POST"],
-            allow_headers=["Authorization", "Content-Type"],
+            allow_headers=["Authorization", "Content-Type", "X-API-Key", "Cartesia-Version"],
             expose_headers=["x-request-id", "X-Playhead-Stream-Id", "Retry-After", "Server-Timing"],
         )
     app.add_middleware(RequestIdMiddleware)
