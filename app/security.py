@@ -1,9 +1,10 @@
 """Who may call what: the API key on every route but /health and /ready, and CORS.
 
 The key may come in any header of `CREDENTIAL_HEADERS` (OpenAI's clients send
-`Authorization: Bearer <key>`, ElevenLabs' `xi-api-key: <key>`); the first that carries a
-key is the one checked. A refusal (401) is in the envelope of the protocol the request
-speaks: an `ErrorShape` (a protocol's paths and key header, and its renderer) given to
+`Authorization: Bearer <key>`, ElevenLabs' `xi-api-key: <key>`, Cartesia's
+`X-API-Key: <key>`); the first that carries a key is the one checked. A refusal (401) is
+in the envelope of the protocol the request speaks: an `ErrorShape` (a protocol's paths and key
+header, and its renderer) given to
 `AccessMiddleware`, else OpenAI's.
 
 `check_credentials` compares the key in constant time (both sides hashed first, so neither
@@ -46,6 +47,7 @@ def _bearer_token(value: str) -> str:
 CREDENTIAL_HEADERS: Mapping[str, Callable[[str], str]] = {
     "authorization": _bearer_token,
     "xi-api-key": str.strip,
+    "x-api-key": str.strip,  # Cartesia's clients
 }
 
 
@@ -65,7 +67,8 @@ def check_credentials(expected: str | None, headers: Mapping[str, str]) -> None:
     if not presented:
         raise Unauthorized(
             "You didn't provide an API key. Provide it in an Authorization header using "
-            "Bearer auth (Authorization: Bearer YOUR_KEY), or in an xi-api-key header.",
+            "Bearer auth (Authorization: Bearer YOUR_KEY), or in an xi-api-key or X-API-Key "
+            "header.",
             code="missing_api_key",
             headers={"WWW-Authenticate": "Bearer"},
         )

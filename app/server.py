@@ -5,8 +5,8 @@ engine and the model's loading), installs the error handlers (app/errors.py), th
 middleware (x-request-id, CORS when configured, the shutdown drain of app/shutdown.py, the
 API key of app/security.py, the speech route's admission of app/admission_gate.py) and the
 routes (app/routes.py; the WebSocket and the page at / in app/ws/; ElevenLabs' API in
-app/elevenlabs/), and the Wyoming server (app/wyoming/) when `wyoming.enabled`. Nothing
-imports this module but the command line and tests.
+app/elevenlabs/, Cartesia's in app/cartesia/), and the Wyoming server (app/wyoming/) when
+`wyoming.enabled`. Nothing imports this module but the command line and tests.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from functools import partial
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
-from app import __version__, elevenlabs
+from app import __version__, cartesia, elevenlabs
 from app.admission_gate import AdmissionGate
 from app.errors import install_error_handlers
 from app.request_id import RequestIdMiddleware
@@ -67,7 +67,7 @@ def create_app(settings: Settings, *, backend_factory: BackendFactory | None = N
         AccessMiddleware,
         api_key=server.api_key,
         public_routes=server.public_routes,
-        error_shapes=(elevenlabs.ERROR_SHAPE,),
+        error_shapes=(elevenlabs.ERROR_SHAPE, cartesia.ERROR_SHAPE),
     )
     app.add_middleware(DrainMiddleware, state=state)
     if server.cors_origins:
@@ -75,7 +75,13 @@ def create_app(settings: Settings, *, backend_factory: BackendFactory | None = N
             CORSMiddleware,
             allow_origins=list(server.cors_origins),
             allow_methods=["GET", "POST"],
-            allow_headers=["Authorization", "Content-Type", "xi-api-key"],
+            allow_headers=[
+                "Authorization",
+                "Content-Type",
+                "xi-api-key",
+                "X-API-Key",
+                "Cartesia-Version",
+            ],
             expose_headers=["x-request-id", "X-Playhead-Stream-Id", "Retry-After", "Server-Timing"],
         )
     app.add_middleware(RequestIdMiddleware)
@@ -83,4 +89,5 @@ def create_app(settings: Settings, *, backend_factory: BackendFactory | None = N
     app.include_router(v1_router)
     app.include_router(open_router)
     install_websocket(app)
+    cartesia.install(app)  # Cartesia's API (docs/cartesia.md)
     return app
