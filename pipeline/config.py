@@ -225,10 +225,6 @@ class PiperConfig:
     # ONNX Runtime threads of an encoder or vocoder call that finds no other Piper call
     # running (a lone stream: the other cores are idle); 1: no such sessions
     solo_threads: int = 1
-    # the helper thread that prepares a stream's next segment (talker.prepare_ahead_streams)
-    # runs at the OS's idle priority (Linux SCHED_IDLE): only on otherwise idle CPU, so it
-    # never slows a first chunk (false: the process's own priority)
-    prepare_idle_priority: bool = True
     # The vocoder's stages after its first decode only a chunk's emitted frames and their
     # own reach, not the chunk's whole context (bit-identical audio; README)
     vocoder_trim: bool = True
@@ -246,7 +242,6 @@ class PiperConfig:
         check_bool("ort_cpu_arena", self.ort_cpu_arena)
         check_bool("ort_spinning", self.ort_spinning)
         check_int("solo_threads", self.solo_threads, 1)
-        check_bool("prepare_idle_priority", self.prepare_idle_priority)
         check_bool("vocoder_trim", self.vocoder_trim)
         if self.flow_max_chunk_frames < self.flow_first_chunk_frames:
             raise ConfigError(

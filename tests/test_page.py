@@ -252,14 +252,7 @@ def piper_server() -> Iterator[LiveServer]:
         # Then the voice itself falls behind real time (measured at a load of 10 on 2 cores:
         # chunks seconds late): no player could play it without a gap.
         pytest.skip(f"the machine is too busy to play in real time: load {load:.1f}, {cores} cores")
-    # The deployed defaults, but for the prepare thread's idle priority: at SCHED_IDLE a
-    # CPU-bound neighbour (the test's load) starves it, and the talker waits seconds for it
-    # at sentence boundaries, whatever the player does (measured: gaps of 0.5-6 s).
-    settings = load_settings(
-        CONFIGS / "default.yaml",
-        ["server.log_level=warning", "piper.prepare_idle_priority=false"],
-        environ={},
-    )
+    settings = load_settings(CONFIGS / "default.yaml", ["server.log_level=warning"], environ={})
     live = LiveServer(settings)
     live.start(timeout_s=60)  # loads the voice and calibrates (a few s; more on a busy machine)
     try:

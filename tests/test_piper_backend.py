@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
-import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -476,31 +474,6 @@ def test_a_prepared_segment_is_taken_once_and_gives_the_same_frames(
     assert np.array_equal(talk(backend, other), talk(backend, other))
     assert backend.prepared_used == used + 2
     backend.drop_prepared()
-
-
-@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
-def test_the_prepare_thread_runs_at_the_idle_priority(cache_dir: Path) -> None:
-    """piper.prepare_idle_priority (default true): the helper thread is SCHED_IDLE, so it
-    only takes CPU that nothing else wants (a first chunk is never slowed by it)."""
-    for idle, policy in ((True, os.SCHED_IDLE), (False, os.SCHED_OTHER)):
-        piper = PiperBackend(
-            PiperConfig(cache_dir=str(cache_dir), prepare_idle_priority=idle),
-            noise_scale=0.0,
-            noise_w=0.0,
-        )
-        before = set(threading.enumerate())  # other backends may have helpers of their own
-        try:
-            _prepare(piper, SENTENCES[0])
-            (helper,) = [
-                t
-                for t in set(threading.enumerate()) - before
-                if t.name.startswith("playhead-prepare")
-            ]
-            assert helper.native_id is not None
-            assert os.sched_getscheduler(helper.native_id) == policy
-        finally:
-            piper.close()
-        assert not helper.is_alive()  # close ends the helper thread
 
 
 def test_dropped_prepares_are_not_used_and_the_talker_does_the_work(

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -131,20 +129,6 @@ def _session(
     return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 
 
-def _idle_priority(enabled: bool) -> None:
-    """Run the calling thread at the OS's idle priority (Linux SCHED_IDLE): it gets a CPU
-    only when nothing else wants one, and a waking thread takes that CPU from it at once
-    (the scheduler counts a CPU running only such threads as idle when it places a wakeup).
-    A no-op elsewhere, or when `enabled` is false."""
-    policy = getattr(os, "SCHED_IDLE", None)
-    if not enabled or policy is None or not sys.platform.startswith("linux"):
-        return
-    try:
-        os.sched_setscheduler(0, policy, os.sched_param(0))  # 0: this thread (Linux)
-    except OSError as error:  # a sandbox may forbid it: the helper runs at the usual priority
-        logger.warning("could not give the prepare thread the idle priority: %s", error)
-
-
 def _non_negative_or_none(name: str, value: float | None) -> None:
     if value is not None and not (math.isfinite(value) and value >= 0):
         raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
@@ -204,7 +188,6 @@ class PiperBackend:
         self._flow_first_chunk = piper.flow_first_chunk_frames
         self._flow_max_chunk = piper.flow_max_chunk_frames
         self._vocoder_trim = piper.vocoder_trim
-        self._prepare_idle_priority = piper.prepare_idle_priority
         self._phonemize_lock = threading.Lock()
         self._calls_lock = threading.Lock()
         self._calls = 0  # talker steps and vocoder calls running now
@@ -357,8 +340,6 @@ class PiperBackend:
                 self._prepare_pool = ThreadPoolExecutor(
                     1,
                     thread_name_prefix="playhead-prepare",
-                    initializer=_idle_priority,
-                    initargs=(self._prepare_idle_priority,),
                 )
             abort = VocodeAbort()
             future = self._prepare_pool.submit(self._prepare, request, abort)
