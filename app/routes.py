@@ -40,7 +40,7 @@ from app.state import AppState, StateDep
 from app.streaming import SSE_CONTENT_TYPE, SpeechBody, SpeechResponse
 from pipeline import Engine, Rejected, StreamFailed, StreamStats, UnknownVoice, Voice
 from pipeline.engine import Reservation
-from pipeline.normalize import normalize_text, speakable
+from pipeline.normalize import normalize_mapped, speakable
 
 logger = logging.getLogger("playhead.app")
 
@@ -182,7 +182,7 @@ async def _admitted_speech(
     # numbers, dates, symbols... -> words, by the voice's language (pipeline/normalize).
     # ~10 us a character: a long input is normalised off the event loop (which runs the
     # engine's loops too)
-    normalize = partial(normalize_text, text, voice.language, state.settings.normalize)
+    normalize = partial(normalize_mapped, text, voice.language, state.settings.normalize)
     if len(text) <= INLINE_NORMALIZE_MAX_CHARS:
         spoken = normalize()
     else:
