@@ -22,9 +22,22 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
+from pipeline.backend import Voice
 from pipeline.errors import NotReady, Rejected
 from pipeline.events import EngineEvents
-from scheduling import Admission, Decision, LoadView
+from scheduling import Admission, AdmissionConfig, ChunkingConfig, Decision, LoadView
+
+
+def start_phase_chunks(config: AdmissionConfig) -> int:
+    """The book's `start_phase_chunks`: tracked where admission counts a start's cost."""
+    return config.start_phase_chunks if config.enabled and config.start_cost else 0
+
+
+def start_chunk_audio_s(chunking: ChunkingConfig, voice: Voice) -> float:
+    """Audio of one start-phase chunk, for the owed work's start part (the ramp's first
+    chunk or a steady one, the larger)."""
+    frames = max(chunking.ramp[0] if chunking.ramp else 0, chunking.chunk_frames)
+    return frames * voice.samples_per_frame / voice.sample_rate_hz
 
 
 class Reservation:

@@ -26,7 +26,12 @@ import time
 from collections.abc import Callable
 from functools import partial
 
-from pipeline.admission import AdmissionFront, Reservation
+from pipeline.admission import (
+    AdmissionFront,
+    Reservation,
+    start_chunk_audio_s,
+    start_phase_chunks,
+)
 from pipeline.backend import Backend, Voice
 from pipeline.book import StreamBook, Wakes
 from pipeline.calibration import measure
@@ -149,9 +154,7 @@ class Engine:
                 talker=self._wake_talker, vocoder=self._wake_vocoder, start=self.admission.poke
             ),
             # tracked where admission counts a start's extra cost
-            start_phase_chunks=self._admission_config.start_phase_chunks
-            if self._admission_config.enabled and self._admission_config.start_cost
-            else 0,
+            start_phase_chunks=start_phase_chunks(self._admission_config),
             max_in_flight=workers if self._vocoder_config.work_ahead_streams else 1,
             work_ahead_streams=self._vocoder_config.work_ahead_streams,
             vocoder_workers=workers,
@@ -336,12 +339,8 @@ class Engine:
 
     def _load(self, now_s: float, granted: int) -> LoadView:
         """What admission reads: the capacity and the work owed (pipeline/book.py)."""
-        chunking = self._chunking
-        frames = chunking.ramp[0] if chunking.ramp else chunking.chunk_frames
-        voice = self._voices[0]
-        chunk_s = max(frames, chunking.chunk_frames) * voice.samples_per_frame
-        start_audio_s = chunk_s / voice.sample_rate_hz
-        return LoadView(self.capacity(now_s), self.book.loads(start_audio_s), granted)
+        start_s = start_chunk_audio_s(self._chunking, self._voices[0])
+        return LoadView(self.capacity(now_s), self.book.loads(start_s), granted)
 
     def _check_open(self) -> None:
         if not self.ready:

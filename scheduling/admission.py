@@ -136,6 +136,21 @@ class Admission:
         need = (ahead + 1) * (1.0 + config.start_cost)
         return self.load_units(view) + need <= capacity * config.capacity_headroom + 1e-9
 
+    def free_slots(self, view: LoadView) -> float:
+        """How many more requests would be admitted now, none waiting (math.inf: no limit
+        applies: admission off, or neither a capacity nor max_streams)."""
+        config = self._config
+        if not config.enabled:
+            return math.inf
+        limits = []
+        if config.max_streams:
+            limits.append(config.max_streams - len(view.streams) - view.granted)
+        capacity = view.capacity_audio_s_per_s
+        if capacity > 0:
+            room = capacity * config.capacity_headroom - self.load_units(view) + 1e-9
+            limits.append(math.floor(room / (1.0 + config.start_cost)))
+        return float(max(0, min(limits) - self.waiting)) if limits else math.inf
+
     def offer(
         self, now_s: float, ticket: Hashable, view: LoadView, *, wait: bool = True
     ) -> Decision:
