@@ -208,21 +208,28 @@ class Admission:
     def predict_wait_s(self, view: LoadView, ahead: int = 0) -> float:
         """Seconds until one more request fits behind `ahead` waiters, if the capacity
         is shared evenly by the streams with work left (processor sharing) and nothing
-        else arrives: streams leave their start phase and then end as their owed audio
-        is produced. inf when no such moment is in sight (live text streams hold their
-        slot until their client closes them)."""
-        if self.fits(view, ahead):
-            return 0.0
+        else arrives: streams leave their start phase and end as their owed audio is
+        produced; each waiter ahead starts once it fits, owing the streams' mean. inf
+        when no such moment is in sight (live text streams hold their slot until their
+        client closes them; granted tickets hold theirs)."""
         capacity = view.capacity_audio_s_per_s
-        if not capacity > 0:  # only max_streams binds, and nothing predicts an end
+        if not capacity > 0:  # only max_streams binds; ends are predicted at 1x
             capacity = 1.0
-        # granted tickets become starting streams of a typical length: unknown, so they
-        # hold their slot for the prediction
         streams = [[s.owed_audio_s, s.start_left_audio_s] for s in view.streams]
+        finite = [owed for owed, _ in streams if math.isfinite(owed)]
+        typical_s = sum(finite) / len(finite) if finite else math.inf
         t_s = 0.0
-        for _ in range(2 * len(streams) + 1):
+        for _ in range(2 * (len(streams) + ahead) + 2):
+            while True:
+                loads = [StreamLoad(owed, left) for owed, left in streams]
+                if not self.fits(LoadView(view.capacity_audio_s_per_s, loads, view.granted)):
+                    break
+                if not ahead:
+                    return t_s
+                ahead -= 1  # the next waiter starts
+                streams.append([typical_s, 0.0])
             if not streams:
-                break
+                return math.inf  # it would not fit on an idle engine either
             share = capacity / len(streams)  # audio s per s each
             step_s = min((min(left, owed) if left > 0 else owed) / share for owed, left in streams)
             if not math.isfinite(step_s):
@@ -236,9 +243,6 @@ class Admission:
                 if owed > 1e-9:
                     kept.append([owed, 0.0 if left <= 1e-9 else left])
             streams = kept
-            later = [StreamLoad(owed, left) for owed, left in streams]
-            if self.fits(LoadView(view.capacity_audio_s_per_s, later, view.granted), ahead):
-                return t_s
         return math.inf
 
     def _refusal(
