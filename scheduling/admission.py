@@ -50,7 +50,7 @@ class AdmissionConfig:
     # a request beyond capacity waits (first come first served) when a slot is predicted
     # within this long, and at most this long; else 429 at once. Kept well under the 5 s
     # after which voice-agent clients give up on a first audio.
-    queue_max_wait_s: float = 1.5
+    queue_max_wait_s: float = 1.0
 
     def __post_init__(self) -> None:
         check_bool("enabled", self.enabled)
