@@ -38,7 +38,7 @@ from typing import Protocol
 
 import numpy as np
 
-from pipeline.admission import start_chunk_audio_s, start_phase_chunks
+from pipeline.admission import new_stream_audio_s, start_chunk_audio_s, start_phase_chunks
 from pipeline.backend import TalkStep
 from pipeline.backends.sim import SimBackend, vocoder_cost_s
 from pipeline.book import OpenSegment, StreamBook, StreamRecord, Wakes
@@ -188,7 +188,14 @@ class Replica:
 
     def view(self, now_s: float) -> LoadView:
         """Engine._load: what admission reads."""
-        return LoadView(self.capacity(now_s), self.book.loads(self._start_chunk_s))
+        chunk_s = self._start_chunk_s
+        loads = self.book.loads(chunk_s)
+        return LoadView(
+            self.capacity(now_s),
+            loads,
+            new_stream_audio_s=new_stream_audio_s(loads, self.book.mean_stream_audio_s),
+            start_audio_s=chunk_s * self.setup.admission.start_phase_chunks,
+        )
 
     def submit(
         self,

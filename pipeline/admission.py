@@ -20,17 +20,32 @@ waiter whose client disconnects leaves the queue at once.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import math
+from collections.abc import Awaitable, Callable, Sequence
 
 from pipeline.backend import Voice
 from pipeline.errors import NotReady, Rejected
 from pipeline.events import EngineEvents
-from scheduling import Admission, AdmissionConfig, ChunkingConfig, Decision, LoadView
+from scheduling import (
+    Admission,
+    AdmissionConfig,
+    ChunkingConfig,
+    Decision,
+    LoadView,
+    StreamLoad,
+)
 
 
 def start_phase_chunks(config: AdmissionConfig) -> int:
     """The book's `start_phase_chunks`: tracked where admission counts a start's cost."""
     return config.start_phase_chunks if config.enabled and config.start_cost else 0
+
+
+def new_stream_audio_s(loads: Sequence[StreamLoad], mean_audio_s: float) -> float:
+    """What a request not yet read is predicted to owe: the mean of what the streams
+    owe now, else the mean stream's audio so far (inf: nothing known)."""
+    owed = [load.owed_audio_s for load in loads if math.isfinite(load.owed_audio_s)]
+    return sum(owed) / len(owed) if owed else mean_audio_s
 
 
 def start_chunk_audio_s(chunking: ChunkingConfig, voice: Voice) -> float:

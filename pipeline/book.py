@@ -411,15 +411,10 @@ class StreamBook:
         record = self._records[stream_id]
         return record.sender.parked or _stepping(record)
 
-    def starting_streams(self) -> int:
-        """Streams with work left that have sent fewer than `start_phase_chunks` chunks,
-        less those waiting for their client's text (a live-text session between two
-        messages costs the stages nothing, however long the client takes)."""
-        records = self._records
-        return sum(
-            not _waits_for_text(records[stream_id])
-            for stream_id in self._starting  # a few: admission bounds them
-        )
+    @property
+    def mean_stream_audio_s(self) -> float:
+        """Audio talked per stream submitted, at speed 1 (inf before any was talked)."""
+        return self._talked_audio_s / self._submitted if self._talked_audio_s else math.inf
 
     def loads(self, start_chunk_audio_s: float) -> list[StreamLoad]:
         """What each stream with work left still owes, for admission: its audio left

@@ -29,6 +29,7 @@ from functools import partial
 from pipeline.admission import (
     AdmissionFront,
     Reservation,
+    new_stream_audio_s,
     start_chunk_audio_s,
     start_phase_chunks,
 )
@@ -339,8 +340,15 @@ class Engine:
 
     def _load(self, now_s: float, granted: int) -> LoadView:
         """What admission reads: the capacity and the work owed (pipeline/book.py)."""
-        start_s = start_chunk_audio_s(self._chunking, self._voices[0])
-        return LoadView(self.capacity(now_s), self.book.loads(start_s), granted)
+        chunk_s = start_chunk_audio_s(self._chunking, self._voices[0])
+        loads = self.book.loads(chunk_s)
+        return LoadView(
+            self.capacity(now_s),
+            loads,
+            granted,
+            new_stream_audio_s=new_stream_audio_s(loads, self.book.mean_stream_audio_s),
+            start_audio_s=chunk_s * self._admission_config.start_phase_chunks,
+        )
 
     def _check_open(self) -> None:
         if not self.ready:

@@ -73,11 +73,15 @@ class StreamLoad:
 class LoadView:
     """What the policy reads at a decision: the capacity (audio s per s; <= 0 or NaN: not
     measured, only max_streams applies), the streams with work left, and the tickets
-    granted but not yet streams (each costs a starting stream)."""
+    granted but not yet streams (each costs a starting stream). For the prediction: the
+    audio a new stream owes (its text is not read yet: a typical one's; inf: unknown)
+    and its start phase's audio."""
 
     capacity_audio_s_per_s: float
     streams: Sequence[StreamLoad] = ()
     granted: int = 0
+    new_stream_audio_s: float = math.inf
+    start_audio_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,25 +213,25 @@ class Admission:
         """Seconds until one more request fits behind `ahead` waiters, if the capacity
         is shared evenly by the streams with work left (processor sharing) and nothing
         else arrives: streams leave their start phase and end as their owed audio is
-        produced; each waiter ahead starts once it fits, owing the streams' mean. inf
-        when no such moment is in sight (live text streams hold their slot until their
-        client closes them; granted tickets hold theirs)."""
+        produced; granted tickets, and each waiter ahead once it fits, start as new
+        streams (`new_stream_audio_s`, `start_audio_s`). inf when no such moment is in
+        sight (live text streams hold their slot until their client closes them)."""
         capacity = view.capacity_audio_s_per_s
         if not capacity > 0:  # only max_streams binds; ends are predicted at 1x
             capacity = 1.0
+        new = [view.new_stream_audio_s, min(view.start_audio_s, view.new_stream_audio_s)]
         streams = [[s.owed_audio_s, s.start_left_audio_s] for s in view.streams]
-        finite = [owed for owed, _ in streams if math.isfinite(owed)]
-        typical_s = sum(finite) / len(finite) if finite else math.inf
+        streams += [list(new) for _ in range(view.granted)]
         t_s = 0.0
         for _ in range(2 * (len(streams) + ahead) + 2):
             while True:
                 loads = [StreamLoad(owed, left) for owed, left in streams]
-                if not self.fits(LoadView(view.capacity_audio_s_per_s, loads, view.granted)):
+                if not self.fits(LoadView(view.capacity_audio_s_per_s, loads)):
                     break
                 if not ahead:
                     return t_s
                 ahead -= 1  # the next waiter starts
-                streams.append([typical_s, 0.0])
+                streams.append(list(new))
             if not streams:
                 return math.inf  # it would not fit on an idle engine either
             share = capacity / len(streams)  # audio s per s each
