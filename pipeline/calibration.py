@@ -39,7 +39,7 @@ async def measure(engine: Engine, streams: list[Stream]) -> float:
     count = max(2, engine._scheduling.active_stream_window, min(engine._talker_config.batch, 16))
     turns_before = engine.vocoder.turns
     for rate in (engine.vocoder.rate, engine.talker.rate):
-        rate.set_baseline(0.0, 0.0)  # measure afresh
+        rate.set_baseline(0.0)  # measure afresh
     started_s = loop.time()
 
     def running() -> bool:

@@ -6,22 +6,24 @@ producing 1 s of audio per second may well be able to produce 10.
 
 Each stage's COST is measured per model call: the call's own wall time per audio second
 it produced (never the union of the workers' busy intervals, which reads low when only
-some workers are busy). The calls are binned by time (`window_s / BUCKETS` each); a
-stage's cost is the MEDIAN of its buckets' costs over the window, so a short slow patch
-(another process taking the CPU for a second or two) moves it little, while a lasting
-change moves it within half a window. A stage of `workers` parallel calls then sustains
+some workers are busy). A stage's cost is the MEDIAN over the calls that ended within
+`window_s`, each weighted by its audio: a short slow patch (another process taking the
+CPU for a second or two) moves it little, since a slow call yields little audio per
+second of it, and one call that hung counts for the little it produced; a lasting change
+moves it within the window. A stage of `workers` parallel calls sustains
 `workers / cost` audio s per s.
 
 Calls that run alone cost less than calls that share the cores with the other stage and
 the other workers, so the per-call figure reads high at light load. Two bounds keep it
 at what the machine sustained:
 
-- the SATURATED reading: the same `workers / cost`, over the buckets in which the stage
-  was busy at least `SATURATED` of the time on every worker (so its calls paid the full
-  contention), the median of the latest `BUCKETS` of them. It is kept fresh by new
-  saturated buckets (a calibration, a busy period), and forgotten after `STALE_WINDOWS`
-  windows without one; the start-up calibration (Engine.calibrate), which saturates both
-  stages, seeds it (`set_baseline`);
+- the SATURATED reading: `workers` x audio / busy time over the time bins
+  (`window_s / BUCKETS` each, a call counted in the bin it ended in) in which the stage
+  was busy at least `SATURATED` of the time on every worker, with at least two calls per
+  worker (so its calls paid the full contention), the median of the latest `BUCKETS`
+  such bins. It is kept fresh by new saturated bins (a busy period, a calibration), and
+  forgotten after `STALE_WINDOWS` windows without one; the start-up calibration
+  (Engine.calibrate), which saturates both stages, seeds it (`set_baseline`);
 - the CORES bound (`pipeline_capacity`): where the stages' calls are CPU-bound on the
   same cores, `cores / (talker cost + vocoder cost)`.
 
@@ -34,7 +36,7 @@ from __future__ import annotations
 import statistics
 from collections import deque
 
-BUCKETS = 8  # bins per window
+BUCKETS = 5  # saturation bins per window (1 s with the default 5 s window)
 SATURATED = 0.9  # busy share per worker above which a bin counts as saturated
 STALE_WINDOWS = 12  # a saturated reading older than this many windows is dropped
 _MIN_AUDIO_S = 1e-9
@@ -53,9 +55,8 @@ class CapacityEstimate:
         self.window_s = window_s
         self.workers = workers
         self._bucket_s = window_s / BUCKETS
-        # open bins: index -> [busy_s, audio_s]
-        self._bins: dict[int, list[float]] = {}
-        self._costs: deque[tuple[int, float]] = deque()  # closed bins: (index, cost)
+        self._calls: deque[tuple[float, float, float]] = deque()  # (finished_s, cost, audio_s)
+        self._bins: dict[int, list[float]] = {}  # open bins: index -> [busy_s, audio_s, calls]
         self._saturated: deque[tuple[int, float]] = deque(maxlen=BUCKETS)  # (index, rate)
         self._initial = initial_audio_s_per_s
         self._baseline = 0.0
@@ -73,68 +74,62 @@ class CapacityEstimate:
 
     def reset(self) -> None:
         """Forget every measurement (the calibration's ramp-up; a fresh calibration)."""
+        self._calls.clear()
         self._bins.clear()
-        self._costs.clear()
         self._saturated.clear()
 
-    def set_baseline(self, audio_s_per_s: float, floor_fraction: float = 0.0) -> None:
-        """The calibrated rate: the saturated reading until the stage saturates again
-        (`floor_fraction` is accepted for compatibility and ignored)."""
+    def set_baseline(self, audio_s_per_s: float) -> None:
+        """The calibrated rate: the saturated reading until the stage saturates again."""
         if not audio_s_per_s >= 0:
             raise ValueError(f"bad baseline {audio_s_per_s!r}")
         self._baseline = audio_s_per_s
 
     def record(self, started_s: float, finished_s: float, audio_s: float) -> None:
-        """One model call that ran from `started_s` to `finished_s` and produced `audio_s`
-        (its busy time and audio are spread over the bins it spans)."""
-        busy_s = max(finished_s - started_s, 0.0)
+        """One model call that ran from `started_s` to `finished_s` and produced `audio_s`."""
         self._measured = True
-        size = self._bucket_s
-        first, last = int(started_s // size), int(finished_s // size)
-        if busy_s <= 0 or first == last:
-            self._add(last, busy_s, audio_s)
-            return
-        for index in range(first, last + 1):
-            overlap_s = min(finished_s, (index + 1) * size) - max(started_s, index * size)
-            if overlap_s > 0:
-                self._add(index, overlap_s, audio_s * overlap_s / busy_s)
+        busy_s = max(finished_s - started_s, 0.0)
+        if audio_s > _MIN_AUDIO_S:
+            self._calls.append((finished_s, busy_s / audio_s, audio_s))
+        entry = self._bins.setdefault(int(finished_s // self._bucket_s), [0.0, 0.0, 0.0])
+        entry[0] += busy_s
+        entry[1] += audio_s
+        entry[2] += 1
 
-    def _add(self, index: int, busy_s: float, audio_s: float) -> None:
-        entry = self._bins.get(index)
-        if entry is None:
-            self._bins[index] = [busy_s, audio_s]
-        else:
-            entry[0] += busy_s
-            entry[1] += audio_s
-
-    def _close(self, now_s: float) -> int:
-        """Close the bins before the last one (a call running now may still add to that
-        one); drop what left the window."""
+    def _expire(self, now_s: float) -> None:
+        """Drop the calls that left the window; close the bins before the last one (a
+        call running now may still end in that one) into saturated readings."""
+        horizon_s = now_s - self.window_s
+        calls = self._calls
+        while calls and calls[0][0] <= horizon_s:
+            calls.popleft()
         current = int(now_s // self._bucket_s)
+        workers = self.workers
         for index in sorted(i for i in self._bins if i < current - 1):
-            busy_s, audio_s = self._bins.pop(index)
-            if audio_s > _MIN_AUDIO_S:
-                cost = busy_s / audio_s
-                self._costs.append((index, cost))
-                if busy_s >= SATURATED * self.workers * self._bucket_s:
-                    self._saturated.append((index, self.workers / cost))
-        while self._costs and self._costs[0][0] < current - BUCKETS:
-            self._costs.popleft()
+            busy_s, audio_s, count = self._bins.pop(index)
+            full = busy_s >= SATURATED * workers * self._bucket_s and count >= 2 * workers
+            if full and audio_s > _MIN_AUDIO_S:
+                self._saturated.append((index, workers * audio_s / busy_s))
         while self._saturated and self._saturated[0][0] < current - BUCKETS * STALE_WINDOWS:
             self._saturated.popleft()
-        return current
 
     def cost_s_per_audio_s(self, now_s: float) -> float | None:
-        """Median busy seconds per audio second of one call, over the window (None: no
-        call in it)."""
-        self._close(now_s)
-        if not self._costs:
+        """The audio-weighted median of the window's calls' busy seconds per audio second
+        (None: no call in it)."""
+        self._expire(now_s)
+        if not self._calls:
             return None
-        return statistics.median(cost for _, cost in self._costs)
+        ranked = sorted((cost, audio_s) for _, cost, audio_s in self._calls)
+        half_s = sum(audio_s for _, audio_s in ranked) / 2
+        total_s = 0.0
+        for cost, audio_s in ranked:
+            total_s += audio_s
+            if total_s >= half_s:
+                return cost
+        return ranked[-1][0]
 
     def sustained(self, now_s: float) -> float:
         """The saturated reading (or the calibration's; 0: none)."""
-        self._close(now_s)
+        self._expire(now_s)
         if self._saturated:
             return statistics.median(rate for _, rate in self._saturated)
         return self._baseline

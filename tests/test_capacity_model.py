@@ -87,11 +87,14 @@ def test_a_saturated_reading_goes_stale() -> None:
     assert rate.value(late_s + 4.0) == pytest.approx(10.0)
 
 
-def test_a_call_spanning_bins_is_spread_over_them() -> None:
+def test_one_call_that_hung_is_one_slow_bin() -> None:
+    """A call stuck for 5 s (a hung model call, a long pause) counts in the bin it ended
+    in: the median passes over it, and the saturated reading keeps its other bins."""
     rate = CapacityEstimate(WINDOW_S)
-    rate.record(0.5, 2.5, 4.0)  # busy all of bin 1: saturated, 2 audio s per s
-    assert rate.sustained(4.0) == pytest.approx(2.0)
-    assert rate.cost_s_per_audio_s(4.0) == pytest.approx(0.5)
+    calls(rate, 0.0, 3.0, call_s=0.2, audio_s=1.0)  # saturated: 5 audio s per s
+    rate.record(3.0, 8.0, 0.1)  # hung: 50 s per audio s
+    calls(rate, 8.0, 12.0, call_s=0.2, audio_s=1.0)
+    assert rate.value(12.0) == pytest.approx(5.0)
 
 
 def test_the_pipeline_is_its_slower_stage_and_the_cores_bound_it() -> None:
