@@ -3,8 +3,8 @@
 In-process (no HTTP: the figures are the engine's), on a config's backend:
 
 1. saturated: `--saturate` clients (default 20) read long requests as fast as they come,
-   admission off; the audio they receive from `--warmup` to the end of `--seconds`,
-   per second, is the capacity C the machine sustained in this run;
+   admission off; the audio the engine produced for them from `--warmup` to the end of
+   `--seconds`, per second, is the capacity C the machine sustained in this run;
 2. for each load in 0.25, 0.5, 0.9 and 1.5 C: round(load x C) clients each play their
    stream at 1x (a player that reads at most `--lead` seconds ahead of real time, so
    the server is paced as by real listeners) and start the next request when it ends,
@@ -35,7 +35,7 @@ import statistics
 import time
 
 from app.settings import Settings, load_settings
-from pipeline import Engine, Rejected
+from pipeline import Engine, Rejected, Stream
 from pipeline.backends import build_backend
 
 LONG = (
@@ -64,32 +64,35 @@ async def _engine(settings: Settings, *, admission: bool) -> Engine:
     return engine
 
 
-class _Counter:
-    """Audio received by every client, and when."""
+class _Produced:
+    """Audio the engine sent to every client's stream from `from_s` on (its streams'
+    own `stats.audio_s`: what the pipeline produced, whenever the client reads it)."""
 
     def __init__(self) -> None:
-        self.audio_s = 0.0
-        self.from_s: float | None = None
+        self.streams: list[Stream] = []
+        self.baseline: dict[str, float] | None = None
 
-    def add(self, audio_s: float, now_s: float) -> None:
-        if self.from_s is not None and now_s >= self.from_s:
-            self.audio_s += audio_s
+    def snapshot(self) -> None:
+        self.baseline = {stream.id: stream.stats.audio_s for stream in self.streams}
+
+    def audio_s(self) -> float:
+        baseline = self.baseline or {}
+        return sum(s.stats.audio_s - baseline.get(s.id, 0.0) for s in self.streams)
 
 
 async def _client(
-    engine: Engine, voice: str, counter: _Counter, until_s: float, paced: bool, lead_s: float
+    engine: Engine, voice: str, produced: _Produced, until_s: float, paced: bool, lead_s: float
 ) -> None:
     rate_hz = engine.resolve_voice(voice).sample_rate_hz
     while time.monotonic() < until_s:
         stream = engine.submit(LONG, voice=voice)
+        produced.streams.append(stream)
         started_s = time.monotonic()
         played_s = 0.0
         try:
             async for pcm in stream.chunks():
                 now_s = time.monotonic()
-                chunk_s = pcm.size / rate_hz
-                counter.add(chunk_s, now_s)
-                played_s += chunk_s
+                played_s += pcm.size / rate_hz
                 if paced:  # a 1x player: read at most lead_s ahead of its playback
                     ahead_s = played_s - (now_s - started_s) - lead_s
                     if ahead_s > 0:
@@ -103,23 +106,26 @@ async def _client(
 async def _run_load(
     engine: Engine, voice: str, clients: int, seconds: float, warmup_s: float, **kw: object
 ) -> tuple[float, list[float]]:
-    """(audio received per second after the warm-up, capacity readings meanwhile)."""
-    counter = _Counter()
+    """(audio produced per second after the warm-up, capacity readings meanwhile)."""
+    produced = _Produced()
     started_s = time.monotonic()
     until_s = started_s + seconds
-    counter.from_s = started_s + warmup_s
     tasks = [
-        asyncio.ensure_future(_client(engine, voice, counter, until_s, **kw))  # type: ignore[arg-type]
+        asyncio.ensure_future(_client(engine, voice, produced, until_s, **kw))  # type: ignore[arg-type]
         for _ in range(clients)
     ]
+    await asyncio.sleep(warmup_s)
+    produced.snapshot()
+    measured_from_s = time.monotonic()
     readings: list[float] = []
     while time.monotonic() < until_s:
         await asyncio.sleep(0.2)
-        if time.monotonic() >= counter.from_s:
-            readings.append(engine.capacity())
+        readings.append(engine.capacity())
+    audio_s = produced.audio_s()
+    measured_s = time.monotonic() - measured_from_s
     await asyncio.gather(*tasks, return_exceptions=True)
     await engine.wait_idle()
-    return counter.audio_s / (seconds - warmup_s), readings
+    return audio_s / measured_s, readings
 
 
 async def _capacity(settings: Settings, args: argparse.Namespace) -> None:
@@ -138,7 +144,7 @@ async def _capacity(settings: Settings, args: argparse.Namespace) -> None:
             f"{sustained:.2f} audio s/s; model meanwhile median "
             f"{statistics.median(readings):.2f} ({statistics.median(readings) / sustained:.2f} C)"
         )
-        print("load   clients  received/C  reading/C median [min, max]")
+        print("load   clients  produced/C  reading/C median [min, max]")
         for load in LOADS:
             clients = max(1, round(load * sustained))
             received, readings = await _run_load(
