@@ -1,7 +1,6 @@
 """The engine's start-up calibration (Engine.calibrate): internal streams run through both
-stages at once, saturating them; the audio they produce per wall second is what the
-pipeline sustained, and seeds the capacity model's saturated reading
-(pipeline/capacity.py)."""
+stages at once, saturating them; each stage's rate from its calls' costs, paid under that
+full contention, seeds the capacity model's saturated reading (pipeline/capacity.py)."""
 
 from __future__ import annotations
 
@@ -94,16 +93,24 @@ async def measure(engine: Engine, streams: list[Stream]) -> float:
         await asyncio.sleep(0.002)
     if engine._calibration is not streams or engine.vocoder.turns == turns_before:
         return engine.calibrated_capacity
-    # the sustained rate seeds both stages' saturated reading (the slower stage bound
-    # it); busy periods refresh it (pipeline/capacity.py)
-    engine.vocoder.rate.set_baseline(sustained)
-    engine.talker.rate.set_baseline(sustained)
-    engine.calibrated_capacity = engine.capacity()
+    # Each stage's rate from its calls' costs, all paid under the full contention of a
+    # saturated pipeline, seeds its saturated reading; busy periods refresh it
+    # (pipeline/capacity.py). (The audio out per wall second is logged beside it: the
+    # calibration's streams start together, so the talker's first sentences hold the
+    # vocoder back for a part of it, and it reads low.)
+    now_s = engine._clock()
+    for rate in (engine.vocoder.rate, engine.talker.rate):
+        cost = rate.cost_s_per_audio_s(now_s)
+        rate.set_baseline(rate.workers / cost if cost else 0.0)
+    engine.calibrated_capacity = engine.capacity(now_s)
     engine.calibrations += 1
     log.info(
-        "calibrated in %.2f s: sustained %.1f audio s/s; capacity %.1f streams at 1x",
+        "calibrated in %.2f s: vocoder %.1f, talker %.1f audio s/s; capacity %.1f streams "
+        "at 1x (audio out meanwhile %.1f audio s/s)",
         loop.time() - started_s,
-        sustained,
+        engine.vocoder.rate.baseline,
+        engine.talker.rate.baseline,
         engine.calibrated_capacity,
+        sustained,
     )
     return engine.calibrated_capacity

@@ -19,9 +19,9 @@ at what the machine sustained:
 
 - the SATURATED reading: `workers` x audio / busy time over the time bins
   (`window_s / BUCKETS` each, a call counted in the bin it ended in) in which the stage
-  was busy at least `SATURATED` of the time on every worker, with at least two calls per
-  worker (so its calls paid the full contention), the median of the latest `BUCKETS`
-  such bins. It is kept fresh by new saturated bins (a busy period, a calibration), and
+  was busy at least `SATURATED` of the time on every worker, with more calls than
+  workers (so its calls paid the full contention, and one call that hung is no
+  reading), the median of the latest `BUCKETS` such bins. It is kept fresh by new saturated bins (a busy period, a calibration), and
   forgotten after `STALE_WINDOWS` windows without one; the start-up calibration
   (Engine.calibrate), which saturates both stages, seeds it (`set_baseline`);
 - the CORES bound (`pipeline_capacity`): where the stages' calls are CPU-bound on the
@@ -106,7 +106,7 @@ class CapacityEstimate:
         workers = self.workers
         for index in sorted(i for i in self._bins if i < current - 1):
             busy_s, audio_s, count = self._bins.pop(index)
-            full = busy_s >= SATURATED * workers * self._bucket_s and count >= 2 * workers
+            full = busy_s >= SATURATED * workers * self._bucket_s and count > workers
             if full and audio_s > _MIN_AUDIO_S:
                 self._saturated.append((index, workers * audio_s / busy_s))
         while self._saturated and self._saturated[0][0] < current - BUCKETS * STALE_WINDOWS:
