@@ -21,9 +21,10 @@ at what the machine sustained:
   (`window_s / BUCKETS` each, a call counted in the bin it ended in) in which the stage
   was busy at least `SATURATED` of the time on every worker, with more calls than
   workers (so its calls paid the full contention, and one call that hung is no
-  reading), the median of the latest `BUCKETS` such bins. It is kept fresh by new saturated bins (a busy period, a calibration), and
-  forgotten after `STALE_WINDOWS` windows without one; the start-up calibration
-  (Engine.calibrate), which saturates both stages, seeds it (`set_baseline`);
+  reading), the median of the latest `BUCKETS` such bins. It is kept fresh by new
+  saturated bins (a busy period, a calibration), and forgotten after `STALE_WINDOWS`
+  windows without one; the start-up calibration (Engine.calibrate), which saturates
+  both stages, seeds it (`set_baseline`);
 - the CORES bound (`pipeline_capacity`): where the stages' calls are CPU-bound on the
   same cores, `cores / (talker cost + vocoder cost)`.
 

@@ -119,8 +119,8 @@ async def test_idle_engine_recalibrates_and_a_request_ends_it(make_engine: Engin
 # configs/sim.yaml as it is: a vocoder at 80 / 9 = ~8.9 streams at 1x (K = 4 batched
 # calls). Its start cost (admission.start_cost=1) keeps the streams that start together
 # within what the vocoder sustains: with 0.5, five start at once and their ramp chunks
-# queue behind each other (a stall or two in each of three runs). The queue takes the next few, in arrival
-# order; every other request gets its 429 at once.
+# queue behind each other (a stall or two in each of three runs). The queue takes the
+# next few, in arrival order; every other request gets its 429 at once.
 BURST_OVERRIDES = ("engine.recalibrate_idle_s=0",)
 BURST = 40
 LONG_TEXT = "Every word of this request is here to make a long answer for the burst. " * 3
