@@ -19,8 +19,6 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 from conftest import FAST_SIM, TEST_CHUNKING, EngineFactory, read_all, until
-from hypothesis import given
-from hypothesis import strategies as st
 
 from pipeline.backend import VocodeItem
 from pipeline.backends.sim import SimBackend, decode_sim_signal, expected_frames
