@@ -182,8 +182,7 @@ class Replica:
     # What the simulation asks.
 
     def capacity(self, now_s: float) -> float:
-        """Engine.capacity: the capacity model over both stages (no cores bound: the sim
-        backend's calls sleep)."""
+        """Engine.capacity: the capacity model over both stages."""
         return pipeline_capacity(self.talker_rate, self.vocoder_rate, now_s)
 
     def view(self, now_s: float) -> LoadView:

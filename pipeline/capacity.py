@@ -14,19 +14,19 @@ moves it within the window. A stage of `workers` parallel calls sustains
 `workers / cost` audio s per s.
 
 Calls that run alone cost less than calls that share the cores with the other stage and
-the other workers, so the per-call figure reads high at light load. Two bounds keep it
-at what the machine sustained:
+the other workers, so the per-call figure reads high at light load. The SATURATED
+reading bounds it at what the machine sustained, the cores' contention included:
+`workers` x audio / busy time over the time bins (`window_s / BUCKETS` each, a call
+counted in the bin it ended in) in which the stage was busy at least `SATURATED` of the
+time on every worker, with more calls than workers (so its calls paid the full
+contention, and one call that hung is no reading), the median of the latest `BUCKETS`
+such bins. It is kept fresh by new saturated bins (a busy period, a calibration), and
+forgotten after `STALE_WINDOWS` windows without one; the start-up calibration
+(Engine.calibrate), which saturates both stages, seeds it (`set_baseline`).
 
-- the SATURATED reading: `workers` x audio / busy time over the time bins
-  (`window_s / BUCKETS` each, a call counted in the bin it ended in) in which the stage
-  was busy at least `SATURATED` of the time on every worker, with more calls than
-  workers (so its calls paid the full contention, and one call that hung is no
-  reading), the median of the latest `BUCKETS` such bins. It is kept fresh by new
-  saturated bins (a busy period, a calibration), and forgotten after `STALE_WINDOWS`
-  windows without one; the start-up calibration (Engine.calibrate), which saturates
-  both stages, seeds it (`set_baseline`);
-- the CORES bound (`pipeline_capacity`): where the stages' calls are CPU-bound on the
-  same cores, `cores / (talker cost + vocoder cost)`.
+The pipeline's capacity is the slower stage's (`pipeline_capacity`). (A cores bound,
+`cores / (talker cost + vocoder cost)`, was tried: the per-call costs are measured under
+the contention already, so it counted it twice and read 0.8 C saturated on the voice.)
 
 The start phase's extra cost is admission's `start_cost` (a starting stream counts more).
 Pure: the clock is passed in.
@@ -147,16 +147,7 @@ class CapacityEstimate:
         return model or sustained or self._initial
 
 
-def pipeline_capacity(
-    talker: CapacityEstimate, vocoder: CapacityEstimate, now_s: float, cores: int = 0
-) -> float:
-    """The pipeline's rate: the slower stage's (0 when neither is measured), and with
-    `cores` (> 0: the stages' calls are CPU-bound on that many cores) at most
-    `cores / (talker cost + vocoder cost)`."""
+def pipeline_capacity(talker: CapacityEstimate, vocoder: CapacityEstimate, now_s: float) -> float:
+    """The pipeline's rate: the slower stage's (0 when neither is measured)."""
     rates = [rate for rate in (talker.value(now_s), vocoder.value(now_s)) if rate > 0]
-    capacity = min(rates) if rates else 0.0
-    if cores > 0 and capacity > 0:
-        costs = [talker.cost_s_per_audio_s(now_s), vocoder.cost_s_per_audio_s(now_s)]
-        if all(cost is not None for cost in costs):
-            capacity = min(capacity, cores / sum(costs))  # type: ignore[arg-type]
-    return capacity
+    return min(rates) if rates else 0.0

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
 import time
 from collections.abc import Callable
 from functools import partial
@@ -59,14 +58,6 @@ from scheduling import (
 __all__ = ["Engine", "EngineEvents", "Reservation"]  # Reservation: pipeline/admission.py
 
 log = logging.getLogger("playhead.engine")
-
-
-def _cpu_cores() -> int:
-    """The cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 _DEFAULT_ENGINE = EngineConfig()
@@ -112,8 +103,6 @@ class Engine:
         self.admission = AdmissionFront(
             Admission(admission), clock=clock, events=self._events, load=self._load
         )
-        # the stages' calls compete for the cores (the capacity's cores bound; 0: not)
-        self._cores = _cpu_cores() if getattr(backend, "cpu_bound", True) else 0
         self._last_activity_s = clock()
         self._build()
 
@@ -435,7 +424,7 @@ class Engine:
     def capacity(self, now_s: float | None = None) -> float:
         """Audio seconds per wall second the pipeline sustains (pipeline/capacity.py)."""
         now_s = self._clock() if now_s is None else now_s
-        return pipeline_capacity(self.talker.rate, self.vocoder.rate, now_s, self._cores)
+        return pipeline_capacity(self.talker.rate, self.vocoder.rate, now_s)
 
     def _turn_capacity(self, now_s: float) -> float:
         """The capacity reported after each vocoder turn; a queue waiter may fit now."""

@@ -131,7 +131,6 @@ class SimBackend:
     """A backend whose costs are set, not measured; see the module doc."""
 
     name = "sim"
-    cpu_bound = False  # its calls sleep: the stages share no cores (pipeline/capacity.py)
 
     def __init__(
         self, config: SimConfig | None = None, *, sleep: Callable[[float], None] = time.sleep
