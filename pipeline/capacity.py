@@ -15,8 +15,8 @@ moves it within the window. A stage of `workers` parallel calls sustains
 
 Calls that run alone cost less than calls that share the cores with the other stage and
 the other workers, so the per-call figure reads high at light load. The SATURATED
-reading bounds it at what the machine sustained, the cores' contention included:
-`workers` x audio / busy time over the time bins (`window_s / BUCKETS` each, a call
+reading bounds it at what the machine sustained, the cores' contention included: the
+audio produced per wall second over the time bins (`window_s / BUCKETS` each, a call
 counted in the bin it ended in) in which the stage was busy at least `SATURATED` of the
 time on every worker, with more calls than workers (so its calls paid the full
 contention, and one call that hung is no reading), the median of the latest `BUCKETS`
@@ -109,7 +109,9 @@ class CapacityEstimate:
             busy_s, audio_s, count = self._bins.pop(index)
             full = busy_s >= SATURATED * workers * self._bucket_s and count > workers
             if full and audio_s > _MIN_AUDIO_S:
-                self._saturated.append((index, workers * audio_s / busy_s))
+                # what it produced per wall second: the gaps between its calls (the
+                # engine's own work, a wait for the other stage) are lost capacity too
+                self._saturated.append((index, audio_s / self._bucket_s))
         while self._saturated and self._saturated[0][0] < current - BUCKETS * STALE_WINDOWS:
             self._saturated.popleft()
 
