@@ -1,6 +1,7 @@
 """The engine's start-up calibration (Engine.calibrate): internal streams run through both
 stages at once, saturating them; each stage's rate from its calls' costs, paid under that
-full contention, seeds the capacity model's saturated reading (pipeline/capacity.py)."""
+full contention, at most the audio put out per wall second meanwhile, seeds the capacity
+model's saturated reading (pipeline/capacity.py)."""
 
 from __future__ import annotations
 
@@ -94,14 +95,16 @@ async def measure(engine: Engine, streams: list[Stream]) -> float:
     if engine._calibration is not streams or engine.vocoder.turns == turns_before:
         return engine.calibrated_capacity
     # Each stage's rate from its calls' costs, all paid under the full contention of a
-    # saturated pipeline, seeds its saturated reading; busy periods refresh it
-    # (pipeline/capacity.py). (The audio out per wall second is logged beside it: the
-    # calibration's streams start together, so the talker's first sentences hold the
-    # vocoder back for a part of it, and it reads low.)
+    # saturated pipeline, and at most the audio the pipeline put out per wall second
+    # meanwhile (never above what it sustained), seeds its saturated reading; busy
+    # periods refresh it (pipeline/capacity.py). On a shared 2-core machine the first
+    # read 0.7-1.3 C and the second about 0.55 C (the calibration's streams start
+    # together: their first sentences hold the vocoder back for a part of it).
     now_s = engine._clock()
     for rate in (engine.vocoder.rate, engine.talker.rate):
         cost = rate.cost_s_per_audio_s(now_s)
-        rate.set_baseline(rate.workers / cost if cost else 0.0)
+        model = rate.workers / cost if cost else 0.0
+        rate.set_baseline(min(model, sustained) if sustained > 0 else model)
     engine.calibrated_capacity = engine.capacity(now_s)
     engine.calibrations += 1
     log.info(
