@@ -10,12 +10,11 @@ here if the request ends any other way (a 400 for its body, a client gone). So u
 overload a request with a bad body gets 429, not 400: the server refuses work before
 reading it.
 
-A request admitted while the start phase is full (admission.max_starting_streams) waits
-here for a start slot, in arrival order, holding its slot (`Reservation.wait_start`),
-before the framework reads its body: it goes on once a starting stream leaves its start
-phase, gets the 429 "starting" after admission.start_queue_timeout_s, and the 503 path
-(the route's) if the engine stops or drains meanwhile. A client that disconnects while
-waiting gives its slot back at once: the gate reads the request's messages meanwhile
+A request beyond capacity that the engine queued (pipeline/admission.py, the one fair
+queue) waits here, in arrival order, before the framework reads its body: it goes on
+once granted, gets the 429 "queue_timeout" after admission.queue_max_wait_s, and the 503
+path (the route's) if the engine stops or drains meanwhile. A client that disconnects
+while waiting leaves the queue at once: the gate reads the request's messages meanwhile
 (buffered and handed on to the route) to see its `http.disconnect`.
 
 It runs after the drain (503) and the API key (401): those answer first. While the engine
@@ -24,7 +23,6 @@ is not ready the route answers (503) as before.
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -32,7 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from app.errors import error_response, pipeline_api_error
 from app.state import AppState
 from pipeline import NotReady, PipelineError, Rejected
-from pipeline.engine import Reservation
+from pipeline.admission import Reservation, wait_admitted
 
 SPEECH_PATH = "/v1/audio/speech"
 # the scope key of an admitted request's Reservation (pipeline.engine.Reservation)
@@ -69,7 +67,7 @@ class AdmissionGate:
                 if waited is None:  # the client left while waiting: nothing to answer
                     return
                 receive = waited  # with the messages read while waiting
-                if isinstance(refusal, Rejected):  # waited start_queue_timeout_s: 429
+                if isinstance(refusal, Rejected):  # waited queue_max_wait_s: 429
                     await error_response(pipeline_api_error(refusal))(scope, receive, send)
                     return
                 if refusal is not None:  # NotReady: stopping or draining meanwhile
@@ -85,7 +83,7 @@ class AdmissionGate:
 async def _wait_start(
     reservation: Reservation, receive: Receive
 ) -> tuple[Receive | None, PipelineError | None]:
-    """Wait for the reservation's start slot while watching for the client's disconnect.
+    """Wait in admission's queue while watching for the client's disconnect.
     Returns the request's `receive` (the messages read meanwhile first), None if the
     client left, and the wait's refusal (Rejected or NotReady) if any."""
     read: list[Message] = []
@@ -100,21 +98,16 @@ async def _wait_start(
                 return
             read.append(message)
 
-    watcher = asyncio.ensure_future(watch())
-    waiter = asyncio.ensure_future(reservation.wait_start())
     try:
-        await asyncio.wait((watcher, waiter), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        waiter.cancel()
-        await asyncio.gather(watcher, waiter, return_exceptions=True)
-    if gone or (watcher.done() and not watcher.cancelled() and watcher.exception()):
-        return None, None
-    refusal = None if waiter.cancelled() else waiter.exception()
-    if refusal is not None and not isinstance(refusal, PipelineError):
-        raise refusal
+        admitted = await wait_admitted(reservation, watch())
+    except PipelineError as refusal:  # Rejected (queue_timeout) or NotReady
+        failure: PipelineError | None = refusal
+    else:
+        if not admitted or gone:
+            return None, None
+        failure = None
 
     async def replay() -> Message:
         return read.pop(0) if read else await receive()
 
-    return replay, refusal
+    return replay, failure

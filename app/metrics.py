@@ -80,9 +80,9 @@ class Metrics:
         )
         self.start_wait_s = Histogram(
             "playhead_start_wait_seconds",
-            "Time an admitted request waited in the start queue for a start slot "
-            "(admission.max_starting_streams; 0 when one was free): the client's first audio "
-            "comes this long plus playhead_ttfa_seconds after admission",
+            "Time a request waited in admission's queue (at most admission.queue_max_wait_s; "
+            "0 when admitted at once): the client's first audio comes this long plus "
+            "playhead_ttfa_seconds after its request",
             buckets=_LATENCY_BUCKETS_S,
             registry=r,
         )

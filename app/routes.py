@@ -31,6 +31,7 @@ from app.errors import (
     InvalidRequest,
     NotFound,
     RequestTooLarge,
+    ServiceUnavailable,
     pipeline_api_error,
 )
 from app.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -158,12 +159,17 @@ async def _create_speech(request: Request, state: StateDep) -> Response:
     engine = state.require_engine()
     voice = resolve_voice(engine, speech.voice_id)
     # Admission was decided before the slow part (normalising in a thread, opening the
-    # encoder), by app/admission_gate.py, which holds the slot in the scope until submit
-    # (so a burst cannot pass the check before any of its streams exist); an app
-    # without the gate reserves (and waits for a start slot) here.
-    reservation = request.scope.get(RESERVATION_KEY) or engine.reserve()
+    # encoder), by app/admission_gate.py, which holds the reservation in the scope until
+    # submit (so a burst cannot pass the check before any of its streams exist). None:
+    # the gate found no engine ready (it became ready since): 503, retry shortly.
+    reservation = request.scope.get(RESERVATION_KEY)
+    if reservation is None:
+        raise ServiceUnavailable(
+            "The model is loading; retry shortly.",
+            code="model_loading",
+            headers={"Retry-After": "1"},
+        )
     try:
-        await reservation.wait_start()  # at once: the gate waited already
         return await _admitted_speech(request, state, engine, speech, text, voice, reservation)
     finally:
         reservation.release()  # a no-op once submit used it

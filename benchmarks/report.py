@@ -93,6 +93,25 @@ def markdown_table(results: Mapping[str, Any]) -> str:
                 f"| {100 * run['stall_free_share']:.1f}% | {run['interruptions']} | {ttfa} "
                 f"| {run['rejected']} | {run['xrt']:.2f} |"
             )
+    admitted = [r for r in runs if r.get("admission")]
+    if admitted:  # what admission costs and gives (docs/admission.md)
+        lines += [
+            "",
+            "| with admission | N/C | share playing (listening / C) | xRT / C "
+            "| 429s | 429 answered p50 / p99 (ms) | first try -> admitted p99 (ms) |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for run in sorted(admitted, key=lambda r: (run_label(r), r["streams"])):
+            listening = run.get("listening_mean")
+            refusal = " / ".join(
+                fmt(run.get(k), ".1f") for k in ("reject_latency_p50_ms", "reject_latency_p99_ms")
+            )
+            lines.append(
+                f"| {run_label(run)} | {run['streams'] / capacity:.2f} "
+                f"| {fmt(None if listening is None else listening / capacity, '.2f')} "
+                f"| {run['xrt'] / capacity:.2f} | {run['rejected']} | {refusal} "
+                f"| {fmt(run.get('wait_p99_ms'))} |"
+            )
     lines.append("")
     lines.append(
         "Stall-free capacity (largest N with >= 99% stall-free streams and TTFA p99 <= 1 s):"

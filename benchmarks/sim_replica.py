@@ -10,9 +10,11 @@ engine's code:
   open_segment/step/close_segment (frames per step, segment ends);
 - vocoder selection: the book's refresh and ready set, PlaybackScheduler.select;
 - chunk planning: the book's ChunkPlanner, emit and commit;
-- admission: scheduling.Admission with the book's playing streams (its PlayingLedger,
-  which a cancelled stream leaves at once), its finish times, and the capacity estimate
-  of pipeline/capacity.py fed per model call as the engine's stages feed it.
+- admission: scheduling.Admission, the engine's policy and its one fair queue, fed the
+  book's owed work (`StreamBook.loads`) and the capacity model of pipeline/capacity.py
+  fed per model call as the engine's stages feed it; a queued request is granted when a
+  stream leaves its start phase or ends, or after a vocoder turn (as the engine's
+  AdmissionFront), and refused at admission.queue_max_wait_s.
 
 What the replica adds is what asyncio and the stage threads do in the engine: the
 Talker's and the Vocoder's loops (pipeline/talker.py, pipeline/vocoder.py) as event
@@ -36,6 +38,7 @@ from typing import Protocol
 
 import numpy as np
 
+from pipeline.admission import new_stream_audio_s, start_chunk_audio_s, start_phase_chunks
 from pipeline.backend import TalkStep
 from pipeline.backends.sim import SimBackend, vocoder_cost_s
 from pipeline.book import OpenSegment, StreamBook, StreamRecord, Wakes
@@ -52,6 +55,7 @@ from scheduling import (
     ChunkingConfig,
     ChunkPlanner,
     Decision,
+    LoadView,
     PlaybackScheduler,
     SchedulingConfig,
     TalkerOrderConfig,
@@ -139,7 +143,10 @@ class Replica:
             first_chunk_s=setup.scheduling.first_chunk_ms / 1000.0,
             clock=self._now,
             events=NullEvents(),
-            wakes=Wakes(talker=self._wake_talker, vocoder=self._wake_vocoder),
+            wakes=Wakes(
+                talker=self._wake_talker, vocoder=self._wake_vocoder, start=self._wake_admission
+            ),
+            start_phase_chunks=start_phase_chunks(setup.admission),
         )
         self._spent_s = 0.0
         self.backend = SimBackend(setup.sim, sleep=self._spend)
@@ -153,6 +160,10 @@ class Replica:
         self.vocoder_rate = CapacityEstimate(
             engine.capacity_window_s, engine.initial_capacity_audio_s_per_s
         )
+        self._start_chunk_s = start_chunk_audio_s(setup.chunking, self.voice)
+        # queued requests: ticket -> (text, told when granted or refused)
+        self._waiting: dict[object, tuple[str, Callable[[Stream | Decision], None]]] = {}
+        self._admission_due = False
         self.live: dict[str, None] = {}  # streams with work left, as this replica knows them
         self._pcm: dict[int, np.ndarray] = {}  # zeros per chunk length
         # The talker loop: a step in flight (or its outcome being applied), an iteration
@@ -171,27 +182,72 @@ class Replica:
     # What the simulation asks.
 
     def capacity(self, now_s: float) -> float:
-        """Engine.capacity: the slower stage's measured rate."""
-        return pipeline_capacity(self.vocoder_rate.value(now_s), self.talker_rate.value(now_s))
+        """Engine.capacity: the capacity model over both stages."""
+        return pipeline_capacity(self.talker_rate, self.vocoder_rate, now_s)
 
-    def submit(self, now_s: float, text: str) -> Stream | Decision:
-        """Engine.submit: admit (or reject) one stream for `text`, all text at once."""
-        book = self.book
-        decision = self.admission.decide(
-            now_s,
-            book.playing_streams(now_s),
+    def view(self, now_s: float) -> LoadView:
+        """Engine._load: what admission reads."""
+        chunk_s = self._start_chunk_s
+        loads = self.book.loads(chunk_s)
+        return LoadView(
             self.capacity(now_s),
-            finish_times_s=book.finish_times_s(now_s),
+            loads,
+            new_stream_audio_s=new_stream_audio_s(loads, self.book.mean_stream_audio_s),
+            start_audio_s=chunk_s * self.setup.admission.start_phase_chunks,
+        )
+
+    def submit(
+        self,
+        now_s: float,
+        text: str,
+        on_decided: Callable[[Stream | Decision], None] | None = None,
+    ) -> Stream | Decision:
+        """Engine.reserve + submit: a stream admitted now, or a Decision: refused, or
+        "queued" (only with `on_decided`, told the stream once granted, or the refusal
+        at admission.queue_max_wait_s)."""
+        ticket = object()
+        decision = self.admission.offer(
+            now_s, ticket, self.view(now_s), wait=on_decided is not None
         )
         if self.trace is not None:
             self.trace.admissions.append((now_s, decision.accept, decision.reason))
-        if not decision.accept:
-            return decision
+        if decision.accept:
+            return self._start(now_s, text)
+        if decision.queued:
+            assert on_decided is not None
+            self._waiting[ticket] = (text, on_decided)
+            # the front's timer: the waiter is refused then if not granted before
+            self._queue.push(now_s + self.admission.config.queue_max_wait_s, self._admit, None)
+        return decision
+
+    def _start(self, now_s: float, text: str) -> Stream:
+        book = self.book
         stream = book.add_stream(self.voice, speed=1.0, now_s=now_s)
         self.live[stream.id] = None
         book.add_text(stream.id, text, final=True)
         self._reap(now_s)
         return stream
+
+    def _wake_admission(self) -> None:
+        """AdmissionFront.poke: grant from the next event, not inside the transition."""
+        if self._waiting and not self._admission_due:
+            self._admission_due = True
+            self._queue.push(self._queue.now, self._admit, None)
+
+    def _admit(self, now_s: float, _: object = None) -> None:
+        """AdmissionFront.run_grants."""
+        self._admission_due = False
+        admission = self.admission
+        for ticket in admission.grant(self.view(now_s)):
+            text, told = self._waiting.pop(ticket)
+            if self.trace is not None:
+                self.trace.admissions.append((now_s, True, "granted"))
+            told(self._start(now_s, text))
+        for ticket, decision in admission.expire(now_s, self.view(now_s)):
+            _, told = self._waiting.pop(ticket)
+            if self.trace is not None:
+                self.trace.admissions.append((now_s, False, decision.reason))
+            told(decision)
 
     def cancel(self, stream_id: str) -> None:
         """Engine.cancel: the client is gone."""
@@ -391,6 +447,7 @@ class Replica:
         book.turn_ended()
         self.vocoder_turns += 1
         self.vocoder_rate.record(started_s, now_s, audio_s)
+        self._wake_admission()  # Engine._turn_capacity: the capacity moved
         self._reap(now_s, [record for record, _ in batch])
         self._vocoder_loop(now_s)
         self._reap(now_s)

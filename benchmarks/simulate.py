@@ -56,6 +56,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 
 from benchmarks.loadgen import load_corpus
@@ -72,7 +73,7 @@ from benchmarks.sim_replica import EngineSetup, Replica, Trace
 from pipeline.backends.sim import expected_frames, vocoder_cost_s
 from pipeline.config import EngineConfig, SimConfig, TalkerConfig
 from pipeline.stream import Stream
-from scheduling import AdmissionConfig, ChunkingConfig, SchedulingConfig
+from scheduling import AdmissionConfig, ChunkingConfig, Decision, SchedulingConfig
 from scheduling.routing import ReplicaLoad, rank_replicas
 
 ROUTERS = ("random", "least-loaded", "slack")
@@ -380,34 +381,78 @@ class _Simulation:
             self.first_measured_s = t
         retry_after: int | None = None
         for r in self.route(t):
-            outcome = r.submit(t, text.text)
+            told = partial(self.decided, r, text, client, t, first_sent, measured)
+            outcome = r.submit(t, text.text, told)
             if isinstance(outcome, Stream):
-                if measured:
-                    self.measured_issued += 1
-                    self.measured_open += 1
-                listener = _Listener(r, text, client, t, t - first_sent, measured)
-                if sc.hangup_share and self.rng.random() < sc.hangup_share:
-                    listener.hangup_at_s = self.rng.uniform(0.0, text.audio_s)
-                self.listeners[outcome.id] = listener
+                self.admitted(outcome, r, text, client, t, first_sent, measured)
+                return
+            if outcome.queued:  # the replica tells `decided` later
                 return
             ra = outcome.retry_after_s or 1
             retry_after = ra if retry_after is None else min(retry_after, ra)
+        self.refused(t, t, text, client, first_sent, measured, retry_after or 1)
+
+    def admitted(
+        self,
+        stream: Stream,
+        r: Replica,
+        text: _Text,
+        client: int,
+        sent_s: float,
+        first_sent: float,
+        measured: bool,
+    ) -> None:
+        if measured:
+            self.measured_issued += 1
+            self.measured_open += 1
+        listener = _Listener(r, text, client, sent_s, sent_s - first_sent, measured)
+        if self.sc.hangup_share and self.rng.random() < self.sc.hangup_share:
+            listener.hangup_at_s = self.rng.uniform(0.0, text.audio_s)
+        self.listeners[stream.id] = listener
+
+    def decided(
+        self,
+        r: Replica,
+        text: _Text,
+        client: int,
+        sent_s: float,
+        first_sent: float,
+        measured: bool,
+        outcome: Stream | Decision,
+    ) -> None:
+        """A queued request granted (its wait counts in its TTFA) or refused."""
+        if isinstance(outcome, Stream):
+            self.admitted(outcome, r, text, client, sent_s, first_sent, measured)
+        else:
+            t = self.now
+            self.refused(sent_s, t, text, client, first_sent, measured, outcome.retry_after_s or 1)
+
+    def refused(
+        self,
+        sent_s: float,
+        t: float,
+        text: _Text,
+        client: int,
+        first_sent: float,
+        measured: bool,
+        retry_after: int,
+    ) -> None:
         if measured:
             self.records.append(
                 StreamRecord(
                     outcome=Outcome.REJECTED,
-                    sent_at_s=t,
+                    sent_at_s=sent_s,
                     answered_at_s=t,
                     finished_at_s=t,
                     playback=Player().result(),
                     text_chars=text.chars,
-                    retry_after_s=float(retry_after or 1),
+                    retry_after_s=float(retry_after),
                     http_status=429,
                 )
             )
         if client >= 0:  # closed loop: retry after Retry-After, or give up for a new text
-            again = (text, first_sent) if t - first_sent < sc.give_up_after_s else None
-            self.push(t + (retry_after or 1), self.arrive, (client, again))
+            again = (text, first_sent) if t - first_sent < self.sc.give_up_after_s else None
+            self.push(t + retry_after, self.arrive, (client, again))
 
     def route(self, t: float) -> list[Replica]:
         replicas = self.replicas

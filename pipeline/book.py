@@ -3,7 +3,7 @@
 The book is the one owner of the streams' book-keeping. The Talker and the Vocoder
 (pipeline/talker.py, pipeline/vocoder.py) read it and call its transitions; each
 transition updates everything it touches (frames, chunk plans, the ready set, the talker
-candidates, the scheduler, the planner, the playing ledger, the stream's state and
+candidates, the scheduler, the planner, the stream's state and
 audio channel) and wakes the stage that has new work. No asyncio here: the wakes are
 plain callables, so the book can be driven by a virtual clock as well.
 
@@ -38,6 +38,7 @@ backend's per-segment state is freed exactly once.
 from __future__ import annotations
 
 import logging
+import math
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator, KeysView
@@ -56,7 +57,7 @@ from scheduling import (
     Chunk,
     ChunkPlanner,
     PlaybackScheduler,
-    PlayingLedger,
+    StreamLoad,
     TalkerCandidate,
     TalkerOrderConfig,
     TalkerPlan,
@@ -76,7 +77,7 @@ class Wakes:
     vocoder: Callable[[], None]
     # a start-phase slot freed: a stream left its start phase (sent its
     # start_phase_chunks-th chunk, ended, failed, was cancelled, or now waits for its
-    # client's text); the engine's start queue (admission.max_starting_streams) may go on
+    # client's text), or owes no more work: admission's queue may go on
     start: Callable[[], None] = lambda: None
 
 
@@ -221,7 +222,6 @@ class StreamBook:
         step of the stream runs (see `ahead_ids`)."""
         self.scheduler = scheduler
         self.planner = planner
-        self.ledger = PlayingLedger()
         self._new_segmenter = segmenter
         self._max_pending_audio_s = max_pending_audio_s
         self._left_context_frames = left_context_frames
@@ -271,7 +271,7 @@ class StreamBook:
         self._pace_on_full_workers = False  # the talker's order has busy_max_queued_s
         self._paced_order: tuple[TalkerOrderConfig, TalkerOrderConfig] | None = None
         # streams in their start phase: fewer than `start_phase_chunks` chunks sent yet
-        # (0: not tracked); for admission's max_starting_streams
+        # (0: not tracked); admission counts their start_cost
         self._start_phase_chunks = start_phase_chunks
         self._starting: dict[str, None] = {}
         self._submitted = 0
@@ -413,34 +413,31 @@ class StreamBook:
         record = self._records[stream_id]
         return record.sender.parked or _stepping(record)
 
-    def playing_streams(self, now_s: float) -> int:
-        """Streams a player listens to: those with work left, and those whose audio is
-        all sent but whose estimated playback has not ended (the ledger)."""
-        return len(self._records) + self.ledger.count(now_s)
+    @property
+    def mean_stream_audio_s(self) -> float:
+        """Audio talked per stream submitted, at speed 1 (inf before any was talked)."""
+        return self._talked_audio_s / self._submitted if self._talked_audio_s else math.inf
 
-    def starting_streams(self) -> int:
-        """Streams with work left that have sent fewer than `start_phase_chunks` chunks,
-        less those waiting for their client's text (a live-text session between two
-        messages costs the stages nothing, however long the client takes)."""
-        records = self._records
-        return sum(
-            not _waits_for_text(records[stream_id])
-            for stream_id in self._starting  # a few: admission bounds them
+    def loads(self, start_chunk_audio_s: float) -> list[StreamLoad]:
+        """What each stream with work left still owes, for admission: its audio left
+        (the text's estimated length less what was sent; inf while its text is open), and
+        while it starts, `start_chunk_audio_s` per start-phase chunk still to send."""
+        per_char_s = (
+            self._talked_audio_s / self._talked_chars
+            if self._talked_chars
+            else _DEFAULT_AUDIO_S_PER_CHAR
         )
-
-    def finish_times_s(self, now_s: float) -> Iterator[float]:
-        """When each playing stream's playback is estimated to end (for Retry-After)."""
-        if self._talked_chars:
-            per_char_s = self._talked_audio_s / self._talked_chars
-        else:
-            per_char_s = _DEFAULT_AUDIO_S_PER_CHAR
+        starting, chunks = self._starting, self._start_phase_chunks
+        loads = []
         for stream_id, record in self._records.items():
             stream = record.stream
-            total_s = record.text_chars * per_char_s / stream.speed
-            horizon_s = self.scheduler.horizon_s(stream_id)
-            start_s = now_s if horizon_s is None else max(horizon_s, now_s)
-            yield start_s + max(0.0, total_s - stream.stats.audio_s)
-        yield from self.ledger.until_times_s(now_s)
+            owed_s = record.text_chars * per_char_s / stream.speed - stream.stats.audio_s
+            owed_s = max(owed_s, start_chunk_audio_s) if record.text_closed else math.inf
+            left = 0
+            if stream_id in starting and not _waits_for_text(record):
+                left = chunks - stream.stats.chunks
+            loads.append(StreamLoad(owed_s, max(0, left) * start_chunk_audio_s))
+        return loads
 
     def orphan(self, opened: OpenSegment) -> None:
         """A cancelled segment whose backend state is still open: the talker closes it."""
@@ -839,7 +836,6 @@ class StreamBook:
         record = self._records.get(stream_id)
         if record is not None:
             self._drop(record)
-        self.ledger.leave(stream_id)  # its listener is gone
         stream.state = StreamState.CANCELLED
         sender.cancel()
         self._finalize(stream)
@@ -979,10 +975,6 @@ class StreamBook:
 
     def _finish_vocoding(self, record: StreamRecord) -> None:
         stream = record.stream
-        now_s = self._clock()
-        horizon_s = self.scheduler.horizon_s(stream.id)
-        if horizon_s is not None:
-            self.ledger.enter(stream.id, horizon_s, now_s)
         self._drop(record)
         stream.state = StreamState.DRAINING
         record.sender.close()
@@ -991,7 +983,7 @@ class StreamBook:
         """Free every trace of a stream's work."""
         stream_id = record.stream.id
         del self._records[stream_id]
-        left_start = self._starting.pop(stream_id, False) is None
+        self._starting.pop(stream_id, None)
         self.talker_queue.remove(stream_id)
         self._dirty.pop(stream_id, None)
         self._ready.pop(stream_id, None)
@@ -1015,8 +1007,7 @@ class StreamBook:
         if self._solo_slack_s is not None and len(self._records) == self._work_ahead_streams:
             self._replan_others(stream_id)  # the streams left are alone: solo chunks
         self._wakes.vocoder()  # under fifo its slot is free now
-        if left_start:
-            self._wakes.start()
+        self._wakes.start()  # it owes no more work: admission may grant a waiter
 
     def _finalize(self, stream: Stream) -> None:
         stats = stream.stats

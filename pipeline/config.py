@@ -17,7 +17,6 @@ from scheduling.validation import (
     check_choice,
     check_int,
     check_non_negative,
-    check_number_in,
     check_optional_non_negative,
     check_positive,
     check_text,
@@ -159,8 +158,6 @@ class EngineConfig:
     # many calls, before the engine reports ready (0: no calibration)
     calibration_calls: int = 12
     calibration_max_s: float = 5.0  # a calibration ends after this long, whatever it measured
-    # the capacity estimate never falls below this share of the calibration while busy
-    capacity_floor: float = 0.5
     # calibrate again after this long with no stream at all (0: never); a request that
     # arrives meanwhile ends that calibration at once
     recalibrate_idle_s: float = 60.0
@@ -174,7 +171,6 @@ class EngineConfig:
         check_non_negative("initial_capacity_audio_s_per_s", self.initial_capacity_audio_s_per_s)
         check_int("calibration_calls", self.calibration_calls, 0)
         check_positive("calibration_max_s", self.calibration_max_s)
-        check_number_in("capacity_floor", self.capacity_floor, (0.0, 1.0))
         check_non_negative("recalibrate_idle_s", self.recalibrate_idle_s)
         check_non_negative("call_timeout_s", self.call_timeout_s)
 

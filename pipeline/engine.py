@@ -9,7 +9,8 @@
 - pipeline/channel.py: a stream's audio, a send half (the book's) and a receive half
   (the caller's Stream).
 
-The Engine admits streams (scheduling.Admission against the measured capacity), starts
+The Engine admits streams (pipeline/admission.py: scheduling.Admission against the
+capacity model of pipeline/capacity.py and the work the book still owes), starts
 the two loops together in one task group and stops them together, and reports through
 its events. If either loop dies, the other is stopped, every stream fails, and `ready`
 turns false.
@@ -21,15 +22,22 @@ import asyncio
 import logging
 import math
 import time
-from collections import deque
 from collections.abc import Callable
 from functools import partial
 
+from pipeline.admission import (
+    AdmissionFront,
+    Reservation,
+    new_stream_audio_s,
+    start_chunk_audio_s,
+    start_phase_chunks,
+)
 from pipeline.backend import Backend, Voice
 from pipeline.book import StreamBook, Wakes
+from pipeline.calibration import measure
 from pipeline.capacity import pipeline_capacity
 from pipeline.config import EngineConfig, TalkerConfig, VocoderConfig
-from pipeline.errors import NotReady, Rejected, UnknownVoice
+from pipeline.errors import NotReady, UnknownVoice
 from pipeline.events import EngineEvents, EngineStats, GuardedEvents, NullEvents
 from pipeline.executor import StageExecutor
 from pipeline.stream import Stream
@@ -41,78 +49,15 @@ from scheduling import (
     AdmissionConfig,
     ChunkingConfig,
     ChunkPlanner,
+    LoadView,
     PlaybackScheduler,
     SchedulingConfig,
     warn_if_first_chunk_too_short,
 )
 
-__all__ = ["Engine", "EngineEvents", "Reservation"]
-
-# What the calibration speaks: plain sentences of ordinary length.
-CALIBRATION_TEXT = (
-    "The morning train was late again, so we walked along the river instead. "
-    "By the time we reached the bridge, the fog had lifted and the city was awake. "
-    "Nobody seemed to mind the delay; there was coffee, and the light was lovely."
-)
-
-
-async def _read_out(stream: Stream) -> None:
-    """Read a stream's audio as fast as it comes (a calibration stream's reader)."""
-    async for _ in stream.chunks():
-        pass
-
+__all__ = ["Engine", "EngineEvents", "Reservation"]  # Reservation: pipeline/admission.py
 
 log = logging.getLogger("playhead.engine")
-
-
-class Reservation:
-    """An admitted slot of `Engine.reserve`, for one `submit` or one `release`.
-
-    It may also have to wait for a start slot (admission.max_starting_streams):
-    `await wait_start()` before `submit`. A reservation holds its start slot (or its
-    place in the engine's start queue) until it is used or released."""
-
-    __slots__ = ("_engine", "_queued_at_s", "_start", "_timer", "start_wait_s", "starting")
-
-    def __init__(self, engine: Engine) -> None:
-        self._engine: Engine | None = engine
-        self.starting = False  # holds a start slot (counts as a starting stream)
-        # how long it waited in the start queue for its slot (engine clock; 0: a slot was
-        # free at once); the stream's `StreamStats.start_wait_s`
-        self.start_wait_s = 0.0
-        self._queued_at_s = 0.0
-        # while queued for a start slot: resolved when granted (None), refused at the
-        # queue timeout (Rejected) or when the engine stops taking streams (NotReady)
-        self._start: asyncio.Future[None] | None = None
-        self._timer: asyncio.TimerHandle | None = None
-
-    @property
-    def queued(self) -> bool:
-        """Waiting for a start slot (not granted, not refused yet)."""
-        return self._start is not None and not self._start.done()
-
-    async def wait_start(self) -> None:
-        """Returns once this reservation holds a start slot (at once when it was free, or
-        when the start-phase limit is off); raises Rejected (reason "starting") after
-        `admission.start_queue_timeout_s`, NotReady when the engine stops or drains
-        meanwhile. Cancelled (its client gone), it keeps its reservation: `release` it."""
-        if self._start is not None:
-            await self._start
-
-    def take(self, engine: Engine) -> bool:
-        """Use the slot up for a stream `engine.submit` creates at once, without
-        yielding (True), or False if it was used or released already."""
-        if self._engine is not engine:
-            return False
-        self._engine = None
-        engine._release(self)  # the stream, created in the same step, counts from now on
-        return True
-
-    def release(self) -> None:
-        """Give the slot back unused (idempotent)."""
-        engine, self._engine = self._engine, None
-        if engine is not None:
-            engine._release(self)
 
 
 _DEFAULT_ENGINE = EngineConfig()
@@ -138,7 +83,7 @@ class Engine:
     ) -> None:
         warn_if_first_chunk_too_short(scheduling, chunking, log)
         self._backend = backend
-        self._admission = Admission(admission)
+        self._admission_config = admission
         self._config = engine
         self._clock = clock
         # hooks that raise are logged, never passed into the loops
@@ -155,11 +100,9 @@ class Engine:
         self.calibrated_capacity = 0.0
         self.calibrations = 0  # calibrations that measured something
         self._calibration: list[Stream] | None = None  # streams of a running calibration
-        self._reserved = 0  # admitted by reserve(), not yet submitted or released
-        self._reserved_starting = 0  # of those, the ones holding a start slot
-        # reservations waiting for a start slot, first come first served
-        self._start_queue: deque[Reservation] = deque()
-        self._grant_pending = False  # a _grant_starts is scheduled on the event loop
+        self.admission = AdmissionFront(
+            Admission(admission), clock=clock, events=self._events, load=self._load
+        )
         self._last_activity_s = clock()
         self._build()
 
@@ -198,13 +141,10 @@ class Engine:
             clock=self._clock,
             events=self._events,
             wakes=Wakes(
-                talker=self._wake_talker, vocoder=self._wake_vocoder, start=self._wake_starts
+                talker=self._wake_talker, vocoder=self._wake_vocoder, start=self.admission.poke
             ),
-            # tracked only where the start-phase limit applies: nothing else bounds the set,
-            # and admission reads it at every request
-            start_phase_chunks=self._admission.config.start_phase_chunks
-            if self._admission.config.enabled and self._admission.config.max_starting_streams
-            else 0,
+            # tracked where admission counts a start's extra cost
+            start_phase_chunks=start_phase_chunks(self._admission_config),
             max_in_flight=workers if self._vocoder_config.work_ahead_streams else 1,
             work_ahead_streams=self._vocoder_config.work_ahead_streams,
             vocoder_workers=workers,
@@ -235,7 +175,7 @@ class Engine:
             events=self._events,
             capacity_window_s=engine.capacity_window_s,
             initial_capacity_audio_s_per_s=engine.initial_capacity_audio_s_per_s,
-            capacity=self.capacity,
+            capacity=self._turn_capacity,
             extra_stages=self.extra_vocoder_stages,
             yield_slack_s=yield_slack_s,
             start_stage=self.start_vocoder_stage,
@@ -255,19 +195,6 @@ class Engine:
 
     def _wake_vocoder(self) -> None:
         self.vocoder.wake.set()
-
-    def _wake_starts(self) -> None:
-        """A start slot may be free: the start queue goes on, from the event loop (not
-        from inside the book's transition)."""
-        if self._grant_pending or not self._start_queue:
-            return
-        self._grant_pending = True
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # no loop (a book driven by hand): at once
-            self._grant_starts()
-        else:
-            loop.call_soon(self._grant_starts)
 
     # Lifecycle.
 
@@ -297,7 +224,7 @@ class Engine:
         except BaseException as error:  # a loop died: the group stopped the other one
             cause = error.exceptions[0] if isinstance(error, BaseExceptionGroup) else error
             log.error("an engine loop died; failing every stream", exc_info=cause)
-            self._refuse_start_queue("the engine stopped")
+            self.admission.refuse_all("the engine stopped")
             self.book.fail_all(cause)
         finally:
             started.set()
@@ -308,9 +235,10 @@ class Engine:
         """Measure the capacity: internal streams of CALIBRATION_TEXT (one per vocoder
         batch slot, at least 2) run through both stages, at once, until the vocoder made
         `engine.calibration_calls` calls; their events are not reported. The result
-        anchors the capacity estimate (pipeline/capacity.py) and sets the default
-        `admission.max_streams`. A stream submitted meanwhile ends the calibration at once
-        (what it measured is discarded). Returns the calibrated capacity (0: none)."""
+        (the audio the pipeline produced per wall second while saturated) seeds the
+        capacity model's saturated reading (pipeline/capacity.py). A stream submitted
+        meanwhile ends the calibration at once (what it measured is discarded). Returns
+        the calibrated capacity (0: none)."""
         config = self._config
         if not config.calibration_calls or not self.ready or self._calibration is not None:
             return self.calibrated_capacity
@@ -328,81 +256,7 @@ class Engine:
         return measured
 
     async def _calibrate(self, streams: list[Stream]) -> float:
-        config = self._config
-        loop = asyncio.get_running_loop()
-        book = self.book
-        voice = self.resolve_voice(self._backend.default_voice())
-        count = max(2, self._scheduling.active_stream_window, min(self._talker_config.batch, 16))
-        turns_before = self.vocoder.turns
-        for rate in (self.vocoder.rate, self.talker.rate):
-            rate.set_baseline(0.0, 0.0)  # measure afresh
-        started_s = loop.time()
-
-        def running() -> bool:
-            return (
-                self._calibration is streams and loop.time() - started_s < config.calibration_max_s
-            )
-
-        now_s = self._clock()
-        for _ in range(count):
-            stream = book.add_stream(voice, speed=1.0, now_s=now_s)
-            book.add_text(stream.id, CALIBRATION_TEXT, final=True)
-            streams.append(stream)
-        readers = [asyncio.ensure_future(_read_out(stream)) for stream in streams]
-        # the first chunks of a stream are small (the ramp): a loaded server decodes
-        # steady chunks, so the turns of the ramp are run but not measured
-        window = max(1, self._scheduling.active_stream_window)
-        ramp_turns = math.ceil(count * max(1, len(self._chunking.ramp)) / window)
-        try:
-            while (
-                running()
-                and self.vocoder.turns - turns_before < ramp_turns
-                and not all(reader.done() for reader in readers)
-            ):
-                await asyncio.sleep(0.005)
-            self.vocoder.rate.reset()
-            self.talker.rate.reset()
-            turns_before = self.vocoder.turns
-            while (
-                running()
-                and self.vocoder.turns - turns_before < config.calibration_calls
-                and not all(reader.done() for reader in readers)
-            ):
-                await asyncio.sleep(0.005)
-        finally:
-            for reader in readers:
-                reader.cancel()
-            await asyncio.gather(*readers, return_exceptions=True)
-        if self._calibration is not streams:  # a submit ended it
-            return self.calibrated_capacity
-        for stream in streams:
-            book.cancel(stream.id)
-        # the talker closes the calibration's open segments (orphans), and the vocoder's
-        # turn in flight ends, before anything is reported again. Not "until the vocoder
-        # waits once more": when every calibration stream had ended already, it was
-        # waiting before this point and nothing wakes it, so that waited out
-        # calibration_max_s (5 s at start-up, in about 2% of starts on the sim backend)
-        while running() and (book.has_orphans or self.talker.lanes_busy or book.turns_running):
-            await asyncio.sleep(0.002)
-        if self._calibration is not streams or self.vocoder.turns == turns_before:
-            return self.calibrated_capacity
-        now_s = self._clock()
-        vocoder_rate, talker_rate = self.vocoder.rate.value(now_s), self.talker.rate.value(now_s)
-        floor = config.capacity_floor
-        self.vocoder.rate.set_baseline(vocoder_rate, floor)
-        self.talker.rate.set_baseline(talker_rate, floor)
-        self.calibrated_capacity = pipeline_capacity(vocoder_rate, talker_rate)
-        self.calibrations += 1
-        log.info(
-            "calibrated in %.2f s: vocoder %.1f, talker %.1f audio s/s; capacity %.1f "
-            "streams at 1x (max_streams %s)",
-            loop.time() - started_s,
-            vocoder_rate,
-            talker_rate,
-            self.calibrated_capacity,
-            self._admission.config.max_streams or self.default_max_streams,
-        )
-        return self.calibrated_capacity
+        return await measure(self, streams)
 
     def _end_calibration(self, streams: list[Stream]) -> None:
         """Cancel a calibration's streams (not reported) and report events again."""
@@ -423,18 +277,9 @@ class Engine:
                 except Exception:  # never a reason to stop the engine
                     log.exception("recalibration failed")
 
-    @property
-    def default_max_streams(self) -> int:
-        """`admission.max_streams` when set to 0: the calibrated capacity times the
-        headroom, rounded down (at least 1); 0 (no cap) before any calibration."""
-        if self.calibrated_capacity <= 0:
-            return 0
-        headroom = self._admission.config.capacity_headroom
-        return max(1, math.floor(self.calibrated_capacity * headroom + 1e-9))
-
     async def stop(self) -> None:
         self._stopping = True
-        self._refuse_start_queue("the engine is stopping")
+        self.admission.refuse_all("the engine is stopping")
         self.book.cancel_all()
         supervisor, self._supervisor = self._supervisor, None
         if supervisor is not None:
@@ -475,115 +320,24 @@ class Engine:
         raise UnknownVoice(voice, [v.id for v in self._voices])
 
     def reserve(self) -> Reservation:
-        """Admission decided now, before a request's slower preparation (its text
-        normalised in a worker thread): NotReady or Rejected at once, else a Reservation
-        that counts as a playing stream until `submit(..., reservation=it)` turns it into
-        the stream or `release()` gives it back. Without it a burst would pass the check
-        before any of its streams exist.
+        """Admission decided now, before a request's slower preparation: NotReady or
+        Rejected (with its Retry-After) at once, else a Reservation, granted or queued
+        (pipeline/admission.py: `await reservation.wait_start()`, then
+        `submit(..., reservation=it)`, or `release()`). A granted one counts as a
+        starting stream, so a burst cannot pass the check before its streams exist."""
+        return self.admission.reserve(self._admit_now())
 
-        The start-phase limit (admission.max_starting_streams, once calibrated): the
-        reservation takes a start slot at once when one is free and nobody waits for
-        one; else it joins the start queue (`Reservation.wait_start`), where it counts
-        as starting for later arrivals. Slots go in arrival order as starting streams
-        leave their start phase."""
-        self._admit_check()
-        self._reserved += 1
-        reservation = Reservation(self)
-        if not self._start_queue and self._start_slot_free():
-            reservation.starting = True
-            self._reserved_starting += 1
-            self._events.start_waited(0.0)
-            return reservation
-        timeout_s = self._admission.config.start_queue_timeout_s
-        if timeout_s <= 0:  # no queue: the 429 at once
-            self._reserved -= 1
-            reservation._engine = None
-            raise self._refuse_start()
-        loop = asyncio.get_running_loop()
-        reservation._queued_at_s = self._clock()
-        reservation._start = loop.create_future()
-        reservation._timer = loop.call_later(timeout_s, self._start_timed_out, reservation)
-        self._start_queue.append(reservation)
-        self._wake_starts()  # a slot that freed unannounced is not left idle
-        return reservation
-
-    def starting_streams(self) -> int:
-        """Streams in their start phase (`StreamBook.starting_streams`), reservations
-        holding a start slot, and reservations waiting for one."""
-        return self.book.starting_streams() + self._reserved_starting + len(self._start_queue)
-
-    def _start_slot_free(self) -> bool:
-        # the start-phase limit, like the default max_streams, needs a calibration
-        return self.calibrated_capacity <= 0 or self._admission.start_slot_free(
-            self.book.starting_streams() + self._reserved_starting
+    def _load(self, now_s: float, granted: int) -> LoadView:
+        """What admission reads: the capacity and the work owed (pipeline/book.py)."""
+        chunk_s = start_chunk_audio_s(self._chunking, self._voices[0])
+        loads = self.book.loads(chunk_s)
+        return LoadView(
+            self.capacity(now_s),
+            loads,
+            granted,
+            new_stream_audio_s=new_stream_audio_s(loads, self.book.mean_stream_audio_s),
+            start_audio_s=chunk_s * self._admission_config.start_phase_chunks,
         )
-
-    def _refuse_start(self) -> Rejected:
-        decision = self._admission.starting()
-        self._events.rejected(decision.reason)
-        return Rejected(decision)
-
-    def _grant_starts(self) -> None:
-        """Give free start slots to the queue's first reservations, in order."""
-        self._grant_pending = False
-        queue = self._start_queue
-        while queue and self._start_slot_free():
-            reservation = queue.popleft()
-            self._end_wait(reservation)
-            future = reservation._start
-            if future is None or future.done():  # its waiter was cancelled
-                continue
-            reservation.starting = True
-            self._reserved_starting += 1
-            reservation.start_wait_s = max(0.0, self._clock() - reservation._queued_at_s)
-            self._events.start_waited(reservation.start_wait_s)
-            future.set_result(None)
-
-    def _end_wait(self, reservation: Reservation) -> None:
-        timer, reservation._timer = reservation._timer, None
-        if timer is not None:
-            timer.cancel()
-
-    def _start_timed_out(self, reservation: Reservation) -> None:
-        reservation._timer = None
-        self._grant_starts()  # a slot free now goes to the queue's first, maybe this one
-        future = reservation._start
-        try:
-            self._start_queue.remove(reservation)
-        except ValueError:
-            return
-        if future is not None and not future.done():
-            future.set_exception(self._refuse_start())
-
-    def _refuse_start_queue(self, why: str) -> None:
-        """The engine takes no more streams: every waiter gets NotReady (a 503)."""
-        queue, self._start_queue = self._start_queue, deque()
-        for reservation in queue:
-            self._end_wait(reservation)
-            future = reservation._start
-            if future is not None and not future.done():
-                future.set_exception(NotReady(why))
-
-    def _release(self, reservation: Reservation) -> None:
-        self._reserved -= 1
-        if reservation.starting:
-            reservation.starting = False
-            self._reserved_starting -= 1
-        future = reservation._start
-        if future is not None:
-            if not future.done():
-                future.cancel()
-            elif not future.cancelled():
-                future.exception()  # retrieved: a refusal nobody awaited is no error
-            self._end_wait(reservation)
-            if reservation in self._start_queue:  # a few: the queue holds at most a burst
-                self._start_queue.remove(reservation)
-        self._wake_starts()  # a slot (or a place in the queue) is free
-
-    def admitted_streams(self, now_s: float) -> int:
-        """What admission counts as taken: the playing streams (`StreamBook.
-        playing_streams`) plus the reservations not yet turned into streams."""
-        return self.book.playing_streams(now_s) + self._reserved
 
     def _check_open(self) -> None:
         if not self.ready:
@@ -591,25 +345,15 @@ class Engine:
         if self._admission_closed:
             raise NotReady("the engine is shutting down")
 
-    def _admit_check(self) -> float:
-        """NotReady or Rejected (counted), or the admission's clock reading."""
+    def _admit_now(self) -> float:
+        """NotReady, or the admission's clock reading (a real request ends a
+        recalibration)."""
         self._check_open()
         calibration, self._calibration = self._calibration, None
-        if calibration is not None:  # a real stream ends a recalibration
+        if calibration is not None:
             self._end_calibration(calibration)
         now_s = self._clock()
         self._last_activity_s = now_s
-        # capacity only: the start-phase limit is the start queue's (reserve)
-        decision = self._admission.decide(
-            now_s,
-            self.admitted_streams(now_s),
-            self.capacity(now_s),
-            finish_times_s=self.book.finish_times_s(now_s),
-            default_max_streams=self.default_max_streams,
-        )
-        if not decision.accept:
-            self._events.rejected(decision.reason)
-            raise Rejected(decision)
         return now_s
 
     def submit(
@@ -622,11 +366,11 @@ class Engine:
         reservation: Reservation | None = None,
     ) -> Stream:
         """Admit a stream for `text`. With final=False more text follows (`append_text`).
-        With a live `reservation` (from `reserve`, waited with `wait_start`) admission was
-        decided already: it is used up (also when this raises). Without one only the
-        capacity is checked, not the start-phase limit (a synchronous caller cannot wait
-        for a start slot): the stream counts as starting from now on all the same."""
-        held = reservation is not None and reservation.take(self)
+        With a granted `reservation` (from `reserve`, waited with `wait_start`) admission
+        was decided already: it is used up (also when this raises). Without one the
+        stream must fit now (a synchronous caller cannot wait in the queue, nor pass
+        those waiting): else Rejected."""
+        held = reservation is not None and reservation.take(self.admission)
         resolved = self.resolve_voice(voice)
         if not (math.isfinite(speed) and speed > 0):
             raise ValueError(f"speed must be a finite number > 0, got {speed!r}")
@@ -635,7 +379,10 @@ class Engine:
             now_s = self._clock()
             self._last_activity_s = now_s
         else:
-            now_s = self._admit_check()
+            if reservation is not None:
+                reservation.release()  # queued, refused or spent: admission decides anew
+            now_s = self._admit_now()
+            self.admission.check_now(now_s)
         book = self.book
         stream = book.add_stream(resolved, speed=speed, now_s=now_s)
         if held:
@@ -658,7 +405,7 @@ class Engine:
     def close_admission(self) -> None:
         """Refuse every new stream from now on (NotReady); the streams in flight go on."""
         self._admission_closed = True
-        self._refuse_start_queue("the engine is shutting down")
+        self.admission.refuse_all("the engine is shutting down")
 
     def cancel_all(self) -> None:
         """Cancel every stream (a shutdown whose grace ran out)."""
@@ -675,9 +422,14 @@ class Engine:
             await asyncio.sleep(poll_s)
 
     def capacity(self, now_s: float | None = None) -> float:
-        """Audio seconds per wall second the pipeline produces when busy."""
+        """Audio seconds per wall second the pipeline sustains (pipeline/capacity.py)."""
         now_s = self._clock() if now_s is None else now_s
-        return pipeline_capacity(self.vocoder.rate.value(now_s), self.talker.rate.value(now_s))
+        return pipeline_capacity(self.talker.rate, self.vocoder.rate, now_s)
+
+    def _turn_capacity(self, now_s: float) -> float:
+        """The capacity reported after each vocoder turn; a queue waiter may fit now."""
+        self.admission.poke()
+        return self.capacity(now_s)
 
     def stats(self) -> EngineStats:
         return self.book.stats(self.capacity())

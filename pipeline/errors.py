@@ -34,6 +34,11 @@ class Rejected(PipelineError):
         super().__init__(f"rejected: {decision.reason} (retry after {decision.retry_after_s} s)")
         self.decision = decision
 
+    @property
+    def retry_after_s(self) -> int:
+        """Whole seconds >= 1 after which a slot is predicted (the Retry-After)."""
+        return max(1, int(self.decision.retry_after_s or 1))
+
 
 class UnknownVoice(PipelineError):
     """No voice has this id or name."""

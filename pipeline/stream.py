@@ -39,8 +39,8 @@ class StreamStats:
     stream_id: str
     submitted_at_s: float
     ttfa_s: float | None = None  # submit -> first PCM chunk sent
-    # waited for a start slot before the submit (admission.max_starting_streams): the
-    # client's first audio came start_wait_s + ttfa_s after its request was admitted
+    # waited in admission's queue before the submit (admission.queue_max_wait_s at most):
+    # the client's first audio came start_wait_s + ttfa_s after its request
     start_wait_s: float = 0.0
     audio_s: float = 0.0  # audio emitted
     stalls: int = 0  # emissions after the estimated horizon (after the first audio)

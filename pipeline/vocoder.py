@@ -19,7 +19,8 @@ takes the NEXT chunk of a stream already being decoded (`StreamBook.ahead_ids`, 
 streams have work left, and by default not while a talker step of that stream runs): a
 lone request uses every worker. One stream's chunks still leave in order: the book holds
 a chunk decoded before an earlier one until that one is emitted. The rate (the capacity
-estimate) is audio per second of the time any worker was busy.
+model, pipeline/capacity.py) is fed each call's own time and audio, with the workers'
+count.
 
 The start lane (`vocoder.start_lane_chunks`, with a `start_stage`): one more loop, its
 own thread, that takes turns only while every worker is decoding, and only for streams
@@ -94,12 +95,13 @@ class Vocoder:
         self._workers_busy = 0  # workers (not the start lane) in a turn now
         self._yield_slack_s = yield_slack_s
         self.yields = 0  # picks a worker held back for a first audio
-        self._busy = _BusyTime()
         self._window = window
         self._clock = clock
         self._events = events
         self.wake = asyncio.Event()
-        self.rate = CapacityEstimate(capacity_window_s, initial_capacity_audio_s_per_s)
+        self.rate = CapacityEstimate(
+            capacity_window_s, initial_capacity_audio_s_per_s, workers=len(self._stages)
+        )
         self.turns = 0  # turns that decoded something
         self.idle_waits = 0  # times the loop found nothing to do and waited
         self.start_lane_turns = 0  # turns the start lane decoded
@@ -287,9 +289,8 @@ class Vocoder:
             emit(record, chunk, samples, emitted_at_s)
             audio_s += samples.size / voice.sample_rate_hz
         self.turns += 1
-        # busy time: the part of this call no other worker's recorded call covered
-        busy_s = self._busy.add(timed.started_s, timed.finished_s)
-        self.rate.record(timed.finished_s - busy_s, timed.finished_s, audio_s)
+        # the call's own cost (pipeline/capacity.py), whatever the other workers did
+        self.rate.record(timed.started_s, timed.finished_s, audio_s)
         ended_perf_s = time.perf_counter()
         ended_cpu_s = time.thread_time()
         self._events.vocoder_turn(len(batch), self._clock() - started_s)
@@ -304,36 +305,3 @@ class Vocoder:
                 engine_cpu_s=(sent_cpu_s - started_cpu_s) + (ended_cpu_s - returned_cpu_s),
             ),
         )
-
-
-class _BusyTime:
-    """The union of the workers' recorded call intervals, as each call ends: `add` says
-    how much of a call's interval no earlier recorded call covered (with one worker:
-    all of it). Calls end in any order; the most recent intervals are kept."""
-
-    _KEEP = 32
-
-    def __init__(self) -> None:
-        self._intervals: list[tuple[float, float]] = []  # disjoint, sorted
-
-    def add(self, started_s: float, finished_s: float) -> float:
-        if finished_s <= started_s:
-            return 0.0
-        intervals = self._intervals
-        first = len(intervals)  # the intervals from here on end at or after started_s
-        while first > 0 and intervals[first - 1][1] >= started_s:
-            first -= 1
-        covered, low, high = 0.0, started_s, finished_s
-        later: list[tuple[float, float]] = []  # start after this call ended
-        for start, stop in intervals[first:]:
-            if start > finished_s:
-                later.append((start, stop))
-                continue
-            covered += min(stop, finished_s) - max(start, started_s)
-            low, high = min(low, start), max(high, stop)
-        del intervals[first:]
-        intervals.append((low, high))
-        intervals.extend(later)
-        if len(intervals) > 2 * self._KEEP:
-            del intervals[: -self._KEEP]
-        return finished_s - started_s - covered

@@ -3,8 +3,8 @@
 - PlaybackScheduler: per-stream playback horizons; which K streams get the next vocoder
   turn (fifo or edf), see docs/scheduling.md sections 1-2;
 - ChunkPlanner: how each stream's codec frames are cut into vocoder chunks (section 3);
-- Admission: accept a new stream or reject it with a Retry-After (section 4), and the
-  PlayingLedger of players still playing after their audio was all sent;
+- Admission: admit a new stream now, queue it briefly (one fair queue), or refuse it
+  with a Retry-After, against the work still owed (docs/admission.md);
 - plan_talker_step: which streams' segments take the next talker step (deadline order,
   high-water mark).
 
@@ -15,7 +15,7 @@ ValueError.
 
 from __future__ import annotations
 
-from scheduling.admission import Admission, AdmissionConfig, Decision
+from scheduling.admission import Admission, AdmissionConfig, Decision, LoadView, StreamLoad
 from scheduling.chunking import (
     MIN_FIRST_CHUNK_FRAMES,
     Chunk,
@@ -25,7 +25,6 @@ from scheduling.chunking import (
 )
 from scheduling.errors import ConfigError
 from scheduling.horizon import StreamState
-from scheduling.ledger import PlayingLedger
 from scheduling.policies import PolicyName
 from scheduling.scheduler import PlaybackScheduler, SchedulingConfig
 from scheduling.talker import (
@@ -46,10 +45,11 @@ __all__ = [
     "ChunkingConfig",
     "ConfigError",
     "Decision",
+    "LoadView",
     "PlaybackScheduler",
-    "PlayingLedger",
     "PolicyName",
     "SchedulingConfig",
+    "StreamLoad",
     "StreamState",
     "TalkerCandidate",
     "TalkerOrderConfig",

@@ -1,14 +1,29 @@
-"""Admission control: accept a new stream, or reject it at once with a Retry-After.
+"""Admission control: admit a new stream now, queue it briefly, or refuse it at once.
 
-Capacity is measured by the engine: audio seconds the whole pipeline produces per wall
-second (a moving average). Every playing stream drains 1 audio second per second, so at
-most `capacity * capacity_headroom` streams can play without stalling.
+One pure policy for every protocol (HTTP, SSE, the WebSocket, the adapters) and for the
+simulator; the engine's async front (pipeline/admission.py) only adds futures and timers.
+
+What is counted is the work the server still OWES, not who is still listening: a stream
+with audio left to produce costs 1 (it must be produced at 1 audio s per s at least), one
+still in its start phase costs `1 + start_cost` (its first sentence through the talker and
+its small ramp chunks cost more per audio second), and a stream whose audio is all
+produced and sent costs nothing, whatever its player still has to play. A request fits
+when the load with it is within `capacity x capacity_headroom` (capacity in audio s per
+s, that is streams at 1x) and, with `max_streams` set, the streams with work are fewer.
+
+A request that does not fit waits in ONE first-come-first-served queue when the model
+predicts a slot within `queue_max_wait_s` (`predict_wait_s`: the owed audio drained by
+processor sharing of the capacity); otherwise it is refused at once, with a Retry-After
+from the same prediction. A waiter still queued after `queue_max_wait_s` (the prediction
+was wrong) is refused then. Tickets are opaque to the policy (the engine's reservations,
+the simulator's requests); the clock is passed in.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from scheduling.validation import (
@@ -22,115 +37,226 @@ from scheduling.validation import (
 
 @dataclass(frozen=True)
 class AdmissionConfig:
-    # streams at once at most; 0 = the engine's calibrated capacity (no cap when the
-    # engine does not calibrate)
-    max_streams: int = 0
-    # share of the measured capacity that may be committed (the measured default: the
-    # estimate already includes the talker's share of the CPU, so no further margin)
-    capacity_headroom: float = 1.0
     enabled: bool = True  # False: accept everything
-    # Retry-After when no active stream has a finish estimate: a 429 costs the client one
-    # round trip, and the next answer carries a real estimate, so retrying soon is cheap.
-    fallback_retry_after_s: int = 1
-    # Streams that may be in their start phase at once (0 = no limit). A stream's start
-    # costs more than its steady state (its first sentence through the talker, the small
-    # chunks of the ramp), so streams that all start together overrun the vocoder although
-    # their steady state fits. A request admitted (by capacity) while the start phase is
-    # full waits for a start slot, first come first served, holding its slot; it gets a
-    # 429 "starting" with `start_retry_after_s` only after `start_queue_timeout_s`.
-    # Applies only to an engine that calibrated its capacity (as the default max_streams
-    # does).
-    max_starting_streams: int = 3
-    # a stream is in its start phase until it has sent this many chunks
+    # streams with work left at most (0: only the capacity bounds them)
+    max_streams: int = 0
+    # share of the measured capacity that may be committed
+    capacity_headroom: float = 1.0
+    # extra streams' worth a stream costs while in its start phase (its first
+    # `start_phase_chunks` chunks): streams that all start together overrun the stages
+    # although their steady state fits
+    start_cost: float = 0.5
     start_phase_chunks: int = 3
-    start_retry_after_s: int = 1  # Retry-After of a 429 for "starting": a start ends soon
-    # how long an admitted request waits for a start slot before its 429 "starting"
-    # (0: no wait, the 429 at once)
-    start_queue_timeout_s: float = 10.0
+    # a request beyond capacity waits (first come first served) when a slot is predicted
+    # within this long, and at most this long; else 429 at once. Kept well under the 5 s
+    # after which voice-agent clients give up on a first audio.
+    queue_max_wait_s: float = 1.0
 
     def __post_init__(self) -> None:
+        check_bool("enabled", self.enabled)
         check_int("max_streams", self.max_streams, 0)
         check_fraction("capacity_headroom", self.capacity_headroom)
-        check_bool("enabled", self.enabled)
-        check_int("fallback_retry_after_s", self.fallback_retry_after_s, 1)
-        check_int("max_starting_streams", self.max_starting_streams, 0)
+        check_non_negative("start_cost", self.start_cost)
         check_int("start_phase_chunks", self.start_phase_chunks, 1)
-        check_int("start_retry_after_s", self.start_retry_after_s, 1)
-        check_non_negative("start_queue_timeout_s", self.start_queue_timeout_s)
+        check_non_negative("queue_max_wait_s", self.queue_max_wait_s)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamLoad:
+    """One stream with work left, as admission sees it."""
+
+    owed_audio_s: float  # audio still to produce (an estimate; inf: live text, open-ended)
+    start_left_audio_s: float = 0.0  # audio left to produce in its start phase (0: past it)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadView:
+    """What the policy reads at a decision: the capacity (audio s per s; <= 0 or NaN: not
+    measured, only max_streams applies), the streams with work left, and the tickets
+    granted but not yet streams (each costs a starting stream). For the prediction: the
+    audio a new stream owes (its text is not read yet: a typical one's; inf: unknown)
+    and its start phase's audio."""
+
+    capacity_audio_s_per_s: float
+    streams: Sequence[StreamLoad] = ()
+    granted: int = 0
+    new_stream_audio_s: float = math.inf
+    start_audio_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
 class Decision:
     accept: bool
-    retry_after_s: int | None  # whole seconds >= 1 when rejected; None when accepted
-    reason: str  # "ok", "disabled", "max_streams", "capacity" or "starting"
+    retry_after_s: int | None  # whole seconds >= 1 when refused; None otherwise
+    # "ok", "disabled", "queued" (accept False, retry_after_s None: wait), "capacity",
+    # "max_streams", "queue_timeout"
+    reason: str
+    wait_s: float | None = None  # "queued": the predicted wait
+
+    @property
+    def queued(self) -> bool:
+        return self.reason == "queued"
 
 
-_ACCEPT = Decision(accept=True, retry_after_s=None, reason="ok")
-_ACCEPT_DISABLED = Decision(accept=True, retry_after_s=None, reason="disabled")
+_ACCEPT = Decision(True, None, "ok")
+_ACCEPT_DISABLED = Decision(True, None, "disabled")
 
 
 class Admission:
+    """The policy and its queue (one per engine or simulated replica)."""
+
     def __init__(self, config: AdmissionConfig) -> None:
         self._config = config
+        self._queue: OrderedDict[Hashable, float] = OrderedDict()  # ticket -> deadline_s
 
     @property
     def config(self) -> AdmissionConfig:
         return self._config
 
-    def decide(
-        self,
-        now_s: float,
-        active_streams: int,
-        capacity_audio_s_per_s: float,
-        finish_times_s: Iterable[float] = (),
-        default_max_streams: int = 0,
-    ) -> Decision:
-        """Accept or reject one new stream, given `active_streams` already playing.
+    @property
+    def waiting(self) -> int:
+        return len(self._queue)
 
-        `capacity_audio_s_per_s` <= 0 (or NaN) means not measured yet: only max_streams
-        applies. `finish_times_s` are the active streams' estimated finish times (monotonic
-        s); non-finite ones are ignored. Reject when max_streams (when 0:
-        `default_max_streams`, 0 = no cap) is reached, or when the streams that would be
-        playing (active + this one) exceed capacity * headroom. The start phase is
-        decided apart (`start_slot_free`, `starting`): a request the capacity admits
-        waits for a start slot rather than being refused.
-        """
+    def __contains__(self, ticket: object) -> bool:
+        return ticket in self._queue
+
+    def load_units(self, view: LoadView) -> float:
+        """Streams' worth of capacity committed: 1 per stream with work left, plus
+        `start_cost` while it starts, and `1 + start_cost` per granted ticket."""
+        start = self._config.start_cost
+        units = view.granted * (1.0 + start)
+        for stream in view.streams:
+            units += 1.0 + (start if stream.start_left_audio_s > 0 else 0.0)
+        return units
+
+    def fits(self, view: LoadView, ahead: int = 0) -> bool:
+        """Whether one more request fits after `ahead` others that wait before it."""
+        config = self._config
+        if config.max_streams and len(view.streams) + view.granted + ahead >= config.max_streams:
+            return False
+        capacity = view.capacity_audio_s_per_s
+        if not capacity > 0:
+            return True
+        need = (ahead + 1) * (1.0 + config.start_cost)
+        return self.load_units(view) + need <= capacity * config.capacity_headroom + 1e-9
+
+    def free_slots(self, view: LoadView) -> float:
+        """How many more requests would be admitted now, none waiting (math.inf: no limit
+        applies: admission off, or neither a capacity nor max_streams)."""
+        config = self._config
+        if not config.enabled:
+            return math.inf
+        limits = []
+        if config.max_streams:
+            limits.append(config.max_streams - len(view.streams) - view.granted)
+        capacity = view.capacity_audio_s_per_s
+        if capacity > 0:
+            room = capacity * config.capacity_headroom - self.load_units(view) + 1e-9
+            limits.append(math.floor(room / (1.0 + config.start_cost)))
+        return float(max(0, min(limits) - self.waiting)) if limits else math.inf
+
+    def offer(
+        self, now_s: float, ticket: Hashable, view: LoadView, *, wait: bool = True
+    ) -> Decision:
+        """Decide a new request: accept now ("ok"; the caller then counts it granted),
+        queue it ("queued", behind every earlier waiter) or refuse it with Retry-After.
+        `wait=False` (a caller that cannot wait): accept or refuse only."""
         config = self._config
         if not config.enabled:
             return _ACCEPT_DISABLED
         require_finite_time("now_s", now_s)
-        if active_streams < 0:
-            raise ValueError(f"active_streams must be >= 0, got {active_streams!r}")
-        max_streams = config.max_streams or default_max_streams
-        if max_streams and active_streams >= max_streams:
-            reason = "max_streams"
-        elif (
-            capacity_audio_s_per_s > 0
-            and active_streams + 1 > capacity_audio_s_per_s * config.capacity_headroom
-        ):
-            reason = "capacity"
-        else:
+        if not self._queue and self.fits(view):
             return _ACCEPT
-        return Decision(False, self._retry_after_s(now_s, finish_times_s), reason)
+        ahead = len(self._queue)
+        wait_s = self.predict_wait_s(view, ahead)
+        if wait and wait_s <= config.queue_max_wait_s:
+            self._queue[ticket] = now_s + config.queue_max_wait_s
+            return Decision(False, None, "queued", wait_s)
+        return self._refusal(view, wait_s, ahead)
 
-    def _retry_after_s(self, now_s: float, finish_times_s: Iterable[float]) -> int:
-        nearest_s = min((t for t in finish_times_s if math.isfinite(t)), default=None)
-        if nearest_s is None:
-            return self._config.fallback_retry_after_s
-        return max(1, math.ceil(nearest_s - now_s))
+    def grant(self, view: LoadView) -> list[Hashable]:
+        """The waiters that fit now, from the head of the queue, in order (removed from
+        it; the caller counts them granted)."""
+        granted: list[Hashable] = []
+        queue = self._queue
+        while queue and self.fits(view, ahead=len(granted)):
+            ticket, _ = queue.popitem(last=False)
+            granted.append(ticket)
+        return granted
 
-    def start_slot_free(self, starting_streams: int) -> bool:
-        """Whether one more stream may start while `starting_streams` are in their start
-        phase (or hold a start slot): always with `max_starting_streams` 0 or admission
-        off."""
-        if starting_streams < 0:
-            raise ValueError(f"starting_streams must be >= 0, got {starting_streams!r}")
+    def expire(self, now_s: float, view: LoadView) -> list[tuple[Hashable, Decision]]:
+        """The waiters whose `queue_max_wait_s` has passed (call `grant` first), removed,
+        with their refusal."""
+        expired: list[tuple[Hashable, Decision]] = []
+        for ticket, deadline_s in list(self._queue.items()):
+            if deadline_s <= now_s:
+                del self._queue[ticket]
+                wait_s = self.predict_wait_s(view, ahead=0)
+                expired.append((ticket, self._refusal(view, wait_s, 0, "queue_timeout")))
+        return expired
+
+    def next_deadline_s(self) -> float | None:
+        """When the queue's first waiter times out (None: nobody waits)."""
+        return next(iter(self._queue.values()), None)
+
+    def leave(self, ticket: Hashable) -> bool:
+        """A waiter gone (its client left): out of the queue. False if it was not there."""
+        return self._queue.pop(ticket, None) is not None
+
+    def clear(self) -> list[Hashable]:
+        """Every waiter, removed (the engine stops taking streams)."""
+        tickets = list(self._queue)
+        self._queue.clear()
+        return tickets
+
+    def predict_wait_s(self, view: LoadView, ahead: int = 0) -> float:
+        """Seconds until one more request fits behind `ahead` waiters, if the capacity
+        is shared evenly by the streams with work left (processor sharing) and nothing
+        else arrives: streams leave their start phase and end as their owed audio is
+        produced; granted tickets, and each waiter ahead once it fits, start as new
+        streams (`new_stream_audio_s`, `start_audio_s`). inf when no such moment is in
+        sight (live text streams hold their slot until their client closes them)."""
+        capacity = view.capacity_audio_s_per_s
+        if not capacity > 0:  # only max_streams binds; ends are predicted at 1x
+            capacity = 1.0
+        new = [view.new_stream_audio_s, min(view.start_audio_s, view.new_stream_audio_s)]
+        streams = [[s.owed_audio_s, s.start_left_audio_s] for s in view.streams]
+        streams += [list(new) for _ in range(view.granted)]
+        t_s = 0.0
+        for _ in range(2 * (len(streams) + ahead) + 2):
+            while True:
+                loads = [StreamLoad(owed, left) for owed, left in streams]
+                if not self.fits(LoadView(view.capacity_audio_s_per_s, loads)):
+                    break
+                if not ahead:
+                    return t_s
+                ahead -= 1  # the next waiter starts
+                streams.append(list(new))
+            if not streams:
+                return math.inf  # it would not fit on an idle engine either
+            share = capacity / len(streams)  # audio s per s each
+            step_s = min((min(left, owed) if left > 0 else owed) / share for owed, left in streams)
+            if not math.isfinite(step_s):
+                return math.inf
+            t_s += step_s
+            produced = step_s * share
+            kept = []
+            for owed, left in streams:
+                owed -= produced
+                left = max(0.0, left - produced) if left > 0 else 0.0
+                if owed > 1e-9:
+                    kept.append([owed, 0.0 if left <= 1e-9 else left])
+            streams = kept
+        return math.inf
+
+    def _refusal(
+        self, view: LoadView, wait_s: float, ahead: int, reason: str | None = None
+    ) -> Decision:
         config = self._config
-        limit = config.max_starting_streams if config.enabled else 0
-        return not limit or starting_streams < limit
-
-    def starting(self) -> Decision:
-        """The refusal of a request that found the start phase full (and, with
-        `start_queue_timeout_s` > 0, waited that long for a start slot)."""
-        return Decision(False, self._config.start_retry_after_s, "starting")
+        if reason is None:
+            taken = len(view.streams) + view.granted + ahead
+            full = config.max_streams and taken >= config.max_streams
+            reason = "max_streams" if full else "capacity"
+        if not math.isfinite(wait_s):  # no end in sight: try again after one queue bound
+            wait_s = max(1.0, config.queue_max_wait_s)
+        return Decision(False, max(1, math.ceil(wait_s)), reason, None)

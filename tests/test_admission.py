@@ -1,4 +1,5 @@
-"""Admission (docs/scheduling.md section 4): accept, or 429 with a Retry-After."""
+"""Admission's pure policy (scheduling/admission.py, docs/admission.md): the load is the
+work still owed, one fair queue, Retry-After from the same prediction."""
 
 from __future__ import annotations
 
@@ -8,145 +9,204 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduling import Admission, AdmissionConfig, Decision
+from scheduling import Admission, AdmissionConfig, ConfigError, Decision, LoadView, StreamLoad
 
 
-def admission(**kwargs) -> Admission:
-    return Admission(AdmissionConfig(**kwargs))
+def admission(**kwargs: object) -> Admission:
+    kwargs.setdefault("start_cost", 0.0)
+    return Admission(AdmissionConfig(**kwargs))  # type: ignore[arg-type]
 
 
-def test_accepts_below_every_limit():
-    decision = admission(max_streams=4).decide(100.0, 2, 10.0)
-    assert decision == Decision(accept=True, retry_after_s=None, reason="ok")
+def steady(*owed_s: float) -> list[StreamLoad]:
+    return [StreamLoad(owed) for owed in owed_s]
 
 
-def test_max_streams_caps_active_streams():
-    a = admission(max_streams=3)
-    assert a.decide(100.0, 2, 0.0).accept
-    decision = a.decide(100.0, 3, 0.0, finish_times_s=[104.5])
-    assert decision == Decision(accept=False, retry_after_s=5, reason="max_streams")
-    assert a.decide(100.0, 7, 0.0).reason == "max_streams"
+def test_accepts_while_the_owed_work_fits_the_capacity() -> None:
+    a = admission()
+    assert a.offer(0.0, "r", LoadView(10.0, steady(*[5.0] * 9))) == Decision(True, None, "ok")
+    assert not a.offer(0.0, "s", LoadView(10.0, steady(*[5.0] * 10)), wait=False).accept
 
 
-def test_zero_max_streams_means_no_cap():
-    assert admission(max_streams=0).decide(100.0, 10_000, 0.0).accept
+def test_a_stream_that_owes_nothing_is_not_counted() -> None:
+    """The book drops a stream once its audio is all produced and sent: admission sees
+    only the streams with work left, however long their players still play."""
+    a = admission(max_streams=1)
+    assert a.offer(0.0, "r", LoadView(5.0, [])).accept
+    assert not a.offer(0.0, "s", LoadView(5.0, steady(3.0)), wait=False).accept
 
 
-def test_capacity_with_headroom_counts_the_new_stream():
-    a = admission(capacity_headroom=0.9)
-    assert a.decide(100.0, 8, 10.0).accept  # 9 would play: 9 <= 10 * 0.9
-    rejected = a.decide(100.0, 9, 10.0)  # 10 would play > 9
-    assert (rejected.accept, rejected.reason) == (False, "capacity")
-    full = admission(capacity_headroom=1.0)
-    assert full.decide(100.0, 9, 10.0).accept
-    assert not full.decide(100.0, 10, 10.0).accept
-    assert not admission(capacity_headroom=0.5).decide(100.0, 0, 1.5).accept  # 1 > 0.75
+def test_a_starting_stream_and_a_granted_ticket_cost_the_start() -> None:
+    a = admission(start_cost=0.5)
+    view = LoadView(4.0, [StreamLoad(10.0, 1.0), StreamLoad(10.0)], granted=1)
+    assert a.load_units(view) == pytest.approx(1.5 + 1.0 + 1.5)
+    assert not a.fits(view)  # 4 + 1.5 > 4
+    assert a.fits(LoadView(4.0, [StreamLoad(10.0), StreamLoad(10.0)]))  # 2 + 1.5 <= 4
+
+
+def test_headroom_scales_the_capacity() -> None:
+    assert admission(capacity_headroom=0.5).fits(LoadView(10.0, steady(*[1.0] * 4)))
+    assert not admission(capacity_headroom=0.5).fits(LoadView(10.0, steady(*[1.0] * 5)))
 
 
 @pytest.mark.parametrize("capacity", [0.0, -1.0, math.nan])
-def test_unmeasured_capacity_accepts(capacity):
-    assert admission().decide(100.0, 500, capacity) == Decision(True, None, "ok")
-    assert admission(max_streams=2).decide(100.0, 2, capacity).reason == "max_streams"
+def test_an_unmeasured_capacity_admits_up_to_max_streams(capacity: float) -> None:
+    assert admission().fits(LoadView(capacity, steady(*[1.0] * 500)))
+    assert not admission(max_streams=2).fits(LoadView(capacity, steady(1.0, 1.0)))
 
 
-def test_max_streams_is_reported_before_capacity():
-    assert admission(max_streams=1).decide(100.0, 5, 1.0).reason == "max_streams"
-
-
-def test_disabled_accepts_everything():
+def test_disabled_accepts_everything() -> None:
     a = admission(enabled=False, max_streams=1)
-    assert a.decide(100.0, 50, 1.0) == Decision(True, None, "disabled")
+    assert a.offer(0.0, "r", LoadView(1.0, steady(*[9.0] * 50))) == Decision(True, None, "disabled")
 
 
-def test_retry_after_counts_to_the_nearest_finish():
-    a = admission(max_streams=1)
-    assert a.decide(100.0, 1, 0.0, [107.0, 103.2, 110.0]).retry_after_s == 4
-    assert a.decide(100.0, 1, 0.0, [102.0]).retry_after_s == 2
-    assert a.decide(100.0, 1, 0.0, [100.3]).retry_after_s == 1
-    assert a.decide(100.0, 1, 0.0, [95.0]).retry_after_s == 1  # overdue estimate: soon
-    assert a.decide(100.0, 1, 0.0, iter([101.5])).retry_after_s == 2  # any iterable
-
-
-def test_retry_after_without_estimates_uses_the_fallback():
-    assert admission(max_streams=1).decide(100.0, 1, 0.0).retry_after_s == 1
-    a = admission(max_streams=1, fallback_retry_after_s=3)
-    assert a.decide(100.0, 1, 0.0, []).retry_after_s == 3
-    assert a.decide(100.0, 1, 0.0, [math.inf, math.nan]).retry_after_s == 3  # ignored
-
-
-def test_bad_inputs_are_refused():
+def test_processor_sharing_predicts_the_first_end() -> None:
+    """Capacity 2 shared by 2 streams: 1 audio s per s each; the one owing 3 s ends at 3."""
     a = admission()
-    with pytest.raises(ValueError, match="active_streams"):
-        a.decide(100.0, -1, 1.0)
-    with pytest.raises(ValueError, match="now_s"):
-        a.decide(math.nan, 1, 1.0)
+    assert a.predict_wait_s(LoadView(2.0, steady(3.0, 8.0))) == pytest.approx(3.0)
+    # behind one waiter: it starts at 3 s owing the mean (5.5 s) beside the other's 5 s
+    # left, each at 1 per s: the other ends at 8 s
+    assert a.predict_wait_s(LoadView(2.0, steady(3.0, 8.0)), ahead=1) == pytest.approx(8.0)
+    # a live text stream (owed inf) never ends by itself
+    assert a.predict_wait_s(LoadView(1.0, steady(math.inf))) == math.inf
+
+
+def test_the_start_phase_ends_before_the_stream() -> None:
+    """A starting stream frees its start cost once its start audio is produced."""
+    a = admission(start_cost=1.0)
+    view = LoadView(3.0, [StreamLoad(10.0, 0.5)])  # 2 units + 2 for a new one > 3
+    assert a.predict_wait_s(view) == pytest.approx(0.5 / 3.0)
+
+
+def test_beyond_capacity_a_request_queues_when_a_slot_is_near() -> None:
+    a = admission(queue_max_wait_s=2.0)
+    decision = a.offer(10.0, "r", LoadView(2.0, steady(1.0, 8.0)))
+    assert decision.queued and decision.wait_s == pytest.approx(1.0)
+    assert "r" in a and a.waiting == 1 and a.next_deadline_s() == pytest.approx(12.0)
+
+
+def test_beyond_the_bound_it_is_refused_at_once_with_the_predicted_retry_after() -> None:
+    a = admission(queue_max_wait_s=2.0)
+    decision = a.offer(10.0, "r", LoadView(2.0, steady(4.2, 8.0)))
+    assert decision == Decision(False, 5, "capacity")  # ceil(4.2)
+    assert a.waiting == 0
+    # with no end in sight: one queue bound
+    assert a.offer(0.0, "s", LoadView(1.0, steady(math.inf))).retry_after_s == 2
+    assert a.offer(0.0, "t", LoadView(0.0, steady(1.0)), wait=False).accept
+
+
+def test_no_queue_with_a_zero_bound() -> None:
+    a = admission(queue_max_wait_s=0.0)
+    assert a.offer(0.0, "r", LoadView(1.0, steady(0.3))) == Decision(False, 1, "capacity")
+
+
+def test_max_streams_refusal_names_it() -> None:
+    a = admission(max_streams=1, queue_max_wait_s=0.0)
+    assert a.offer(0.0, "r", LoadView(50.0, steady(9.0))).reason == "max_streams"
+
+
+def test_waiters_are_granted_first_come_first_served() -> None:
+    a = admission(queue_max_wait_s=10.0)
+    full = LoadView(4.0, steady(1.0, 2.0, 3.0, 4.0))
+    for ticket in "abc":
+        assert a.offer(0.0, ticket, full).queued
+    # a new arrival never passes the waiters, even where it would fit on its own
+    assert a.offer(0.0, "d", LoadView(4.0, steady(1.0)), wait=False).reason == "capacity"
+    assert a.grant(full) == []
+    assert a.grant(LoadView(4.0, steady(2.0, 3.0, 4.0))) == ["a"]
+    assert a.grant(LoadView(4.0, steady(4.0))) == ["b", "c"]
+    assert a.waiting == 0
+
+
+def test_a_waiter_past_its_bound_is_refused_and_one_that_leaves_is_gone() -> None:
+    a = admission(queue_max_wait_s=1.0)
+    full = LoadView(2.0, steady(0.5, 0.8))
+    assert a.offer(0.0, "a", full).queued
+    assert a.offer(0.4, "b", full).queued
+    assert a.leave("b") and not a.leave("b")
+    assert a.expire(0.9, full) == []
+    [(ticket, decision)] = a.expire(1.0, full)
+    assert ticket == "a" and decision == Decision(False, 1, "queue_timeout")
+    assert a.waiting == 0 and a.next_deadline_s() is None
+
+
+def test_free_slots_counts_whole_new_streams_less_the_waiters() -> None:
+    a = admission(start_cost=0.5, max_streams=10)
+    assert a.free_slots(LoadView(8.0, steady(1.0, 1.0))) == 4  # (8 - 2) / 1.5
+    assert a.free_slots(LoadView(8.0, steady(*[1.0] * 9))) == 0
+    assert a.free_slots(LoadView(100.0, steady(*[1.0] * 8))) == 2  # max_streams
+    assert admission().free_slots(LoadView(0.0, [])) == math.inf
+    assert admission(enabled=False).free_slots(LoadView(1.0, steady(1.0))) == math.inf
 
 
 @settings(max_examples=200, deadline=None)
 @given(
-    max_streams=st.integers(0, 20),
-    headroom=st.floats(0.05, 1.0),
-    enabled=st.booleans(),
-    now_s=st.floats(0, 1e6),
-    active=st.integers(0, 40),
-    capacity=st.one_of(st.just(0.0), st.floats(-5, 50)),
-    finish_offsets_s=st.lists(st.floats(-100, 1000), max_size=5),
+    capacity=st.floats(0.5, 40.0),
+    owed=st.lists(st.floats(0.1, 30.0), max_size=30),
+    starting=st.integers(0, 30),
+    granted=st.integers(0, 5),
+    max_streams=st.integers(0, 40),
 )
-def test_decision_rules(max_streams, headroom, enabled, now_s, active, capacity, finish_offsets_s):
-    a = admission(max_streams=max_streams, capacity_headroom=headroom, enabled=enabled)
-    finish_times_s = [now_s + offset for offset in finish_offsets_s]
-    decision = a.decide(now_s, active, capacity, finish_times_s)
-    capped = max_streams > 0 and active >= max_streams
-    over = capacity > 0 and active + 1 > capacity * headroom
-    assert decision.accept == (not enabled or not (capped or over))
-    if decision.accept:
-        assert decision.retry_after_s is None
-        assert decision.reason == ("disabled" if not enabled else "ok")
-    else:
-        assert decision.reason == ("max_streams" if capped else "capacity")
-        assert isinstance(decision.retry_after_s, int) and decision.retry_after_s >= 1
-        if finish_times_s:
-            nearest_s = min(finish_times_s)
-            assert decision.retry_after_s == max(1, math.ceil(nearest_s - now_s))
-            # the client retries no earlier than the nearest finish (to the second)
-            assert now_s + decision.retry_after_s >= nearest_s
+def test_free_slots_agree_with_offer(
+    capacity: float, owed: list[float], starting: int, granted: int, max_streams: int
+) -> None:
+    """free_slots >= 1 exactly when a request would be accepted at once (the cluster
+    router's figure and the replica's decision never disagree)."""
+    a = admission(start_cost=0.5, max_streams=max_streams, queue_max_wait_s=0.0)
+    loads = [StreamLoad(o, 1.0 if i < starting else 0.0) for i, o in enumerate(owed)]
+    view = LoadView(capacity, loads, granted)
+    assert (a.free_slots(view) >= 1) == a.offer(0.0, "r", view).accept
 
 
-# --- the start phase: how many streams may be starting at once ---------------------------
+@settings(max_examples=60, deadline=None)
+@given(
+    capacity=st.floats(0.5, 20.0),
+    owed=st.lists(st.floats(0.1, 30.0), min_size=1, max_size=20),
+)
+def test_the_prediction_is_when_a_slot_first_fits(capacity: float, owed: list[float]) -> None:
+    """At the predicted wait the request fits; just before it, no."""
+    a = admission()
+    ahead = 0
+    view = LoadView(capacity, steady(*owed))
+    wait_s = a.predict_wait_s(view, ahead)
+    if not math.isfinite(wait_s):  # only where it would not fit on an idle engine either
+        assert not a.fits(LoadView(capacity, []), ahead)
+        return
+    assert a.fits(_drained(view, wait_s * 1.001), ahead)
+    if wait_s > 0:
+        before = _drained(view, wait_s * 0.999)
+        assert not a.fits(before, ahead)
 
 
-def test_starting_streams_are_limited_with_a_short_retry_after():
-    a = admission(max_starting_streams=2, start_retry_after_s=1)
-    assert a.start_slot_free(1)
-    # 2 streams in their start phase: a third waits, although capacity has room
-    assert a.decide(100.0, 5, 10.0, [130.0]).accept
-    assert not a.start_slot_free(2)
-    assert a.starting() == Decision(accept=False, retry_after_s=1, reason="starting")
-    # the Retry-After is the start's, not the nearest finish (30 s away)
-    assert admission(max_starting_streams=2, start_retry_after_s=3).starting().retry_after_s == 3
-
-
-def test_a_full_server_is_refused_for_its_capacity_not_its_starts():
-    a = admission(max_streams=3, max_starting_streams=2)
-    assert a.decide(100.0, 3, 10.0, [104.5]).reason == "max_streams"
-    uncapped = admission(max_starting_streams=2)
-    assert uncapped.decide(100.0, 10, 10.0).reason == "capacity"
-
-
-def test_zero_max_starting_streams_means_no_start_limit():
-    assert admission(max_starting_streams=0).start_slot_free(99)
-    assert admission(max_starting_streams=2, enabled=False).start_slot_free(99)
-
-
-def test_negative_starting_streams_are_refused():
-    with pytest.raises(ValueError, match="starting_streams"):
-        admission().start_slot_free(-1)
+def _drained(view: LoadView, t_s: float) -> LoadView:
+    """The streams after `t_s` of processor sharing (the plain way, in small steps)."""
+    owed = [s.owed_audio_s for s in view.streams]
+    step_s = t_s / 2000
+    for _ in range(2000):
+        live = [o for o in owed if o > 0]
+        if not live:
+            break
+        share = view.capacity_audio_s_per_s / len(live) * step_s
+        owed = [o - share if o > 0 else o for o in owed]
+    return LoadView(view.capacity_audio_s_per_s, steady(*[o for o in owed if o > 1e-6]))
 
 
 @pytest.mark.parametrize(
-    "field, value",
-    [("max_starting_streams", -1), ("start_phase_chunks", 0), ("start_retry_after_s", 0)],
+    ("fields", "name"),
+    [
+        ({"max_streams": -1}, "max_streams"),
+        ({"capacity_headroom": 0.0}, "capacity_headroom"),
+        ({"capacity_headroom": 1.5}, "capacity_headroom"),
+        ({"start_cost": -0.1}, "start_cost"),
+        ({"start_phase_chunks": 0}, "start_phase_chunks"),
+        ({"queue_max_wait_s": -1.0}, "queue_max_wait_s"),
+        ({"enabled": "yes"}, "enabled"),
+    ],
 )
-def test_start_phase_knobs_are_validated(field, value):
-    with pytest.raises(ValueError, match=field):
-        AdmissionConfig(**{field: value})
+def test_bad_config_is_refused(fields: dict[str, object], name: str) -> None:
+    with pytest.raises(ConfigError, match=name):
+        AdmissionConfig(**fields)  # type: ignore[arg-type]
+
+
+def test_a_nan_time_is_refused() -> None:
+    with pytest.raises(ValueError, match="now_s"):
+        admission().offer(math.nan, "r", LoadView(1.0, []))

@@ -301,7 +301,8 @@ def test_long_chunks_of_a_codec_encode_in_the_encoders_own_threads(
 
 def test_429_carries_retry_after_and_the_sdk_retry_succeeds() -> None:
     openai = pytest.importorskip("openai")
-    live, backend = _gated_server("admission.max_streams=1")
+    # no queue (admission.queue_max_wait_s=0): every request beyond the slot is refused
+    live, backend = _gated_server("admission.max_streams=1", "admission.queue_max_wait_s=0")
     try:
         holder = ThreadPoolExecutor(2)
         held = holder.submit(

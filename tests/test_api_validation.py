@@ -227,7 +227,9 @@ async def test_admission_is_decided_before_the_body_and_a_slot_is_never_leaked()
     """app/admission_gate.py: a full server refuses a speech request before reading its
     body (a bad body gets 429, not 400), and a slot reserved for a request that then
     fails (400) or is served is given back."""
-    async with asgi_client(sim_settings("admission.max_streams=1")) as client:
+    # no queue: a request beyond the slot is refused at once
+    settings = sim_settings("admission.max_streams=1", "admission.queue_max_wait_s=0")
+    async with asgi_client(settings) as client:
         engine = client.app.state.playhead.engine  # type: ignore[attr-defined]
         for _ in range(3):  # each 400 gives its reservation back
             response = await client.post(SPEECH, content=b"{not json")
@@ -241,7 +243,7 @@ async def test_admission_is_decided_before_the_body_and_a_slot_is_never_leaked()
             engine.cancel(held.id)
         response = await client.post(SPEECH, json=speech_body("Ok."))
         assert response.status_code == 200
-        assert engine._reserved == 0
+        assert engine.admission.granted == 0
 
 
 async def test_503_while_the_model_loads_then_ready() -> None:

@@ -19,9 +19,9 @@ from ray.serve._private.common import (
 )
 
 from app.cluster.router import SlackRouter
-from app.cluster.stats import free_streams, load_from_stats, routing_stats, stream_slack_s
+from app.cluster.stats import load_from_stats, routing_stats, stream_slack_s
 from pipeline.stream import StreamStats
-from scheduling import Admission, AdmissionConfig
+from scheduling import Admission, AdmissionConfig, LoadView, StreamLoad
 
 DEPLOYMENT = DeploymentID(name="Playhead", app_name="playhead")
 
@@ -107,23 +107,18 @@ def test_report_values_none_mean_unlimited_and_idle() -> None:
 
 
 def test_free_streams_follow_admission() -> None:
-    capacity_only = Admission(AdmissionConfig(capacity_headroom=0.9))
-    assert free_streams(capacity_only, playing=3, capacity_audio_s_per_s=8.9) == 5  # floor(8.01)
-    assert free_streams(capacity_only, playing=9, capacity_audio_s_per_s=8.9) == 0
-    assert free_streams(capacity_only, playing=3, capacity_audio_s_per_s=0.0) == math.inf
-    capped = Admission(AdmissionConfig(max_streams=4, capacity_headroom=1.0))
-    assert free_streams(capped, playing=1, capacity_audio_s_per_s=20.0) == 3
-    assert free_streams(capped, playing=1, capacity_audio_s_per_s=2.0) == 1
+    """A replica reports `Admission.free_slots` of its engine's load view (whole new
+    streams that fit now; tests/test_admission.py checks it agrees with the decision)."""
+    view = LoadView(8.9, [StreamLoad(5.0)] * 3)
+    capacity_only = Admission(AdmissionConfig(capacity_headroom=0.9, start_cost=0.0))
+    assert capacity_only.free_slots(view) == 5  # floor(8.01 - 3)
+    assert capacity_only.free_slots(LoadView(8.9, [StreamLoad(5.0)] * 9)) == 0
+    assert capacity_only.free_slots(LoadView(0.0, [StreamLoad(5.0)] * 3)) == math.inf
+    capped = Admission(AdmissionConfig(max_streams=4, start_cost=0.0))
+    assert capped.free_slots(LoadView(20.0, [StreamLoad(5.0)])) == 3
+    assert capped.free_slots(LoadView(2.0, [StreamLoad(5.0)])) == 1
     disabled = Admission(AdmissionConfig(max_streams=1, enabled=False))
-    assert free_streams(disabled, playing=5, capacity_audio_s_per_s=1.0) == math.inf
-
-
-@pytest.mark.parametrize("playing", range(12))
-def test_free_streams_agree_with_admission_decide(playing: int) -> None:
-    admission = Admission(AdmissionConfig(max_streams=10, capacity_headroom=0.85))
-    free = free_streams(admission, playing, capacity_audio_s_per_s=7.3)
-    accepts = admission.decide(0.0, playing, 7.3).accept
-    assert accepts == (free >= 1)
+    assert disabled.free_slots(LoadView(1.0, [StreamLoad(5.0)] * 5)) == math.inf
 
 
 def test_slack_is_horizon_minus_now() -> None:

@@ -12,7 +12,6 @@ import pytest
 
 from pipeline.backends.sim import SimBackend
 from pipeline.book import StreamBook, StreamRecord, Wakes
-from pipeline.capacity import CapacityEstimate, pipeline_capacity
 from pipeline.config import SimConfig, TalkerConfig
 from pipeline.events import NullEvents
 from pipeline.frames import Segment, StreamFrames
@@ -58,34 +57,6 @@ def test_stream_frames_count_queued_and_drop_emitted_segments() -> None:
         frames.open_segment(1)
     frames.clear()
     assert frames.current is None and frames.held_frames == 0
-
-
-def test_capacity_counts_busy_time_not_idle_time() -> None:
-    estimate = CapacityEstimate(window_s=5.0)
-    assert (estimate.value(0.0), estimate.measured) == (0.0, False)
-    # two 0.1 s calls producing 1 s each, with idle time between: the vocoder can do 10x
-    estimate.record(0.0, 0.1, 1.0)
-    estimate.record(1.0, 1.1, 1.0)
-    assert estimate.value(1.1) == pytest.approx(10.0)
-    assert estimate.measured
-
-
-def test_capacity_is_a_moving_window_that_holds_its_last_value_when_idle() -> None:
-    estimate = CapacityEstimate(window_s=1.0, initial_audio_s_per_s=3.0)
-    assert estimate.value(0.0) == 3.0
-    estimate.record(0.0, 0.5, 1.0)  # 2x
-    estimate.record(0.6, 0.8, 1.0)  # 5x
-    assert estimate.value(0.8) == pytest.approx(2.0 / 0.7)
-    assert estimate.value(1.7) == pytest.approx(5.0)  # the first call left the window
-    assert estimate.value(60.0) == pytest.approx(5.0)  # idle: the last estimate holds
-    estimate.record(60.0, 60.1, 0.1)
-    assert estimate.value(60.1) == pytest.approx(1.0)
-
-
-def test_pipeline_capacity_is_the_slowest_measured_stage() -> None:
-    assert pipeline_capacity(12.0, 4.0) == 4.0
-    assert pipeline_capacity(12.0, 0.0) == 12.0
-    assert pipeline_capacity(0.0, 0.0) == 0.0
 
 
 def _fake_clock_book(

@@ -154,8 +154,9 @@ def test_chunking_config_stores_ramp_as_plain_int_tuple():
         ({"capacity_headroom": True}, "capacity_headroom"),
         ({"enabled": 1}, "enabled"),
         ({"enabled": "yes"}, "enabled"),
-        ({"fallback_retry_after_s": 0}, "fallback_retry_after_s"),
-        ({"fallback_retry_after_s": 1.5}, "fallback_retry_after_s"),
+        ({"queue_max_wait_s": -0.5}, "queue_max_wait_s"),
+        ({"queue_max_wait_s": math.nan}, "queue_max_wait_s"),
+        ({"start_cost": -1.0}, "start_cost"),
     ],
 )
 def test_admission_config_rejects(kwargs, field):
@@ -165,7 +166,7 @@ def test_admission_config_rejects(kwargs, field):
 
 def test_admission_config_accepts_edges():
     assert AdmissionConfig(max_streams=0, capacity_headroom=1.0, enabled=False)
-    assert AdmissionConfig(capacity_headroom=1e-6, fallback_retry_after_s=1)
+    assert AdmissionConfig(capacity_headroom=1e-6, queue_max_wait_s=0.0, start_cost=0.0)
 
 
 # --- the first-chunk warning --------------------------------------------------------------

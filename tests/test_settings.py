@@ -271,7 +271,7 @@ SECTION_RULES = [
     ("server", "port: false", "server.port"),
     ("engine", "capacity_window_s: true", "engine.capacity_window_s"),
     ("admission", "capacity_headroom: 1.5", "admission.capacity_headroom"),
-    ("admission", "fallback_retry_after_s: 0", "admission.fallback_retry_after_s"),
+    ("admission", "queue_max_wait_s: -1", "admission.queue_max_wait_s"),
     ("admission", "max_streams: many", "admission.max_streams"),
     ("admission", "enabled: maybe", "admission.enabled"),
 ]

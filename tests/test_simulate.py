@@ -84,7 +84,10 @@ def test_admission_at_twice_capacity_keeps_accepted_streams_clean() -> None:
     s = run("edf K + admission", 2.0).summary
     assert s.rejected > 0
     assert s.stall_free_share >= 0.99
-    assert s.ttfa_p99_ms is not None and s.ttfa_p99_ms <= 1000
+    # a first audio within a second once admitted; a request may first wait in the
+    # queue up to admission.queue_max_wait_s (its wait counts in its TTFA)
+    bound_ms = 1000 + 1000 * AdmissionConfig().queue_max_wait_s
+    assert s.ttfa_p99_ms is not None and s.ttfa_p99_ms <= bound_ms
     assert all(r > 0 for r in s.retry_after_s)
 
 

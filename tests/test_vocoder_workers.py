@@ -19,8 +19,6 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 from conftest import FAST_SIM, TEST_CHUNKING, EngineFactory, read_all, until
-from hypothesis import given
-from hypothesis import strategies as st
 
 from pipeline.backend import VocodeItem
 from pipeline.backends.sim import SimBackend, decode_sim_signal, expected_frames
@@ -29,7 +27,6 @@ from pipeline.config import SimConfig, TalkerConfig, VocoderConfig
 from pipeline.engine import Engine
 from pipeline.errors import StreamCancelled
 from pipeline.stream import StreamState
-from pipeline.vocoder import _BusyTime
 from scheduling import ChunkingConfig
 
 TEXTS = [
@@ -519,27 +516,6 @@ async def test_a_backend_without_overlapping_calls_gets_one_worker(
 ) -> None:
     engine = await make_engine(SimBackend(FAST_SIM), vocoder=VocoderConfig(workers=4))
     assert engine.extra_vocoder_stages == []
-
-
-def test_busy_time_counts_overlapping_calls_once() -> None:
-    busy = _BusyTime()
-    assert busy.add(0.0, 1.0) == 1.0
-    assert busy.add(0.5, 1.5) == 0.5  # [0.5, 1.0] was counted
-    assert busy.add(0.2, 0.8) == 0.0  # ended first, inside what was counted
-    assert busy.add(2.0, 3.0) == 1.0
-    assert busy.add(1.0, 2.5) == 0.5  # the gap [1.5, 2.0]
-
-
-@given(st.lists(st.tuples(st.floats(0, 100), st.floats(0, 10)), max_size=20))
-def test_busy_time_adds_up_to_the_union_of_the_calls(calls: list[tuple[float, float]]) -> None:
-    busy = _BusyTime()
-    total = sum(busy.add(start, start + length) for start, length in calls)
-    union, reach = 0.0, -math.inf  # the union's length, the plain way
-    for start, stop in sorted((s, s + n) for s, n in calls):
-        if stop > reach:
-            union += stop - max(start, reach)
-            reach = stop
-    assert total == pytest.approx(union, abs=1e-6)
 
 
 # Yielding to a first audio (`yield_slack_s`): while a stream's first talker step or first

@@ -4,9 +4,10 @@
 `cluster.stats_period_s` (Ray's controller polls `record_routing_stats`, then passes the
 dict to every router). It reports:
 
-- `free_streams`: how many more streams this replica's admission would take now (its own
-  Admission with the engine's measured capacity: floor(capacity x headroom) - playing;
-  None stands for "no limit": admission disabled, or capacity not measured yet);
+- `free_streams`: how many more streams this replica's admission would take now
+  (`Admission.free_slots` of the engine's load view: the capacity model's reading, the
+  work owed, the reservations granted; None stands for "no limit": admission disabled,
+  or capacity not measured yet);
 - `slack_min_s` / `slack_mean_s`: each live stream's playback slack, horizon - now, with
   the horizon = first audio + audio sent + stall time (the 1x player the engine assumes),
   or the first-chunk deadline - now before its first audio (negative: a player ran dry);
@@ -15,8 +16,8 @@ dict to every router). It reports:
   replica had received when the report was taken (the router subtracts it from what it
   sent there to know what the report does not count yet).
 
-The engine's stream book (`engine.book`: its streams, its playing count, its scheduler's
-horizons) is read in `live_streams`, `playing_streams` and `routing_stats` only.
+The engine's stream book (`engine.book`: its streams, its scheduler's horizons) and its
+admission's load view are read in `live_streams` and `routing_stats` only.
 """
 
 from __future__ import annotations
@@ -37,13 +38,6 @@ def live_streams(engine: Any) -> list[Any]:
     return [s for s in streams if s is not None]
 
 
-def playing_streams(engine: Any, now_s: float) -> int:
-    """Streams admission counts: work left, a player still playing what was sent, or a
-    request admitted whose stream does not exist yet (Engine.admitted_streams): a report
-    taken in that moment must not offer its slot again."""
-    return int(engine.admitted_streams(now_s))
-
-
 def stream_slack_s(
     stats: Any, now_s: float, first_chunk_s: float, horizon_s: float | None = None
 ) -> float:
@@ -55,19 +49,6 @@ def stream_slack_s(
     if stats.ttfa_s is None:
         return stats.submitted_at_s + first_chunk_s - now_s
     return stats.submitted_at_s + stats.ttfa_s + stats.audio_s + stats.stall_s - now_s
-
-
-def free_streams(admission: Admission, playing: int, capacity_audio_s_per_s: float) -> float:
-    """More streams `admission` would take (math.inf: no limit applies now)."""
-    config = admission.config
-    if not config.enabled:
-        return math.inf
-    limits = []
-    if config.max_streams:
-        limits.append(config.max_streams - playing)
-    if capacity_audio_s_per_s > 0:
-        limits.append(math.floor(capacity_audio_s_per_s * config.capacity_headroom) - playing)
-    return float(max(0, min(limits))) if limits else math.inf
 
 
 def routing_stats(
@@ -88,7 +69,9 @@ def routing_stats(
     horizon = engine.book.scheduler.horizon_s  # None before first audio, or once untracked
     slacks = [stream_slack_s(s.stats, now_s, first_chunk_s, horizon(s.id)) for s in streams]
     capacity = engine.capacity(now_s)
-    free = free_streams(admission, playing_streams(engine, now_s), capacity)
+    # the engine's own policy: its queue's waiters come first
+    front = engine.admission
+    free = front.policy.free_slots(front.view(now_s)) if admission.config.enabled else math.inf
     return {
         "ready": True,
         "received": received,

@@ -340,7 +340,7 @@ class Session:
                         )
                     if isinstance(message, SessionClose):
                         return
-                    self._handle(message)
+                    await self._handle(message)
                 except ProtocolError as error:
                     await self._refuse(error, self.current.index if self.current else None)
             while True:
@@ -365,11 +365,11 @@ class Session:
             return False
         return time.monotonic() - self._last_audio_s >= timeout_s
 
-    def _handle(self, message: object) -> None:
+    async def _handle(self, message: object) -> None:
         if isinstance(message, SessionConfig):
             self.voice = self._configure(message)
         elif isinstance(message, InputText):
-            self._input_text(message.text)
+            await self._input_text(message.text)
         elif isinstance(message, InputDone):
             self._input_done()
         elif isinstance(message, PlaybackPosition):
@@ -388,7 +388,7 @@ class Session:
         rate_hz = config.sample_rate or self.settings.server.default_sample_rate_hz
         return _Voice(voice.id, rate_hz, config.response_format, config.speed, config.alignment)
 
-    def _input_text(self, text: str) -> None:
+    async def _input_text(self, text: str) -> None:
         max_chars = self.settings.websocket.max_text_chars
         if self.rejected_open:
             return  # the rest of a refused utterance (its error event was sent)
@@ -401,51 +401,63 @@ class Session:
                 close_code=CLOSE_POLICY,
             )
         if utterance is None:
-            self._start(text)
+            await self._start(text)
         else:
             utterance.text_chars += len(text)
             self._append(utterance, text, final=False)
 
-    def _start(self, text: str) -> None:
+    async def _start(self, text: str) -> None:
+        """A new utterance: admitted as every protocol is (pipeline/admission.py), waiting
+        in admission's queue (at most admission.queue_max_wait_s) before its stream."""
         voice = self.voice
         assert voice is not None
         index = self.next_index
         self.next_index += 1
         resolved = self.engine.resolve_voice(voice.voice_id)
-        encoder = open_encoder(
-            voice.response_format,
-            resolved.sample_rate_hz,
-            voice.sample_rate_hz,
-            encoding=self.settings.encoding,
-        )
-        rules = normalizer_for(resolved.language, self.settings.normalize)
-        normalizer = StreamNormalizer(rules) if rules is not None else None
-        spoken = normalizer.push(text) if normalizer is not None else text
         try:
-            stream = self.engine.submit(
-                spoken, voice=voice.voice_id, speed=voice.speed, final=False
-            )
+            reservation = self.engine.reserve()
         except Rejected as exc:
-            encoder.close()
             self.rejected_open = True
-            retry_after_s = max(1, int(exc.decision.retry_after_s or 1))
-            raise ProtocolError(
-                f"The server is at capacity ({exc.decision.reason}); retry after "
-                f"{retry_after_s} s. The rest of this utterance's text is dropped.",
-                code="rate_limit_exceeded",
-                error_type="rate_limit_error",
-                retry_after_s=retry_after_s,
-                utterance=index,
-            ) from exc
+            raise _at_capacity(exc, index) from exc
         except NotReady as exc:
-            encoder.close()
-            raise ProtocolError(
-                "The engine is not running.",
-                code="engine_not_ready",
-                error_type="server_error",
-                close_code=CLOSE_SERVER_ERROR,
-            ) from exc
-        utterance = Utterance(index, stream, encoder, len(text), normalizer, voice.alignment)
+            raise _not_running() from exc
+        try:
+            await reservation.wait_start()
+            encoder = open_encoder(
+                voice.response_format,
+                resolved.sample_rate_hz,
+                voice.sample_rate_hz,
+                encoding=self.settings.encoding,
+            )
+            rules = normalizer_for(resolved.language, self.settings.normalize)
+            normalizer = StreamNormalizer(rules) if rules is not None else None
+            spoken = normalizer.push(text) if normalizer is not None else text
+            try:
+                stream = self.engine.submit(
+                    spoken,
+                    voice=voice.voice_id,
+                    speed=voice.speed,
+                    final=False,
+                    reservation=reservation,
+                )
+            except BaseException:
+                encoder.close()
+                raise
+        except Rejected as exc:  # waited admission.queue_max_wait_s
+            self.rejected_open = True
+            raise _at_capacity(exc, index) from exc
+        except NotReady as exc:
+            raise _not_running() from exc
+        finally:
+            reservation.release()  # a no-op once submit used it
+        utterance = Utterance(
+            index,
+            stream,
+            encoder,
+            text_chars=len(text),
+            normalizer=normalizer,
+            alignment=voice.alignment,
+        )
         self.current = utterance
         self.in_flight.append(utterance)
         self._queue.append(utterance)
@@ -493,3 +505,24 @@ class Session:
         if self.current is utterance:
             self.current = None
         self.engine.cancel(utterance.stream.id)
+
+
+def _at_capacity(exc: Rejected, index: int) -> ProtocolError:
+    retry_after_s = exc.retry_after_s
+    return ProtocolError(
+        f"The server is at capacity ({exc.decision.reason}); retry after "
+        f"{retry_after_s} s. The rest of this utterance's text is dropped.",
+        code="rate_limit_exceeded",
+        error_type="rate_limit_error",
+        retry_after_s=retry_after_s,
+        utterance=index,
+    )
+
+
+def _not_running() -> ProtocolError:
+    return ProtocolError(
+        "The engine is not running.",
+        code="engine_not_ready",
+        error_type="server_error",
+        close_code=CLOSE_SERVER_ERROR,
+    )
