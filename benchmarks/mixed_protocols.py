@@ -261,6 +261,8 @@ def report(result: Any, mix: Mix, capacity: float) -> dict[str, Any]:
             "interruptions": s.interruptions,
             "ttfa_p50_ms": s.ttfa_p50_ms,
             "ttfa_p99_ms": s.ttfa_p99_ms,
+            "worst_stall_ms": 1000.0
+            * max((max(r.playback.stalls_s, default=0.0) for r in records), default=0.0),
         }
     failures = [r.error for r in result.records if r.outcome is Outcome.FAILED][:5]
     return {
@@ -277,16 +279,16 @@ def table(figures: dict[str, Any]) -> str:
         f"C = {figures['capacity_audio_s_per_s']:.2f} audio s per s; "
         f"{figures['listeners']} listeners; {figures['listening_mean']:.1f} playing on average",
         "",
-        "| protocol | streams | stall-free | interruptions | TTFA p50 / p99 ms | refused "
-        "| failed |",
-        "|---|---:|---:|---:|---|---:|---:|",
+        "| protocol | streams | stall-free | worst stall | interruptions | TTFA p50 / p99 ms "
+        "| refused | failed |",
+        "|---|---:|---:|---:|---:|---|---:|---:|",
     ]
     for name, row in figures["protocols"].items():
         p50, p99 = row["ttfa_p50_ms"] or 0.0, row["ttfa_p99_ms"] or 0.0
         lines.append(
             f"| {name} | {row['streams_ok']} | {100 * row['stall_free_share']:.0f}% | "
-            f"{row['interruptions']} | {p50:.0f} / {p99:.0f} | {row['refused']} | "
-            f"{row['failed']} |"
+            f"{row['worst_stall_ms']:.0f} ms | {row['interruptions']} | "
+            f"{p50:.0f} / {p99:.0f} | {row['refused']} | {row['failed']} |"
         )
     return "\n".join(lines)
 

@@ -39,13 +39,14 @@ from app.cartesia.schema import (
     invalid,
     parse_generation,
 )
-from app.cartesia.speech import PROTOCOL, WordCursor, admit, pipeline_error, resolve_voice
+from app.cartesia.speech import PROTOCOL, WordCursor, pipeline_error, resolve_voice
 from app.client_json import ClientJsonError, load_client_json
 from app.errors import ApiError, RequestTooLarge
 from app.routes import read_body, start_unless_client_gone
 from app.state import AppState, StateDep
 from app.streaming import SSE_CONTENT_TYPE, SpeechBody, SpeechResponse
 from pipeline import Engine, PipelineError, Voice
+from pipeline.admission import admit
 from pipeline.normalize import language_code, normalize_mapped, speakable
 
 logger = logging.getLogger("playhead.cartesia")

@@ -1,11 +1,9 @@
 """What the Cartesia routes share: the voice, admission, the pipeline's errors in
 Cartesia's shape, the API key, and the word timestamps of a stream.
 
-Admission is the engine's own entry, as POST /v1/audio/speech uses it: `Engine.reserve()`
-decides at once (Rejected: a 429 with Retry-After; NotReady: a 503), then
-`Reservation.wait_start()` waits for a start slot (admission.max_starting_streams), and the
-reservation goes to `Engine.submit(..., reservation=)`. `admit` is the one place these
-routes call it.
+Admission is the one front every protocol uses (`pipeline.admission.admit`, see
+docs/admission.md): Rejected is a 429 with Retry-After, NotReady a 503, and the
+reservation goes to `Engine.submit(..., reservation=)`.
 """
 
 from __future__ import annotations
@@ -18,7 +16,6 @@ from app.errors import ApiError
 from app.security import check_credentials
 from pipeline import Engine, NotReady, PipelineError, Rejected, StreamFailed, UnknownVoice, Voice
 from pipeline.alignment import Alignment, WordTiming
-from pipeline.engine import Reservation
 
 PROTOCOL = "cartesia"
 
@@ -62,17 +59,6 @@ def pipeline_error(exc: PipelineError) -> CartesiaError:
     return CartesiaError(
         f"Speech generation failed: {exc}", error_code="generation_failed", status_code=500
     )
-
-
-async def admit(engine: Engine) -> Reservation:
-    """A reservation holding a start slot, or Rejected / NotReady (see the module doc)."""
-    reservation = engine.reserve()
-    try:
-        await reservation.wait_start()
-    except BaseException:
-        reservation.release()
-        raise
-    return reservation
 
 
 def check_key(expected: str | None, headers: Any, query_key: str | None = None) -> None:

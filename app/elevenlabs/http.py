@@ -31,7 +31,7 @@ from starlette.requests import ClientDisconnect
 
 from app.elevenlabs import errors
 from app.elevenlabs.formats import BadOutputFormat, OutputFormat, parse_output_format
-from app.elevenlabs.speech import Piece, Speech, admit
+from app.elevenlabs.speech import Piece, Speech
 from app.errors import (
     ApiError,
     InvalidRequest,
@@ -48,6 +48,7 @@ from app.routes import (
 from app.state import AppState, StateDep
 from app.streaming import SpeechResponse, StreamAborted
 from pipeline import Engine, UnknownVoice, Voice
+from pipeline.admission import admit
 from pipeline.alignment import CharTiming
 from pipeline.normalize import normalize_mapped, speakable
 

@@ -49,11 +49,12 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 from app.elevenlabs import errors
 from app.elevenlabs.formats import OutputFormat
 from app.elevenlabs.http import CONTROL_CHARS, PROTOCOL, output_format, resolve_voice
-from app.elevenlabs.speech import Piece, Speech, admit
+from app.elevenlabs.speech import Piece, Speech
 from app.errors import ApiError, InvalidRequest, pipeline_api_error, to_api_error
 from app.security import check_credentials
 from app.state import AppState
 from pipeline import Engine, NotReady, Rejected, Voice
+from pipeline.admission import admit
 from pipeline.alignment import CharTiming
 
 logger = logging.getLogger("playhead.elevenlabs")

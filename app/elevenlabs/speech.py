@@ -35,17 +35,6 @@ from pipeline.engine import Reservation
 from pipeline.normalize import StreamNormalizer, normalizer_for
 
 
-async def admit(engine: Engine) -> Reservation:
-    """A slot for one stream, holding a start slot: raises Rejected or NotReady."""
-    reservation = engine.reserve()
-    try:
-        await reservation.wait_start()
-    except BaseException:
-        reservation.release()
-        raise
-    return reservation
-
-
 @dataclass(frozen=True, slots=True)
 class Piece:
     """Encoded audio (maybe b"") and the characters that start in it; `end_s`: the audio

@@ -72,11 +72,10 @@ CLOSE_LINGER_S = 1.0
 
 
 async def admit(state: AppState) -> tuple[Engine, Reservation]:
-    """Admission as POST /v1/audio/speech has it (app/admission_gate.py): a slot now
-    (Rejected, NotReady, or the 503 of a loading or draining server), then the wait for a
-    start slot (admission.max_starting_streams; Rejected "starting" after
-    admission.start_queue_timeout_s). The caller submits with the reservation, then
-    releases it (a no-op once used)."""
+    """Admission as every protocol has it (docs/admission.md): a slot now or a place in the
+    one fair queue (Rejected, NotReady, or the 503 of a loading or draining server), then
+    the wait in that queue. The caller submits with the reservation, then releases it (a
+    no-op once used)."""
     engine = state.require_engine()
     started_s = time.perf_counter()
     try:
