@@ -14,9 +14,7 @@ exceptions propagate to the one handler (app/errors.py), which maps them.
 from __future__ import annotations
 
 import logging
-import re
 import time
-from functools import partial
 from typing import Any
 
 import anyio
@@ -39,15 +37,12 @@ from app.request_id import REQUEST_ID_HEADER
 from app.schemas import SpeechRequest, is_openai_voice, model_accepted, parse_speech_request
 from app.state import AppState, StateDep
 from app.streaming import SSE_CONTENT_TYPE, SpeechBody, SpeechResponse
+from app.text_input import has_nul, normalized, words_apart
 from pipeline import Engine, Rejected, StreamFailed, StreamStats, UnknownVoice, Voice
 from pipeline.engine import Reservation
-from pipeline.normalize import normalize_mapped, speakable
+from pipeline.normalize import speakable
 
 logger = logging.getLogger("playhead.app")
-
-INLINE_NORMALIZE_MAX_CHARS = 100  # longer inputs are normalised in a worker thread
-# control characters other than tab, newline and carriage return (NUL is refused)
-_CONTROL = re.compile("[\x01-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
 
 def _too_large(max_bytes: int) -> RequestTooLarge:
@@ -136,14 +131,14 @@ async def _create_speech(request: Request, state: StateDep) -> Response:
             param="model",
             code="model_not_found",
         )
-    if "\x00" in speech.input:
+    if has_nul(speech.input):
         raise InvalidRequest(
             "Invalid 'input': it contains a NUL character (U+0000), which is not text.",
             param="input",
             code="invalid_value",
         )
     # other control characters (a form feed, a bell) separate words like a space
-    text = _CONTROL.sub(" ", speech.input).strip()
+    text = words_apart(speech.input).strip()
     if not text:
         raise InvalidRequest(
             "Invalid 'input': it must contain at least 1 character after trimming whitespace.",
@@ -185,14 +180,7 @@ async def _admitted_speech(
     reservation: Reservation,
 ) -> Response:
     server = state.settings.server
-    # numbers, dates, symbols... -> words, by the voice's language (pipeline/normalize).
-    # ~10 us a character: a long input is normalised off the event loop (which runs the
-    # engine's loops too)
-    normalize = partial(normalize_mapped, text, voice.language, state.settings.normalize)
-    if len(text) <= INLINE_NORMALIZE_MAX_CHARS:
-        spoken = normalize()
-    else:
-        spoken = await anyio.to_thread.run_sync(normalize)
+    spoken = await normalized(text, voice.language, state.settings.normalize)
     if not speakable(spoken):
         raise InvalidRequest(
             "Invalid 'input': nothing speakable is left after text normalization (the input "

@@ -15,16 +15,13 @@ import base64
 import json
 import logging
 import math
-import re
 import time
 import uuid
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from datetime import UTC, datetime
-from functools import partial
 from typing import Any
 
-import anyio
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
@@ -45,14 +42,13 @@ from app.errors import ApiError, RequestTooLarge
 from app.routes import read_body, start_unless_client_gone
 from app.state import AppState, StateDep
 from app.streaming import SSE_CONTENT_TYPE, SpeechBody, SpeechResponse
+from app.text_input import normalized, words_apart
 from pipeline import Engine, PipelineError, Voice
 from pipeline.admission import admit
-from pipeline.normalize import language_code, normalize_mapped, speakable
+from pipeline.normalize import language_code, speakable
 
 logger = logging.getLogger("playhead.cartesia")
 
-INLINE_NORMALIZE_MAX_CHARS = 100  # longer transcripts are normalised in a worker thread
-_CONTROL = re.compile("[\x01-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
 cartesia_router = APIRouter(include_in_schema=False)
 
@@ -73,7 +69,7 @@ def render_api_error(exc: ApiError) -> JSONResponse:
 
 def clean_transcript(transcript: str, max_chars: int) -> str:
     """Control characters separate words like a space; empty or too long: 400."""
-    text = _CONTROL.sub(" ", transcript).strip()
+    text = words_apart(transcript).strip()
     if not text:
         raise invalid("Invalid 'transcript': it is empty.", "empty_transcript")
     if len(text) > max_chars:
@@ -143,12 +139,7 @@ async def _open_body(
     reservation: Any,
     sse: bool,
 ) -> CartesiaBody:
-    # mapped: the stream's timings index the transcript as sent (pipeline/alignment.py)
-    normalize = partial(normalize_mapped, text, voice.language, state.settings.normalize)
-    if len(text) <= INLINE_NORMALIZE_MAX_CHARS:
-        spoken = normalize()
-    else:
-        spoken = await anyio.to_thread.run_sync(normalize)
+    spoken = await normalized(text, voice.language, state.settings.normalize)
     if not speakable(spoken):
         raise invalid(
             "Invalid 'transcript': nothing speakable is left after text normalization.",

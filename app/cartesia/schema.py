@@ -22,6 +22,7 @@ from typing import Any
 
 from app.client_json import quote
 from app.errors import json_type_name
+from app.text_input import has_nul
 
 # The container / encoding pairs Playhead writes (Cartesia's pcm_alaw is not among them).
 RAW_ENCODINGS = ("pcm_s16le", "pcm_f32le", "pcm_mulaw")
@@ -246,7 +247,7 @@ def parse_generation(
         if not socket:
             raise invalid("Missing required field 'transcript'.", "missing_field")
         transcript = ""
-    if "\x00" in transcript:
+    if has_nul(transcript):
         raise invalid("Invalid 'transcript': it contains a NUL character (U+0000).")
     context_id = _get(data, "context_id", str, "a string")
     if socket and not context_id:

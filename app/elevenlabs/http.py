@@ -20,10 +20,8 @@ import logging
 import re
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from contextlib import suppress
-from functools import partial
 from typing import Any, Literal
 
-import anyio
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -40,17 +38,17 @@ from app.errors import (
     validation_error,
 )
 from app.routes import (
-    INLINE_NORMALIZE_MAX_CHARS,
     list_models,
     read_body,
     start_unless_client_gone,
 )
 from app.state import AppState, StateDep
 from app.streaming import SpeechResponse, StreamAborted
+from app.text_input import has_nul, normalized, words_apart
 from pipeline import Engine, UnknownVoice, Voice
 from pipeline.admission import admit
 from pipeline.alignment import CharTiming
-from pipeline.normalize import normalize_mapped, speakable
+from pipeline.normalize import speakable
 
 logger = logging.getLogger("playhead.elevenlabs")
 
@@ -68,7 +66,6 @@ MODEL_IDS = (
     "eleven_turbo_v2",
     "eleven_monolingual_v1",
 )
-CONTROL_CHARS = re.compile("[\x01-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
 
 class VoiceSettings(BaseModel):
@@ -125,9 +122,9 @@ def output_format(value: str | None) -> OutputFormat:
 
 def clean_text(text: str, max_chars: int) -> str:
     """The text to speak (control characters as spaces, trimmed), or 400."""
-    if "\x00" in text:
+    if has_nul(text):
         raise InvalidRequest("text contains a NUL character.", param="text", code="invalid_text")
-    text = CONTROL_CHARS.sub(" ", text).strip()
+    text = words_apart(text).strip()
     if not text:
         raise InvalidRequest("text must not be empty.", param="text", code="invalid_text")
     if len(text) > max_chars:
@@ -196,9 +193,7 @@ async def _speech(request: Request, state: AppState, voice_id: str) -> Speech:
     normalize = body.apply_text_normalization != "off"
     spoken = text
     if normalize:
-        work = partial(normalize_mapped, text, voice.language, state.settings.normalize)
-        long = len(text) > INLINE_NORMALIZE_MAX_CHARS
-        spoken = await anyio.to_thread.run_sync(work) if long else work()
+        spoken = await normalized(text, voice.language, state.settings.normalize)
     if not speakable(spoken):
         raise InvalidRequest(
             "Nothing speakable is left after text normalization (no words or numbers).",

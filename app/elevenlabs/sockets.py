@@ -48,11 +48,12 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from app.elevenlabs import errors
 from app.elevenlabs.formats import OutputFormat
-from app.elevenlabs.http import CONTROL_CHARS, PROTOCOL, output_format, resolve_voice
+from app.elevenlabs.http import PROTOCOL, output_format, resolve_voice
 from app.elevenlabs.speech import Piece, Speech
 from app.errors import ApiError, InvalidRequest, pipeline_api_error, to_api_error
 from app.security import check_credentials
 from app.state import AppState
+from app.text_input import has_nul, words_apart
 from pipeline import Engine, NotReady, Rejected, Voice
 from pipeline.admission import admit
 from pipeline.alignment import CharTiming
@@ -393,13 +394,13 @@ class Connection:
         text = data.get("text")
         if text is not None and not isinstance(text, str):
             raise Refused(InvalidRequest("text must be a string.", param="text"), context_id)
-        if text is not None and "\x00" in text:
+        if text is not None and has_nul(text):
             error = InvalidRequest(
                 "text contains a NUL character.", param="text", code="invalid_text"
             )
             raise Refused(error, context_id)
         if text:
-            text = CONTROL_CHARS.sub(" ", text)  # a form feed, a bell: a space, as over HTTP
+            text = words_apart(text)  # a form feed, a bell: a space, as over HTTP
         flush = data.get("flush") is True
         context = self.contexts.get(context_id)
         if data.get("close_context") is True:

@@ -18,7 +18,6 @@ connection closes, so an open connection would leave it waiting.
 from __future__ import annotations
 
 import asyncio
-import re
 from typing import Any
 
 from wyoming.error import Error
@@ -26,6 +25,7 @@ from wyoming.event import Event
 
 from app.client_json import ClientJsonError, load_client_json, quote
 from app.errors import ApiError
+from app.text_input import has_nul, words_apart
 
 # The longest header line (its JSON); asyncio's StreamReader limit of each connection.
 MAX_HEADER_BYTES = 64 * 1024
@@ -37,7 +37,6 @@ JSON_BYTES_PER_CHAR = 6
 DATA_EXTRA_BYTES = 64 * 1024
 
 # control characters other than tab, newline and carriage return (NUL is refused)
-_CONTROL = re.compile("[\x01-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
 
 class EventError(Exception):
@@ -162,11 +161,11 @@ def text_field(data: dict[str, Any], key: str = "text") -> str:
     text = data.get(key)
     if not isinstance(text, str):
         raise EventError(f"The event needs a string '{key}'.", "invalid_value")
-    if "\x00" in text:
+    if has_nul(text):
         raise EventError(
             f"The '{key}' contains a NUL character (U+0000), which is not text.", "invalid_value"
         )
-    return _CONTROL.sub(" ", text)
+    return words_apart(text)
 
 
 def text_format_field(data: dict[str, Any]) -> None:

@@ -48,6 +48,7 @@ from app.audio import open_encoder
 from app.client_json import quote
 from app.errors import ApiError, pipeline_api_error, shutting_down
 from app.state import AppState
+from app.text_input import normalized
 from app.wyoming.protocol import (
     EventError,
     api_error,
@@ -59,13 +60,12 @@ from app.wyoming.protocol import (
 from app.wyoming.voices import PROGRAM_NAME, VoiceRequest, build_info, select_voice
 from pipeline import Engine, PipelineError, Rejected, Stream, StreamState, Voice
 from pipeline.engine import Reservation
-from pipeline.normalize import StreamNormalizer, normalize_text, normalizer_for, speakable
+from pipeline.normalize import StreamNormalizer, normalizer_for, speakable
 
 logger = logging.getLogger("playhead.wyoming")
 
 SAMPLE_WIDTH_BYTES = 2  # audio-chunk: 16-bit signed little-endian
 CHANNELS = 1
-INLINE_NORMALIZE_MAX_CHARS = 100  # longer texts are normalised in a worker thread
 # After an error event: how long the client may go on sending before the connection is
 # closed (its unread data would make the close a reset, which can drop the error event).
 CLOSE_LINGER_S = 1.0
@@ -367,10 +367,7 @@ class Session:
         await self._send_audio(synthesis, stream)
 
     async def _normalize(self, text: str, voice: Voice) -> str:
-        config = self._settings.normalize
-        if len(text) <= INLINE_NORMALIZE_MAX_CHARS:
-            return normalize_text(text, voice.language, config)
-        return await asyncio.to_thread(normalize_text, text, voice.language, config)
+        return await normalized(text, voice.language, self._settings.normalize)
 
     async def _send_audio(self, synthesis: Synthesis, stream: Stream) -> None:
         encoder = open_encoder(
