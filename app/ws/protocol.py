@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from app.client_json import ClientJsonError, load_client_json, quote
 from app.errors import json_type_name, validation_error
+from pipeline import Rejected
 from pipeline.alignment import CharTiming, WordTiming
 
 # Close codes (RFC 6455).
@@ -234,4 +235,27 @@ def parse_message(raw: str) -> ClientMessage:
         "playback.position, cancel, session.close.",
         code="unknown_type",
         param="type",
+    )
+
+
+def at_capacity_error(exc: Rejected, index: int) -> ProtocolError:
+    """An admission refusal: the utterance's text is dropped, the socket stays."""
+    retry_after_s = exc.retry_after_s
+    return ProtocolError(
+        f"The server is at capacity ({exc.decision.reason}); retry after "
+        f"{retry_after_s} s. The rest of this utterance's text is dropped.",
+        code="rate_limit_exceeded",
+        error_type="rate_limit_error",
+        retry_after_s=retry_after_s,
+        utterance=index,
+    )
+
+
+def not_running_error() -> ProtocolError:
+    """The engine stopped (or never started): the socket closes with 1011."""
+    return ProtocolError(
+        "The engine is not running.",
+        code="engine_not_ready",
+        error_type="server_error",
+        close_code=CLOSE_SERVER_ERROR,
     )

@@ -35,7 +35,7 @@ from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from app.audio import StreamEncoder, open_encoder
+from app.audio import open_encoder
 from app.errors import ApiError
 from app.routes import resolve_voice
 from app.settings import Settings
@@ -52,10 +52,13 @@ from app.ws.protocol import (
     SessionClose,
     SessionConfig,
     alignment_event,
+    at_capacity_error,
     error_event,
+    not_running_error,
     parse_message,
 )
-from pipeline import Engine, NotReady, PipelineError, Rejected, Stream, StreamState
+from app.ws.utterance import SessionVoice, Utterance
+from pipeline import Engine, NotReady, PipelineError, Rejected, StreamState
 from pipeline.normalize import StreamNormalizer, normalizer_for
 
 logger = logging.getLogger("playhead.ws")
@@ -69,37 +72,6 @@ class SessionEnded(Exception):
         self.close_code = close_code
 
 
-@dataclass(eq=False)
-class Utterance:
-    """One utterance: an engine stream and its encoder."""
-
-    index: int
-    stream: Stream
-    encoder: StreamEncoder
-    text_chars: int
-    # text as written -> spoken words, piece by piece (None: normalisation off)
-    normalizer: StreamNormalizer | None = None
-    alignment: bool = False  # send alignment events (session.config)
-    text_closed: bool = False
-    cancelled: bool = False
-    sent_samples: int = 0  # at the encoder's output rate
-    chars_sent: int = 0  # alignment cursors: characters and words sent in events
-    words_sent: int = 0
-
-    @property
-    def audio_ms(self) -> float:
-        return 1000.0 * self.sent_samples / self.encoder.output_rate_hz
-
-
-@dataclass
-class _Voice:
-    voice_id: str
-    sample_rate_hz: int
-    response_format: str
-    speed: float
-    alignment: bool = False  # send alignment events
-
-
 @dataclass
 class Session:
     """The state of one socket; `run()` serves it until it closes."""
@@ -107,7 +79,7 @@ class Session:
     websocket: WebSocket
     engine: Engine
     settings: Settings
-    voice: _Voice | None = None
+    voice: SessionVoice | None = None
     next_index: int = 0
     current: Utterance | None = None  # the utterance taking text now
     rejected_open: bool = False  # the utterance taking text was refused: drop its text
@@ -379,14 +351,16 @@ class Session:
             for utterance in list(self.in_flight):
                 self._cancel(utterance)
 
-    def _configure(self, config: SessionConfig) -> _Voice:
+    def _configure(self, config: SessionConfig) -> SessionVoice:
         try:
             voice = resolve_voice(self.engine, config.voice or self.engine.backend.default_voice())
         except ApiError as exc:
             code = exc.code or "invalid_value"
             raise ProtocolError(exc.message, code=code, param="voice") from None
         rate_hz = config.sample_rate or self.settings.server.default_sample_rate_hz
-        return _Voice(voice.id, rate_hz, config.response_format, config.speed, config.alignment)
+        return SessionVoice(
+            voice.id, rate_hz, config.response_format, config.speed, config.alignment
+        )
 
     async def _input_text(self, text: str) -> None:
         max_chars = self.settings.websocket.max_text_chars
@@ -418,9 +392,9 @@ class Session:
             reservation = self.engine.reserve()
         except Rejected as exc:
             self.rejected_open = True
-            raise _at_capacity(exc, index) from exc
+            raise at_capacity_error(exc, index) from exc
         except NotReady as exc:
-            raise _not_running() from exc
+            raise not_running_error() from exc
         try:
             await reservation.wait_start()
             encoder = open_encoder(
@@ -445,9 +419,9 @@ class Session:
                 raise
         except Rejected as exc:  # waited admission.queue_max_wait_s
             self.rejected_open = True
-            raise _at_capacity(exc, index) from exc
+            raise at_capacity_error(exc, index) from exc
         except NotReady as exc:
-            raise _not_running() from exc
+            raise not_running_error() from exc
         finally:
             reservation.release()  # a no-op once submit used it
         utterance = Utterance(
@@ -505,24 +479,3 @@ class Session:
         if self.current is utterance:
             self.current = None
         self.engine.cancel(utterance.stream.id)
-
-
-def _at_capacity(exc: Rejected, index: int) -> ProtocolError:
-    retry_after_s = exc.retry_after_s
-    return ProtocolError(
-        f"The server is at capacity ({exc.decision.reason}); retry after "
-        f"{retry_after_s} s. The rest of this utterance's text is dropped.",
-        code="rate_limit_exceeded",
-        error_type="rate_limit_error",
-        retry_after_s=retry_after_s,
-        utterance=index,
-    )
-
-
-def _not_running() -> ProtocolError:
-    return ProtocolError(
-        "The engine is not running.",
-        code="engine_not_ready",
-        error_type="server_error",
-        close_code=CLOSE_SERVER_ERROR,
-    )
