@@ -153,6 +153,7 @@ BAD_MESSAGES = [
     ('{"type": "input.txt", "text": "typo"}', "unknown_type", "type"),
     ('{"type": "input.text", "text": 5}', "invalid_type", "text"),
     ('{"type": "input.text"}', "missing_required_parameter", "text"),
+    ('{"type": "input.text", "text": "a\\u0000b"}', "invalid_value", "text"),  # as on HTTP
     ('{"type": "input.done", "now": true}', "unknown_parameter", "now"),
     ('{"type": "playback.position", "played_ms": -1}', "invalid_value", "played_ms"),
     ('{"type": "playback.position", "played_ms": "1"}', "invalid_type", "played_ms"),

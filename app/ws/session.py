@@ -39,6 +39,7 @@ from app.audio import open_encoder
 from app.errors import ApiError
 from app.routes import resolve_voice
 from app.settings import Settings
+from app.text_input import has_nul, words_apart
 from app.ws.protocol import (
     CLOSE_NORMAL,
     CLOSE_POLICY,
@@ -366,6 +367,13 @@ class Session:
         max_chars = self.settings.websocket.max_text_chars
         if self.rejected_open:
             return  # the rest of a refused utterance (its error event was sent)
+        if has_nul(text):  # the text checks of every protocol (app/text_input.py)
+            raise ProtocolError(
+                "Invalid 'text': it contains a NUL character (U+0000), which is not text.",
+                code="invalid_value",
+                param="text",
+            )
+        text = words_apart(text)
         utterance = self.current
         used = utterance.text_chars if utterance is not None else 0
         if used + len(text) > max_chars:
