@@ -99,6 +99,11 @@ class StageExecutor:
         try:
             async with asyncio.timeout(self.call_timeout_s):
                 return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            # the caller is cancelled (a stop) while the call runs on: its outcome, an
+            # aborted call's error included, is nobody's ("exception never retrieved")
+            future.add_done_callback(_drop_result)
+            raise
         except TimeoutError:
             if future.done():  # it returned at the very end: not a hang
                 return future.result()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import time
 
@@ -84,6 +85,42 @@ async def test_aclose_waits_for_the_call_in_flight_even_when_its_caller_is_cance
     assert finished == [True]
     with pytest.raises(StageClosed):
         await stage.run(print)
+
+
+@pytest.mark.parametrize("call_timeout_s", [0.0, 30.0])
+async def test_a_call_that_fails_after_its_caller_was_cancelled_leaves_no_unretrieved_error(
+    call_timeout_s: float,
+) -> None:
+    """A stop cancels the stage loop while a call runs on; the call then fails (an aborted
+    Piper decode raises): its error is nobody's and must not be reported as a "Future
+    exception was never retrieved" when the future is collected."""
+    loop = asyncio.get_running_loop()
+    reported: list[str] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: reported.append(context["message"]))
+    stage = StageExecutor("vocoder", call_timeout_s=call_timeout_s)
+    entered, release = threading.Event(), threading.Event()
+
+    def aborted() -> None:
+        entered.set()
+        release.wait(5)
+        raise RuntimeError("aborted")
+
+    try:
+        task = asyncio.ensure_future(stage.run(aborted))
+        await asyncio.to_thread(entered.wait, 5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        release.set()
+        await stage.aclose()
+        await asyncio.sleep(0)
+        del task
+        gc.collect()
+        await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(previous)
+    assert not [m for m in reported if "never retrieved" in m], reported
 
 
 @pytest.mark.parametrize("call_timeout_s", [0.0, 30.0])
