@@ -529,13 +529,15 @@ class StreamBook:
         self._events.stream_started(stream_id)
         return stream
 
-    def add_text(self, stream_id: str, text: str, *, final: bool) -> None:
+    def add_text(self, stream_id: str, text: str, *, final: bool, flush: bool = False) -> None:
+        """More text for a live stream; `flush` cuts there: the text so far is spoken without
+        waiting for its sentence to end (more may follow), `final` ends the text."""
         record = self._records.get(stream_id)
         if record is None or record.text_closed:
             raise ValueError(f"stream {stream_id} takes no more text")
         record.aligner.add_text(text)
         segments = record.segmenter.push(text)
-        if final:
+        if final or flush:
             segments += record.segmenter.flush()
             record.text_closed = True
         record.text.extend(segments)

@@ -390,9 +390,13 @@ class Engine:
         book.add_text(stream.id, text, final=final)
         return stream
 
-    def append_text(self, stream_id: str, text: str, *, final: bool = False) -> None:
-        """More text for a stream submitted with final=False; final=True closes it."""
-        self.book.add_text(stream_id, text, final=final)
+    def append_text(
+        self, stream_id: str, text: str, *, final: bool = False, flush: bool = False
+    ) -> None:
+        """More text for a stream submitted with final=False; final=True closes it.
+        flush=True speaks the text so far without waiting for its sentence to end (a
+        client's flush: ElevenLabs' `flush`, Cartesia's `flush` and buffer delay)."""
+        self.book.add_text(stream_id, text, final=final, flush=flush)
 
     def ack_playback(self, stream_id: str, played_s: float) -> None:
         """The client has played `played_s` seconds of this stream (client truth).

@@ -333,6 +333,27 @@ async def test_flush_marks_chunks_and_answers_flush_done(server: LiveServer) -> 
     assert messages[kinds.index("flush_done")]["flush_id"] == 1
 
 
+async def test_a_flush_speaks_an_unfinished_sentence_at_once(server: LiveServer) -> None:
+    """A flush in mid-sentence: the words so far are spoken now (a long buffer delay
+    would otherwise hold them), and the context goes on."""
+    first = "The words before the flush"
+    async with websockets.connect(ws_url(server)) as socket:
+        await socket.send(request("m", first, max_buffer_delay_ms=5000, **{"continue": True}))
+        await socket.send(request("m", "", flush=True, **{"continue": True}))
+        audio, expected_s = bytearray(), sim_seconds(server, first)
+        async with asyncio.timeout(3):
+            while len(audio) / 2 / 24000 < expected_s - 0.01:
+                message = json.loads(await socket.recv())
+                assert message["type"] in ("chunk", "timestamps", "flush_done"), message
+                if message["type"] == "chunk":
+                    audio += base64.b64decode(message["data"])
+        await socket.send(request("m", " and the words after it.", **{"continue": False}))
+        messages = await receive_until_done(socket, "m")
+    assert len(audio) / 2 / 24000 == pytest.approx(expected_s, abs=0.01)
+    rest_s = len(audio_of(messages)) / 2 / 24000
+    assert rest_s == pytest.approx(sim_seconds(server, "and the words after it."), abs=0.01)
+
+
 @pytest.mark.parametrize("delay_ms", [0, 300])
 async def test_an_open_context_speaks_its_sentence_after_the_buffer_delay(
     server: LiveServer, delay_ms: int

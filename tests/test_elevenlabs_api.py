@@ -286,6 +286,33 @@ async def test_live_text_speaks_its_first_sentence_before_the_rest_arrives(
         await _context_audio(ws, "a")
 
 
+async def test_a_flush_speaks_an_unfinished_sentence_and_the_context_goes_on(
+    server: LiveServer,
+) -> None:
+    """ElevenLabs' `flush`: the text so far is spoken now, though its sentence has not
+    ended; the context stays open for more."""
+    first, rest = "The words before the flush ", "and the words after it. "
+    async with websockets.connect(ws_url(server, "multi-stream-input")) as ws:
+        await ws.send(json.dumps({"text": first, "context_id": "f"}))
+        await ws.send(json.dumps({"context_id": "f", "flush": True}))
+        audio = bytearray()
+        expected_first_s = expected_audio_s(server.settings, first.strip())
+        async with asyncio.timeout(5):
+            while len(audio) / 2 / 24000 < expected_first_s - 0.01:
+                message = json.loads(await ws.recv())
+                assert not message.get("isFinal"), message
+                audio += base64.b64decode(message.get("audio") or "")
+        await ws.send(json.dumps({"text": rest, "context_id": "f"}))
+        await ws.send(json.dumps({"context_id": "f", "flush": True}))
+        await ws.send(json.dumps({"context_id": "f", "close_context": True}))
+        after, messages = await _context_audio(ws, "f")
+    assert messages[-1] == {"isFinal": True, "contextId": "f"}
+    assert len(audio) / 2 / 24000 == pytest.approx(expected_first_s, abs=0.01)
+    assert len(after) / 2 / 24000 == pytest.approx(
+        expected_audio_s(server.settings, rest.strip()), abs=0.01
+    )
+
+
 async def test_two_contexts_and_the_socket_closes_on_close_socket(server: LiveServer) -> None:
     async with websockets.connect(ws_url(server, "multi-stream-input", "mp3_22050_32")) as ws:
         for context_id in ("one", "two"):

@@ -260,14 +260,16 @@ class CartesiaSocket:
             context.pending.append((generation.transcript, generation.flush, False))
         else:
             spoken = context.spoken(generation.transcript, generation.flush, final)
-            self._append(context, spoken, final)
+            self._append(context, spoken, final, flush=generation.flush)
         context.text_closed = final
         self._arm_release(context)
 
-    def _append(self, context: Context, spoken: str, final: bool) -> None:
+    def _append(self, context: Context, spoken: str, final: bool, *, flush: bool = False) -> None:
+        """Text for the context's stream; `flush` (a flush, the buffer delay's release)
+        speaks the text so far without waiting for its sentence to end."""
         assert context.stream is not None
         try:
-            self.engine.append_text(context.stream.id, spoken, final=final)
+            self.engine.append_text(context.stream.id, spoken, final=final, flush=flush)
         except ValueError:  # the stream ended under us: its task reports it
             logger.debug("context %s takes no more text", context.id)
 
@@ -292,7 +294,7 @@ class CartesiaSocket:
         if context.stream is None:
             context.pending.append(("", False, True))
         else:
-            self._append(context, context.spoken("", False, False, release=True), False)
+            self._append(context, context.spoken("", False, False, release=True), False, flush=True)
 
     def _bury(self, context_id: str) -> None:
         self._dead[context_id] = None
@@ -331,6 +333,9 @@ class CartesiaSocket:
                     final = context.text_closed and i == len(context.pending) - 1
                     piece = context.spoken(text, flush, final, release=release)
                     spoken = piece if spoken is None else join_spoken(spoken, piece)
+                # the text before the stream ended at a flush (or the buffer delay's release):
+                # spoken now, its unfinished sentence too
+                cut = bool(context.pending) and any(context.pending[-1][1:])
                 context.pending.clear()
                 context.stream = self.engine.submit(
                     spoken or "",
@@ -339,6 +344,8 @@ class CartesiaSocket:
                     final=context.text_closed,
                     reservation=reservation,
                 )
+                if cut and not context.text_closed:
+                    self._append(context, "", False, flush=True)
             except PipelineError as exc:  # refused while waiting for a start slot
                 if pipeline_error(exc).status_code == 429:
                     self.metrics.protocol_streams.labels(PROTOCOL, "rejected").inc()

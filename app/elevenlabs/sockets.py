@@ -105,6 +105,7 @@ class Context:
     pending: str = ""  # text before the stream exists (waiting for admission)
     text_done: bool = False  # the text ended (graceful close_context, or the single EOS)
     end_flushed: bool = False  # the last message was a flush without text
+    pending_flush: bool = False  # the text pending before its stream ended at a flush
     task: asyncio.Task[None] | None = None
     base_ms: int | None = None  # relative alignment: where the last message's chars ended
 
@@ -196,6 +197,7 @@ class Connection:
         if not context.pending and not text.strip():
             return  # a context opens at its first words: leading blanks are not its text
         context.pending += text
+        context.pending_flush = flush  # the text so far ends at a flush: cut there
         if context.task is None:
             context.task = asyncio.create_task(self._run(context), name="playhead-el-context")
 
@@ -255,6 +257,8 @@ class Connection:
             return
         finally:
             reservation.release()  # a no-op once submit used it
+        if context.pending_flush and not context.text_done:
+            speech.append("", flush=True)
         context.pending = ""
         if speech.interrupted:  # interrupted while it was admitted
             return

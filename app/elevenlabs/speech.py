@@ -108,24 +108,27 @@ class Speech:
         # a piece that says nothing still carries its source (the alignment's text)
         return [piece for piece in pieces if piece or getattr(piece, "source", "")]
 
-    def _to_engine(self, pieces: list[str], *, final: bool) -> None:
+    def _to_engine(self, pieces: list[str], *, final: bool, flush: bool = False) -> None:
         assert self.stream is not None
-        if final and not pieces:
+        if (final or flush) and not pieces:
             pieces = [""]
         # ValueError: the stream ended under us (failed, the engine stopped): pieces() says
         with contextlib.suppress(ValueError):
             for i, piece in enumerate(pieces):
-                self.engine.append_text(self.stream.id, piece, final=final and i == len(pieces) - 1)
+                last = i == len(pieces) - 1
+                self.engine.append_text(
+                    self.stream.id, piece, final=final and last, flush=flush and last
+                )
 
     def append(self, text: str, *, final: bool = False, flush: bool = False) -> None:
-        """More text (`final`: the last); `flush` releases the words the normaliser holds
-        back (the engine still waits for a sentence end, or the end, to speak a fragment)."""
+        """More text (`final`: the last); `flush` speaks the text so far now, an unfinished
+        sentence too (the words the normaliser holds back, the engine's segment cut)."""
         if self.stream is None or self._text_closed or self.interrupted:
             return
         pieces = self._spoken(text, final=final, flush=flush)
         self.text_chars += len(text)
         self._text_closed = final
-        self._to_engine(pieces, final=final)
+        self._to_engine(pieces, final=final, flush=flush)
 
     def finish(self) -> None:
         """No more text: the rest is spoken, then pieces() ends."""
