@@ -98,6 +98,15 @@ class ErrorShape:
         return path.startswith(self.path_prefixes) or self.key_header in headers
 
 
+def render_for(
+    shapes: Sequence[ErrorShape], path: str, headers: Headers
+) -> Callable[[ApiError], Response]:
+    """How to answer an app-level error (the 401 here, the drain's 503) for this request:
+    in the shape of the client protocol it belongs to, else OpenAI's envelope."""
+    shape = next((s for s in shapes if s.applies(path, headers)), None)
+    return error_response if shape is None else shape.render
+
+
 def route_group(path: str) -> str | None:
     """The `server.public_routes` name a path belongs to, if any."""
     if path == "/metrics":
@@ -133,8 +142,7 @@ class AccessMiddleware:
                 try:
                     check_credentials(self._api_key, headers)
                 except Unauthorized as exc:
-                    shape = next((s for s in self._shapes if s.applies(path, headers)), None)
-                    render = error_response if shape is None else shape.render
+                    render = render_for(self._shapes, path, headers)
                     await render(exc)(scope, receive, send)
                     return
         await self.app(scope, receive, send)

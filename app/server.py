@@ -29,6 +29,9 @@ from app.ws.route import install as install_websocket
 from app.wyoming.server import WyomingServer
 from pipeline import build_backend
 
+# The 401 and the drain's 503 in each client protocol's own shape under its paths
+ERROR_SHAPES = (elevenlabs.ERROR_SHAPE, cartesia.ERROR_SHAPE)
+
 __all__ = ["AppState", "BackendFactory", "create_app"]
 
 
@@ -67,9 +70,9 @@ def create_app(settings: Settings, *, backend_factory: BackendFactory | None = N
         AccessMiddleware,
         api_key=server.api_key,
         public_routes=server.public_routes,
-        error_shapes=(elevenlabs.ERROR_SHAPE, cartesia.ERROR_SHAPE),
+        error_shapes=ERROR_SHAPES,
     )
-    app.add_middleware(DrainMiddleware, state=state)
+    app.add_middleware(DrainMiddleware, state=state, error_shapes=ERROR_SHAPES)
     if server.cors_origins:
         app.add_middleware(
             CORSMiddleware,

@@ -23,13 +23,16 @@ import asyncio
 import logging
 import math
 import signal
+from collections.abc import Sequence
 from types import FrameType
 from typing import TYPE_CHECKING
 
 import uvicorn
+from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.errors import ServiceUnavailable, error_response
+from app.errors import ServiceUnavailable
+from app.security import ErrorShape, render_for
 
 if TYPE_CHECKING:
     from app.state import AppState
@@ -48,16 +51,21 @@ def shutting_down_error(retry_after_s: float) -> ServiceUnavailable:
 
 
 class DrainMiddleware:
-    """While the app drains, every HTTP request but /health gets 503 with Retry-After."""
+    """While the app drains, every HTTP request but /health gets 503 with Retry-After, in
+    the shape of the protocol it belongs to (`error_shapes`, as app/security.py's 401)."""
 
-    def __init__(self, app: ASGIApp, *, state: AppState) -> None:
+    def __init__(
+        self, app: ASGIApp, *, state: AppState, error_shapes: Sequence[ErrorShape] = ()
+    ) -> None:
         self.app = app
         self._state = state
+        self._shapes = tuple(error_shapes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         state = self._state
         if scope["type"] == "http" and state.draining and scope["path"] != "/health":
-            await error_response(shutting_down_error(state.drain_left_s()))(scope, receive, send)
+            render = render_for(self._shapes, scope["path"], Headers(scope=scope))
+            await render(shutting_down_error(state.drain_left_s()))(scope, receive, send)
             return
         await self.app(scope, receive, send)
 

@@ -105,6 +105,14 @@ def test_sigterm_drains_then_cancels_and_exits_0() -> None:
         refused = httpx.post(f"{base}/v1/audio/speech", json=speech("Too late."), timeout=5)
         assert refused.status_code == 503, refused.text
         assert refused.json()["error"]["code"] == "shutting_down"
+        # ElevenLabs' and Cartesia's clients get it in their own API's shape
+        el = httpx.post(f"{base}/v1/text-to-speech/sim/stream", json={"text": "Late."}, timeout=5)
+        assert el.status_code == 503 and el.headers["retry-after"], el.text
+        assert el.json()["detail"]["status"] == "shutting_down", el.text
+        body = {"model_id": "sonic-2", "transcript": "Late.", "voice": {"mode": "id", "id": "sim"}}
+        ca = httpx.post(f"{base}/tts/bytes", json=body, timeout=5)
+        assert ca.status_code == 503 and ca.headers["retry-after"], ca.text
+        assert ca.json()["error_code"] == "shutting_down", ca.text
         assert 1 <= int(refused.headers["retry-after"]) <= GRACE_S
         assert refused.headers["connection"] == "close"
         assert httpx.get(f"{base}/ready", timeout=5).status_code == 503
