@@ -228,6 +228,16 @@ def run_row(policy: Policy, result: LoadResult, capacity: float) -> dict[str, ob
             for r in result.records
             if r.playback.stall_count() > 0
         ][:30],
+        # where those stalls fell: the audio (s) each stream had played before each
+        "stalls_at_s": [
+            [
+                round(at, 2)
+                for s, at in zip(r.playback.stalls_s, r.playback.stalls_at_s, strict=False)
+                if s >= STALL_TOLERANCE_S
+            ]
+            for r in result.records
+            if r.playback.stall_count() > 0
+        ][:30],
         "ttfa_ms": [round(t * 1000.0, 2) for t in result.ttfas_s()],
     }
 

@@ -31,7 +31,7 @@ DEFAULT_SLO_S = 1.0
 class Player:
     """One stream's player. Feed chunks in arrival order; `result()` at the end."""
 
-    __slots__ = ("audio_s", "chunks", "dry_at_s", "stalls_s", "started_at_s")
+    __slots__ = ("audio_s", "chunks", "dry_at_s", "stalls_at_s", "stalls_s", "started_at_s")
 
     def __init__(self) -> None:
         self.started_at_s: float | None = None
@@ -39,6 +39,7 @@ class Player:
         self.audio_s = 0.0
         self.chunks = 0
         self.stalls_s: list[float] = []
+        self.stalls_at_s: list[float] = []  # where in the audio each stall fell
 
     def feed(self, arrived_at_s: float, duration_s: float) -> float:
         """Play a chunk; returns the stall it caused (0.0 if none). Empty chunks are ignored."""
@@ -51,6 +52,7 @@ class Player:
         elif arrived_at_s > self.dry_at_s:
             stall_s = arrived_at_s - self.dry_at_s
             self.stalls_s.append(stall_s)
+            self.stalls_at_s.append(self.audio_s)
             self.dry_at_s = arrived_at_s
         self.dry_at_s += duration_s
         self.audio_s += duration_s
@@ -64,6 +66,7 @@ class Player:
             audio_s=self.audio_s,
             chunks=self.chunks,
             stalls_s=tuple(self.stalls_s),
+            stalls_at_s=tuple(self.stalls_at_s),
         )
 
 
@@ -76,6 +79,7 @@ class Playback:
     audio_s: float
     chunks: int
     stalls_s: tuple[float, ...]  # every stall, in order, however short
+    stalls_at_s: tuple[float, ...] = ()  # each stall's place: the audio played before it
 
     @property
     def stall_s(self) -> float:
