@@ -539,7 +539,7 @@ class StreamBook:
         segments = record.segmenter.push(text)
         if final or flush:
             segments += record.segmenter.flush()
-            record.text_closed = True
+        record.text_closed = final
         record.text.extend(segments)
         record.text_chars += len(text)
         if record.text:
