@@ -45,7 +45,7 @@ class AdmissionConfig:
     # extra streams' worth a stream costs while in its start phase (its first
     # `start_phase_chunks` chunks): streams that all start together overrun the stages
     # although their steady state fits
-    start_cost: float = 0.5
+    start_cost: float = 3.0
     start_phase_chunks: int = 3
     # a request beyond capacity waits (first come first served) when a slot is predicted
     # within this long, and at most this long; else 429 at once. Kept well under the 5 s
