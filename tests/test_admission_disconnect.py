@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 import websockets
-from api_support import expected_audio_s, live_server, sim_settings
+from api_support import asgi_client, expected_audio_s, live_server, sim_settings
+from api_support import speech_body as _speech_body
 from starlette.requests import ClientDisconnect
 from test_admission_queue import QUEUE, hold, nothing_held, until
 from ws_client import connect
@@ -29,6 +30,11 @@ from wyoming_support import free_port
 from app.disconnect import ClientWatch
 from app.server import create_app
 from pipeline.engine import Engine
+
+
+def speech_body(text: str) -> dict[str, object]:
+    return _speech_body(text, response_format="pcm")
+
 
 # --- ClientWatch over a channel fed by hand ---
 
@@ -120,6 +126,44 @@ async def test_unless_gone_cancels_the_wait_when_the_client_leaves() -> None:
     with pytest.raises(ValueError):  # a client still there: the wait's own error
         await ClientWatch(channel()[1]).unless_gone(fails())
     assert await ClientWatch(channel()[1]).unless_gone(asyncio.sleep(0, "first")) == "first"
+
+
+# --- HTTP: the body read while the request waits reaches the route whole ---
+
+
+async def test_a_body_sent_in_pieces_while_queued_reaches_the_route() -> None:
+    """The gate reads the request while it waits (to see a disconnect): the body's pieces
+    it read are handed on to the route, in order; it reads ahead no more than
+    server.max_request_bytes, so a body over the limit still gets its 413."""
+    async with asgi_client(sim_settings(*QUEUE)) as client:
+        engine = client.app.state.playhead.engine
+        held = hold(engine)
+        data = json.dumps(speech_body("Sent in pieces while it waits.")).encode()
+        sent: list[int] = []
+
+        async def pieces(chunks: list[bytes]):
+            for chunk in chunks:
+                sent.append(len(chunk))
+                yield chunk
+
+        split = [data[i : i + 7] for i in range(0, len(data), 7)]
+        request = asyncio.ensure_future(
+            client.post("/v1/audio/speech", content=pieces(split))  # chunked
+        )
+        await until(lambda: engine.admission.waiting == 1 and len(sent) == len(split))
+        big = [b"x" * 1000] * 100  # 100 kB, chunked: over the 64 KiB limit
+        too_large = asyncio.ensure_future(client.post("/v1/audio/speech", content=pieces(big)))
+        await until(lambda: engine.admission.waiting == 2)
+        await asyncio.sleep(0.05)
+        assert len(sent) - len(split) <= 66  # read ahead up to the limit, then it stopped
+        engine.cancel(held[0])
+        response = await asyncio.wait_for(request, 10)
+        assert response.status_code == 200 and len(response.content) > 0
+        engine.cancel(held[1])
+        refused = await asyncio.wait_for(too_large, 10)
+        assert refused.status_code == 413, refused.text
+        await until(lambda: engine.in_flight == 0)
+        assert nothing_held(engine)
 
 
 # --- every protocol: a waiter whose client leaves is out of the queue at once ---
