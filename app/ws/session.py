@@ -6,7 +6,10 @@ Two tasks per socket:
   input.text of an utterance submits an engine stream with final=False, later ones go to
   `engine.append_text` (the engine's Segmenter releases each fragment as it completes, so
   the talker starts on the first one while text still arrives), input.done closes the
-  text, playback.position goes to `engine.ack_playback`, cancel goes to `engine.cancel`;
+  text, playback.position goes to `engine.ack_playback`, cancel goes to `engine.cancel`.
+  While a new utterance waits in admission's queue it reads on through the socket's
+  ClientWatch (app/disconnect.py): what comes is handled after the wait, in order, and a
+  client that leaves gives its place back at once;
 - the sender sends the utterances' audio in order: audio.start, binary frames (pcm or
   wav, through app/audio.py's encoder), audio.done.
 
