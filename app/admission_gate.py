@@ -14,8 +14,9 @@ A request beyond capacity that the engine queued (pipeline/admission.py, the one
 queue) waits here, in arrival order, before the framework reads its body: it goes on
 once granted, gets the 429 "queue_timeout" after admission.queue_max_wait_s, and the 503
 path (the route's) if the engine stops or drains meanwhile. A client that disconnects
-while waiting leaves the queue at once: the gate reads the request's messages meanwhile
-(buffered and handed on to the route) to see its `http.disconnect`.
+while waiting leaves the queue at once: the request's `ClientWatch` (app/disconnect.py),
+which the gate installs for the route and the response to share, reads its messages
+meanwhile (kept and handed on to the route) to see its `http.disconnect`.
 
 It runs after the drain (503) and the API key (401): those answer first. While the engine
 is not ready the route answers (503) as before.
@@ -25,12 +26,13 @@ from __future__ import annotations
 
 import time
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from app.disconnect import WATCH_KEY, ClientWatch
 from app.errors import error_response, pipeline_api_error
 from app.state import AppState
-from pipeline import NotReady, PipelineError, Rejected
-from pipeline.admission import Reservation, wait_admitted
+from pipeline import NotReady, Rejected
+from pipeline.admission import wait_admitted
 
 SPEECH_PATH = "/v1/audio/speech"
 # the scope key of an admitted request's Reservation (pipeline.engine.Reservation)
@@ -61,53 +63,25 @@ class AdmissionGate:
         except NotReady:  # stopping: the route answers 503
             await self.app(scope, receive, send)
             return
+        # the one watch of the request's receive channel (app/disconnect.py): it keeps
+        # the body read while waiting, for the route
+        watch = ClientWatch(receive, max_kept_bytes=state.settings.server.max_request_bytes + 1)
+        scope[WATCH_KEY] = watch
+        receive = watch.receive
         try:
             if reservation.queued:
-                waited, refusal = await _wait_start(reservation, receive)
-                if waited is None:  # the client left while waiting: nothing to answer
-                    return
-                receive = waited  # with the messages read while waiting
-                if isinstance(refusal, Rejected):  # waited queue_max_wait_s: 429
+                try:
+                    admitted = await wait_admitted(reservation, watch.gone())
+                except Rejected as refusal:  # waited queue_max_wait_s: 429
                     await error_response(pipeline_api_error(refusal))(scope, receive, send)
                     return
-                if refusal is not None:  # NotReady: stopping or draining meanwhile
+                except NotReady:  # stopping or draining meanwhile: the route answers 503
                     reservation.release()
-                    await self.app(scope, receive, send)  # the route answers 503
+                    await self.app(scope, receive, send)
+                    return
+                if not admitted or watch.left:  # the client left: nothing to answer
                     return
             scope[RESERVATION_KEY] = reservation
             await self.app(scope, receive, send)
         finally:
             reservation.release()  # a no-op once the route's submit used it
-
-
-async def _wait_start(
-    reservation: Reservation, receive: Receive
-) -> tuple[Receive | None, PipelineError | None]:
-    """Wait in admission's queue while watching for the client's disconnect.
-    Returns the request's `receive` (the messages read meanwhile first), None if the
-    client left, and the wait's refusal (Rejected or NotReady) if any."""
-    read: list[Message] = []
-    gone = False
-
-    async def watch() -> None:
-        nonlocal gone
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                gone = True
-                return
-            read.append(message)
-
-    try:
-        admitted = await wait_admitted(reservation, watch())
-    except PipelineError as refusal:  # Rejected (queue_timeout) or NotReady
-        failure: PipelineError | None = refusal
-    else:
-        if not admitted or gone:
-            return None, None
-        failure = None
-
-    async def replay() -> Message:
-        return read.pop(0) if read else await receive()
-
-    return replay, failure

@@ -17,14 +17,13 @@ import logging
 import time
 from typing import Any
 
-import anyio
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
-from starlette.requests import ClientDisconnect
 
 from app.admission_gate import RESERVATION_KEY
 from app.audio import UnsupportedFormat, UnsupportedSampleRate, open_encoder
 from app.client_json import quote
+from app.disconnect import client_watch
 from app.errors import (
     InvalidRequest,
     NotFound,
@@ -84,30 +83,11 @@ def resolve_voice(engine: Engine, name: str) -> Voice:
 async def start_unless_client_gone(request: Request, body: SpeechBody) -> None:
     """`await body.start()`, unless the client disconnects first: then ClientDisconnect.
 
-    The request body was read already, so `request.receive()` only yields http.disconnect;
-    without this a client that left before the first audio would keep its stream until
-    the first chunk was vocoded. Errors of `body.start()` propagate as they are."""
-    client_gone = False
-    failure: Exception | None = None
-    async with anyio.create_task_group() as task_group:
-
-        async def watch_disconnect() -> None:
-            nonlocal client_gone
-            while (await request.receive())["type"] != "http.disconnect":
-                pass
-            client_gone = True
-            task_group.cancel_scope.cancel()
-
-        task_group.start_soon(watch_disconnect)
-        try:
-            await body.start()
-        except Exception as exc:  # raised below, not wrapped in an ExceptionGroup
-            failure = exc
-        task_group.cancel_scope.cancel()
-    if client_gone:
-        raise ClientDisconnect()
-    if failure is not None:
-        raise failure
+    The request body was read already, so the request's watch (app/disconnect.py) sees
+    only its http.disconnect; without this a client that left before the first audio
+    would keep its stream until the first chunk was vocoded. Errors of `body.start()`
+    propagate as they are."""
+    await client_watch(request.scope, request.receive).unless_gone(body.start())
 
 
 @v1_router.post("/audio/speech", response_model=None)

@@ -39,6 +39,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from app.audio import EncoderClosed, EncoderError, StreamEncoder
+from app.disconnect import client_watch
 from app.encoding_config import DEFAULT_ENCODING
 from app.errors import ApiError, pipeline_api_error
 from pipeline import Engine, PipelineError, Stream
@@ -216,8 +217,8 @@ class SpeechBody:
 
 class SpeechResponse(StreamingResponse):
     """A StreamingResponse that always listens for the client going away and always closes
-    its body: sender and disconnect listener in one task group, whichever ends first
-    cancels the other, cleanup in `finally`.
+    its body: sender and the request's disconnect watch (app/disconnect.py) in one task
+    group, whichever ends first cancels the other, cleanup in `finally`.
 
     Starlette's own response skips the listener for ASGI spec 2.4 servers (it waits for the
     next send to fail), which would keep a stream whose engine is slow alive for one more
@@ -258,7 +259,7 @@ class SpeechResponse(StreamingResponse):
                     task_group.cancel_scope.cancel()
 
                 task_group.start_soon(sender)
-                await self.listen_for_disconnect(receive)
+                await client_watch(scope, receive).gone()
                 task_group.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):

@@ -230,6 +230,8 @@ async def wait_admitted(reservation: Reservation, gone: Awaitable[object] | None
     first: then the reservation is released and False returned. Rejected and NotReady
     propagate (the reservation is then spent)."""
     if not reservation.queued:
+        if asyncio.iscoroutine(gone):
+            gone.close()  # never awaited: no "coroutine was never awaited" warning
         return True
     if gone is None:
         await reservation.wait_start()

@@ -6,7 +6,10 @@ Two tasks per socket:
   input.text of an utterance submits an engine stream with final=False, later ones go to
   `engine.append_text` (the engine's Segmenter releases each fragment as it completes, so
   the talker starts on the first one while text still arrives), input.done closes the
-  text, playback.position goes to `engine.ack_playback`, cancel goes to `engine.cancel`;
+  text, playback.position goes to `engine.ack_playback`, cancel goes to `engine.cancel`.
+  While a new utterance waits in admission's queue it reads on through the socket's
+  ClientWatch (app/disconnect.py): what comes is handled after the wait, in order, and a
+  client that leaves gives its place back at once;
 - the sender sends the utterances' audio in order: audio.start, binary frames (pcm or
   wav, through app/audio.py's encoder), audio.done.
 
@@ -35,12 +38,13 @@ from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from app.audio import open_encoder
+from app.disconnect import ClientWatch
 from app.errors import ApiError
 from app.routes import resolve_voice
 from app.settings import Settings
 from app.text_input import has_nul, words_apart
 from app.ws.protocol import (
+    CLOSE_GOING_AWAY,
     CLOSE_NORMAL,
     CLOSE_POLICY,
     CLOSE_SERVER_ERROR,
@@ -58,11 +62,15 @@ from app.ws.protocol import (
     not_running_error,
     parse_message,
 )
-from app.ws.utterance import SessionVoice, Utterance
+from app.ws.utterance import SessionVoice, Utterance, open_utterance
 from pipeline import Engine, NotReady, PipelineError, Rejected, StreamState
-from pipeline.normalize import StreamNormalizer, normalizer_for
+from pipeline.admission import wait_admitted
 
 logger = logging.getLogger("playhead.ws")
+
+# what the session reads ahead of its handling while an utterance waits in admission's
+# queue (at least one message of websocket.max_message_bytes); then it stops reading
+READ_AHEAD_BYTES = 1 << 20
 
 
 class SessionEnded(Exception):
@@ -91,6 +99,17 @@ class Session:
     _sending: Utterance | None = None
     _send_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _last_audio_s: float = field(default_factory=time.monotonic)  # the last audio sent
+    # the socket's receive channel (app/disconnect.py): the one reader of it, which also
+    # watches for the client leaving while an utterance waits in admission's queue
+    _client: ClientWatch = field(init=False)
+
+    def __post_init__(self) -> None:
+        read_ahead_bytes = max(READ_AHEAD_BYTES, self.settings.websocket.max_message_bytes)
+        self._client = ClientWatch(
+            self.websocket.receive,
+            disconnect_type="websocket.disconnect",
+            max_kept_bytes=read_ahead_bytes,
+        )
 
     # Sending.
 
@@ -257,7 +276,7 @@ class Session:
         """The next text message; None on a timeout. Raises WebSocketDisconnect, SessionEnded."""
         try:
             async with asyncio.timeout(timeout_s):
-                message = await self.websocket.receive()
+                message = await self._client.receive()
         except TimeoutError:
             return None
         if message["type"] == "websocket.disconnect":
@@ -390,12 +409,12 @@ class Session:
 
     async def _start(self, text: str) -> None:
         """A new utterance: admitted as every protocol is (pipeline/admission.py), waiting
-        in admission's queue (at most admission.queue_max_wait_s) before its stream."""
+        in admission's queue (at most admission.queue_max_wait_s) before its stream; the
+        client leaving meanwhile ends the wait (WebSocketDisconnect)."""
         voice = self.voice
         assert voice is not None
         index = self.next_index
         self.next_index += 1
-        resolved = self.engine.resolve_voice(voice.voice_id)
         try:
             reservation = self.engine.reserve()
         except Rejected as exc:
@@ -404,27 +423,13 @@ class Session:
         except NotReady as exc:
             raise not_running_error() from exc
         try:
-            await reservation.wait_start()
-            encoder = open_encoder(
-                voice.response_format,
-                resolved.sample_rate_hz,
-                voice.sample_rate_hz,
-                encoding=self.settings.encoding,
+            # the loop reads on while it waits (what comes is kept, handled after it, in
+            # order), so that a client who leaves meanwhile gives its place back at once
+            if not await wait_admitted(reservation, self._client.gone()):
+                raise WebSocketDisconnect(CLOSE_GOING_AWAY)
+            utterance = open_utterance(
+                self.engine, self.settings, voice, index, text, reservation=reservation
             )
-            rules = normalizer_for(resolved.language, self.settings.normalize)
-            normalizer = StreamNormalizer(rules) if rules is not None else None
-            spoken = normalizer.push(text) if normalizer is not None else text
-            try:
-                stream = self.engine.submit(
-                    spoken,
-                    voice=voice.voice_id,
-                    speed=voice.speed,
-                    final=False,
-                    reservation=reservation,
-                )
-            except BaseException:
-                encoder.close()
-                raise
         except Rejected as exc:  # waited admission.queue_max_wait_s
             self.rejected_open = True
             raise at_capacity_error(exc, index) from exc
@@ -432,14 +437,6 @@ class Session:
             raise not_running_error() from exc
         finally:
             reservation.release()  # a no-op once submit used it
-        utterance = Utterance(
-            index,
-            stream,
-            encoder,
-            text_chars=len(text),
-            normalizer=normalizer,
-            alignment=voice.alignment,
-        )
         self.current = utterance
         self.in_flight.append(utterance)
         self._queue.append(utterance)

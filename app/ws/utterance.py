@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.audio import StreamEncoder
-from pipeline import Stream
-from pipeline.normalize import StreamNormalizer
+from app.audio import StreamEncoder, open_encoder
+from app.settings import Settings
+from pipeline import Engine, Stream
+from pipeline.admission import Reservation
+from pipeline.normalize import StreamNormalizer, normalizer_for
 
 
 @dataclass(eq=False)
@@ -38,3 +40,41 @@ class SessionVoice:
     response_format: str
     speed: float
     alignment: bool = False  # send alignment events
+
+
+def open_utterance(
+    engine: Engine,
+    settings: Settings,
+    voice: SessionVoice,
+    index: int,
+    text: str,
+    *,
+    reservation: Reservation,
+) -> Utterance:
+    """The utterance's encoder, normaliser and engine stream (its first text, more to
+    come), submitted with its admitted reservation; Rejected / NotReady propagate."""
+    resolved = engine.resolve_voice(voice.voice_id)
+    encoder = open_encoder(
+        voice.response_format,
+        resolved.sample_rate_hz,
+        voice.sample_rate_hz,
+        encoding=settings.encoding,
+    )
+    rules = normalizer_for(resolved.language, settings.normalize)
+    normalizer = StreamNormalizer(rules) if rules is not None else None
+    spoken = normalizer.push(text) if normalizer is not None else text
+    try:
+        stream = engine.submit(
+            spoken, voice=voice.voice_id, speed=voice.speed, final=False, reservation=reservation
+        )
+    except BaseException:
+        encoder.close()
+        raise
+    return Utterance(
+        index,
+        stream,
+        encoder,
+        text_chars=len(text),
+        normalizer=normalizer,
+        alignment=voice.alignment,
+    )
