@@ -11,11 +11,13 @@ read the engine's admission state (its waiter and granted counts), not the clock
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Callable
 from typing import Any
 
+import httpx
 import pytest
 import websockets
 from api_support import asgi_client, expected_audio_s, live_server, sim_settings
@@ -275,6 +277,45 @@ async def test_a_socket_protocols_waiter_leaves_the_queue_with_its_client(
             await ws.send(first_message)
             await wait_until(lambda: engine.admission.waiting == 1, "never queued")
         # at once: not after the 2 s the socket's end gives its contexts to finish
+        await wait_until(lambda: nothing_held(engine), "its place was kept", timeout_s=1.0)
+        assert engine.in_flight == 2
+        on_loop(engine, lambda: [engine.cancel(stream_id) for stream_id in held])
+        await wait_until(lambda: engine.in_flight == 0, "a stream was left behind")
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/text-to-speech/sim/stream?output_format=pcm_24000", {"text": "Queued behind."}),
+        (
+            "/tts/bytes",
+            {
+                "model_id": "sonic-2",
+                "transcript": "Queued behind.",
+                "voice": {"mode": "id", "id": "sim"},
+                "output_format": {
+                    "container": "raw",
+                    "encoding": "pcm_s16le",
+                    "sample_rate": 24000,
+                },
+            },
+        ),
+    ],
+    ids=["elevenlabs", "cartesia"],
+)
+async def test_an_http_protocols_waiter_leaves_the_queue_with_its_client(
+    path: str, body: dict[str, Any]
+) -> None:
+    """ElevenLabs' and Cartesia's HTTP routes wait in the queue watching their client."""
+    with live_server(sim_settings(*QUEUE)) as live:
+        engine = live.app.state.playhead.engine
+        held = on_loop(engine, lambda: hold(engine))
+        async with httpx.AsyncClient(timeout=30) as client:
+            request = asyncio.create_task(client.post(live.base_url + path, json=body))
+            await wait_until(lambda: engine.admission.waiting == 1, "never queued")
+            request.cancel()  # the client leaves: its connection closes
+            with contextlib.suppress(asyncio.CancelledError):
+                await request
         await wait_until(lambda: nothing_held(engine), "its place was kept", timeout_s=1.0)
         assert engine.in_flight == 2
         on_loop(engine, lambda: [engine.cancel(stream_id) for stream_id in held])

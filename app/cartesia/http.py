@@ -24,6 +24,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
+from starlette.requests import ClientDisconnect
 
 from app.audio import EncoderClosed, EncoderError
 from app.cartesia.audio import open_output
@@ -38,6 +39,7 @@ from app.cartesia.schema import (
 )
 from app.cartesia.speech import PROTOCOL, WordCursor, pipeline_error, resolve_voice
 from app.client_json import ClientJsonError, load_client_json
+from app.disconnect import client_watch
 from app.errors import ApiError, RequestTooLarge
 from app.routes import read_body, start_unless_client_gone
 from app.state import AppState, StateDep
@@ -106,7 +108,10 @@ async def speech_response(request: Request, state: AppState, *, sse: bool) -> Re
                 state.not_ready_error().message, error_code="not_ready", status_code=503
             )
         voice = resolve_voice(engine, generation.voice_id)
-        reservation = await admit(engine)
+        # a client that leaves while queued gives its place back at once
+        reservation = await admit(engine, client_watch(request.scope, request.receive).gone())
+        if reservation is None:
+            raise ClientDisconnect()
         try:
             body = await _open_body(state, engine, generation, text, voice, reservation, sse)
         finally:

@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import ClientDisconnect
 
+from app.disconnect import client_watch
 from app.elevenlabs import errors
 from app.elevenlabs.formats import BadOutputFormat, OutputFormat, parse_output_format
 from app.elevenlabs.speech import Piece, Speech
@@ -204,7 +205,10 @@ async def _speech(request: Request, state: AppState, voice_id: str) -> Speech:
     speech = Speech(
         engine, voice, output, state.settings, state.encoder_threads, speed=speed or 1.0
     )
-    reservation = await admit(engine)
+    # a client that leaves while queued gives its place back at once
+    reservation = await admit(engine, client_watch(request.scope, request.receive).gone())
+    if reservation is None:
+        raise ClientDisconnect()
     try:
         speech.start(spoken, final=True, reservation=reservation, normalized=True)
     except ValueError as exc:  # the encoder refused the format (checked above: a bug)
