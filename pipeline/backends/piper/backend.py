@@ -31,7 +31,16 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from pipeline.backend import SegmentTiming, TalkRequest, TalkStep, VocodeItem, Voice
+from pipeline.backend import (
+    AbortHandle,
+    Backend,
+    BackendCapabilities,
+    SegmentTiming,
+    TalkRequest,
+    TalkStep,
+    VocodeItem,
+    Voice,
+)
 from pipeline.backends.piper.errors import UnknownPiperVoice, VoiceLoadError
 from pipeline.backends.piper.graph_split import SplitGraphs, load_split
 from pipeline.backends.piper.phonemes import text_to_ids, text_to_phoneme_ids
@@ -148,7 +157,7 @@ class VocodeAbort:
         self.options.terminate = True
 
 
-class PiperBackend:
+class PiperBackend(Backend):
     """The bundled voice (the default) plus every voice in `PiperConfig.voices_dir`.
 
     `noise_scale` / `noise_w` override every voice's config (0 makes the output
@@ -157,12 +166,18 @@ class PiperBackend:
     """
 
     name = "piper"
-    # A step works on its own segments' state through ONNX Runtime sessions (safe to run
-    # from two threads); phonemising is serialised by a lock (espeak-ng is one global
-    # instance).
-    concurrent_talker_steps = True
-    # vocode runs the vocoder session, which two threads may run at once (vocoder.workers)
-    concurrent_vocode_calls = True
+    capabilities = BackendCapabilities(
+        # a step works on its own segments' state through ONNX Runtime sessions (safe to
+        # run from two threads); phonemising is serialised by a lock (espeak-ng is one
+        # global instance)
+        concurrent_talker_steps=True,
+        # vocode runs the vocoder session, which two threads may run at once
+        concurrent_vocode_calls=True,
+        # the phonemiser and encoder of a stream's next segment, on a helper thread
+        prepares_segments=True,
+        # ONNX Runtime's terminate flag ends a running decode
+        aborts_vocode=True,
+    )
 
     def __init__(
         self,
@@ -509,7 +524,7 @@ class PiperBackend:
         return VocodeAbort()
 
     def vocode(
-        self, items: Sequence[VocodeItem], abort: VocodeAbort | None = None
+        self, items: Sequence[VocodeItem], abort: AbortHandle | None = None
     ) -> list[np.ndarray]:
         """Items of one voice and equal length share one decoder call; where the voice's
         graph is trimmed (`vocoder_trim.py`, `piper.vocoder_trim`), its later stages decode
@@ -517,6 +532,8 @@ class PiperBackend:
         no other talker step or vocoder call running uses the voice's solo session
         (`piper.solo_threads`), when there is one. `abort` (from `vocode_abort`): called,
         it ends the call early (the engine does when every stream of the call is gone)."""
+        if abort is not None and not isinstance(abort, VocodeAbort):
+            raise TypeError("abort must be a handle from this backend's vocode_abort")
         alone = self._enter()
         try:
             return self._vocode(items, alone, None if abort is None else abort.options)
