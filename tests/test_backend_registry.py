@@ -122,7 +122,7 @@ def _build_tiny(config: TinyConfig, context: BackendContext) -> Backend:
 
 @pytest.fixture
 def tiny() -> Iterator[BackendEntry]:
-    entry = register(BackendEntry("tiny", TinyConfig, _build_tiny, "a test backend"))
+    entry = register(BackendEntry("tiny", TinyConfig, _build_tiny))
     yield entry
     unregister("tiny")
 
@@ -233,13 +233,13 @@ def test_the_kinds_are_the_registered_ones(tiny: BackendEntry) -> None:
 
 def test_the_registry_refuses_what_it_cannot_serve(tiny: BackendEntry) -> None:
     with pytest.raises(ValueError, match="already registered"):
-        register(BackendEntry("tiny", TinyConfig, _build_tiny, "again"))
+        register(BackendEntry("tiny", TinyConfig, _build_tiny))
     with pytest.raises(ValueError, match="lower case"):
-        BackendEntry("Tiny-2", TinyConfig, _build_tiny, "a bad name")
+        BackendEntry("Tiny-2", TinyConfig, _build_tiny)
     with pytest.raises(ValueError, match="lower case"):
-        BackendEntry("tiny__2", TinyConfig, _build_tiny, "no section/field separator")
+        BackendEntry("tiny__2", TinyConfig, _build_tiny)
     with pytest.raises(TypeError, match="dataclass"):
-        BackendEntry("tiny2", dict, _build_tiny, "no dataclass")
+        BackendEntry("tiny2", dict, _build_tiny)
     with pytest.raises(TypeError, match="reads a TinyConfig, got SimConfig"):
         build_backend("tiny", SimConfig())
     with pytest.raises(KeyError):
@@ -299,9 +299,7 @@ async def test_a_backend_must_declare_what_it_claims(make_engine: EngineFactory)
         BackendCapabilities(aborts_vocode=1)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="abstract"):
         type("_NoStep", (Backend,), {})()
-    register(
-        BackendEntry("claims", TinyConfig, lambda config, context: _ClaimsAbort(FAST_SIM), "x")
-    )
+    register(BackendEntry("claims", TinyConfig, lambda config, context: _ClaimsAbort(FAST_SIM)))
     try:
         with pytest.raises(TypeError, match="claims aborts_vocode"):
             build_backend("claims")

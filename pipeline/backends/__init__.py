@@ -56,17 +56,10 @@ def _codec_lm_missing() -> str | None:
 
 
 # in the order of their sections in configs/default.yaml
-register(BackendEntry("sim", SimConfig, _sim, "set costs and a checkable signal (tests)"))
-register(BackendEntry("piper", PiperConfig, _piper, "Piper (VITS) voices on ONNX Runtime"))
-register(
-    BackendEntry(
-        "codec_lm",
-        CodecLMConfig,
-        _codec_lm,
-        "CSM + Mimi on torch (the codec-lm extra)",
-        unavailable=_codec_lm_missing,
-    )
-)
+register(BackendEntry("sim", SimConfig, _sim))  # set costs, a checkable signal (tests)
+register(BackendEntry("piper", PiperConfig, _piper))  # Piper (VITS) voices, ONNX Runtime
+# CSM + Mimi on torch: the codec-lm extra
+register(BackendEntry("codec_lm", CodecLMConfig, _codec_lm, unavailable=_codec_lm_missing))
 
 
 def build_backend(

@@ -50,7 +50,6 @@ class BackendEntry:
     config: type
     # builds a ready backend from its section and the engine's (imports the heavy parts)
     factory: Callable[[Any, BackendContext], Backend]
-    summary: str  # one line: what it is (docs, `playhead` errors)
     # why it cannot be built on this machine (a missing extra), asked without importing
     # it; None: nothing to ask
     unavailable: Callable[[], str | None] | None = None
