@@ -21,7 +21,8 @@ from pipeline.backend import (
     backend_capabilities,
 )
 from pipeline.backends.piper import PiperBackend, UnknownPiperVoice, bundled_model_path
-from pipeline.backends.piper.backend import FLOW_GROWTH, PREPARED_MAX, PiperSegment
+from pipeline.backends.piper.backend import FLOW_GROWTH, PiperSegment
+from pipeline.backends.piper.prepared import PREPARED_MAX
 from pipeline.book import StreamRecord
 from pipeline.config import PiperConfig, TalkerConfig, VocoderConfig
 from scheduling import Chunk, ChunkingConfig, ChunkPlanner
