@@ -204,7 +204,7 @@ def _settings_model() -> type[_SettingsBase]:
     clash = sorted(set(backends) & (set(_FRONT_SECTIONS) | set(_CORE_SECTIONS)))
     if clash:
         raise RuntimeError(f"backend kinds {clash} would replace sections of the same names")
-    # in this order: the backend's sections right after `backend` (as in configs/)
+    # in this order: the backends' sections right after `backend` (as in configs/)
     return create_model(  # type: ignore[no-any-return, call-overload]
         "Settings",
         __base__=_SettingsBase,
@@ -463,5 +463,5 @@ def load_settings(
         )
     entry = backend_entry(kind)
     if entry.unavailable is not None and (missing := entry.unavailable()) is not None:
-        raise SettingsError(f"{fallback}: backend.kind {kind}: {missing}")
+        raise SettingsError(f"{source}: backend.kind {kind}: {missing}")
     return settings
