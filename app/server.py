@@ -41,11 +41,9 @@ def create_app(settings: Settings, *, backend_factory: BackendFactory | None = N
     factory = backend_factory or partial(
         build_backend,
         settings.backend,
-        sim=settings.sim,
-        piper=settings.piper,
+        settings.backend_config(),
         talker=settings.talker,
         vocoder=settings.vocoder,
-        codec_lm=settings.codec_lm,
     )
     state = AppState(settings, factory)
     if settings.wyoming.enabled:

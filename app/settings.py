@@ -27,19 +27,17 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from app.cluster.config import ClusterConfig
 from app.encoding_config import EncodingConfig
 from app.ws.config import WebSocketConfig
 from app.wyoming.config import WyomingConfig
+from pipeline.backends import backend_entries, backend_entry
 from pipeline.config import (
     BackendConfig,
-    CodecLMConfig,
     EngineConfig,
     NormalizeConfig,
-    PiperConfig,
-    SimConfig,
     TalkerConfig,
     VocoderConfig,
 )
@@ -161,25 +159,66 @@ class ServerConfig:
         return own + tuple(m for m in OPENAI_MODEL_IDS if m not in own)
 
 
-class Settings(BaseModel):
+class _SettingsBase(BaseModel):
+    """What every Settings has beyond its sections."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    server: ServerConfig = Field(default_factory=ServerConfig)
-    encoding: EncodingConfig = Field(default_factory=EncodingConfig)
-    backend: BackendConfig = Field(default_factory=BackendConfig)
-    sim: SimConfig = Field(default_factory=SimConfig)
-    piper: PiperConfig = Field(default_factory=PiperConfig)
-    codec_lm: CodecLMConfig = Field(default_factory=CodecLMConfig)
-    talker: TalkerConfig = Field(default_factory=TalkerConfig)
-    normalize: NormalizeConfig = Field(default_factory=NormalizeConfig)
-    vocoder: VocoderConfig = Field(default_factory=VocoderConfig)
-    engine: EngineConfig = Field(default_factory=EngineConfig)
-    scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
-    chunking: ChunkingConfig = Field(default_factory=lambda: DEFAULT_CHUNKING)
-    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
-    websocket: WebSocketConfig = Field(default_factory=WebSocketConfig)
-    wyoming: WyomingConfig = Field(default_factory=WyomingConfig)
-    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    def backend_config(self) -> Any:
+        """The section of the backend that serves (`backend.kind`): what `build_backend`
+        reads."""
+        return getattr(self, self.backend.kind)  # type: ignore[attr-defined]
+
+
+def _section(cls: type, factory: Any = None) -> Any:
+    return (cls, Field(default_factory=factory or cls))
+
+
+def _backend_sections() -> dict[str, Any]:
+    """A section per registered backend kind (pipeline/backends/registry.py), named after
+    it and read by its configuration class."""
+    return {entry.kind: _section(entry.config) for entry in backend_entries()}
+
+
+_CORE_SECTIONS: dict[str, Any] = {
+    "talker": _section(TalkerConfig),
+    "normalize": _section(NormalizeConfig),
+    "vocoder": _section(VocoderConfig),
+    "engine": _section(EngineConfig),
+    "scheduling": _section(SchedulingConfig),
+    "chunking": _section(ChunkingConfig, lambda: DEFAULT_CHUNKING),
+    "admission": _section(AdmissionConfig),
+    "websocket": _section(WebSocketConfig),
+    "wyoming": _section(WyomingConfig),
+    "cluster": _section(ClusterConfig),
+}
+_FRONT_SECTIONS: dict[str, Any] = {
+    "server": _section(ServerConfig),
+    "encoding": _section(EncodingConfig),
+    "backend": _section(BackendConfig),
+}
+
+
+def _settings_model() -> type[_SettingsBase]:
+    backends = _backend_sections()
+    clash = sorted(set(backends) & (set(_FRONT_SECTIONS) | set(_CORE_SECTIONS)))
+    if clash:
+        raise RuntimeError(f"backend kinds {clash} would replace sections of the same names")
+    # in this order: the backends' sections right after `backend` (as in configs/)
+    return create_model(  # type: ignore[no-any-return, call-overload]
+        "Settings",
+        __base__=_SettingsBase,
+        __module__=__name__,
+        __doc__="Every section of the settings: the server's, the engine's, and one per "
+        "registered backend kind (its name, its configuration class).",
+        **_FRONT_SECTIONS,
+        **backends,
+        **_CORE_SECTIONS,
+    )
+
+
+# the backends registered when this module is first imported have a section each
+Settings = _settings_model()
 
 
 SECTIONS: tuple[str, ...] = tuple(Settings.model_fields)
@@ -415,9 +454,14 @@ def load_settings(
         settings = Settings.model_validate(layers.merged())
     except ValidationError as exc:
         raise SettingsError(_describe(exc, layers, fallback)) from None
-    if settings.backend.kind == "codec_lm":
-        from pipeline.backends.codec_lm.extra import missing_extra
-
-        if missing := missing_extra():
-            raise SettingsError(f"{fallback}: backend.kind codec_lm: {missing}")
+    kind = settings.backend.kind
+    source = layers.origins.get(("backend", "kind"), fallback)
+    if kind not in SECTIONS:
+        raise SettingsError(
+            f"{source}: backend.kind {kind}: registered after the settings were defined, so "
+            "it has no section (register it before app.settings is imported)"
+        )
+    entry = backend_entry(kind)
+    if entry.unavailable is not None and (missing := entry.unavailable()) is not None:
+        raise SettingsError(f"{source}: backend.kind {kind}: {missing}")
     return settings

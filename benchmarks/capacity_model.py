@@ -48,9 +48,7 @@ LOADS = (0.25, 0.5, 0.9, 1.5)
 
 async def _engine(settings: Settings, *, admission: bool) -> Engine:
     s = settings
-    backend = build_backend(
-        s.backend, sim=s.sim, piper=s.piper, talker=s.talker, vocoder=s.vocoder, codec_lm=s.codec_lm
-    )
+    backend = build_backend(s.backend, s.backend_config(), talker=s.talker, vocoder=s.vocoder)
     engine = Engine(
         backend,
         scheduling=s.scheduling,

@@ -69,7 +69,7 @@ def _median(rows: Sequence[dict[str, float]], key: str) -> float:
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
     base = ["engine.calibration_calls=0", "admission.enabled=false", *args.set]
     s = load_settings(CONFIG, base)
-    backend = build_backend(s.backend, sim=s.sim, piper=s.piper, talker=s.talker, vocoder=s.vocoder)
+    backend = build_backend(s.backend, s.backend_config(), talker=s.talker, vocoder=s.vocoder)
     voice = backend.voices()[0]
     engines: dict[bool, Engine] = {}
     for ahead, extra in ((False, args.a or ["vocoder.work_ahead_streams=0"]), (True, args.b)):

@@ -18,26 +18,40 @@ Frames are numpy arrays with frames on axis 0 (Piper: float32 [frames, 192]; sim
 int64 [frames, 2]; codec LM: int64 [frames, codebooks]). PCM is float32 mono in [-1, 1]
 at the voice's sample rate.
 
-A backend whose talker steps may run side by side in two threads (each step works on
-its own segments, no state shared between them) says so with a class attribute
-`concurrent_talker_steps = True`; the engine then gives the talker a second lane for
-streams' first segments (see pipeline/talker.py). Without it, every talker call runs in
-one thread. Likewise `concurrent_vocode_calls = True` says that `vocode` may run in
-several threads at once; the engine then runs `vocoder.workers` vocoder turns side by
-side (see pipeline/vocoder.py).
+Capabilities: what a backend can do beyond that is part of the interface, as data
+(`Backend.capabilities`, a `BackendCapabilities`), never probed. The engine reads it once,
+when it builds its stages:
 
-A backend may also offer `prepare_segment(request)`: the talker will open this segment
-soon (the stream's next one), so the backend may start its costly part in the background,
-on a helper thread of its own, and return at once (a concurrent.futures.Future done when
-that work is, or None); `open_segment` for a request with the same text, voice and speed
-then takes that work. Meanwhile the stream counts as talking (no chunk of it is decoded
-ahead on a second vocoder worker: `vocoder.work_ahead_while_talking`). The engine calls
-it from the talker thread, only while few streams have work
-(`talker.prepare_ahead_streams`), and never relies on it: a backend without it, or a
-prepared segment never opened, changes nothing but the time. With it goes
-`drop_prepared()`, which the engine calls from the event loop (it must only set flags)
-once more streams have work: the backend gives up the work not yet taken, so that no
-talker waits on a background thread that the busy cores starve.
+- `concurrent_talker_steps`: `step` may run in two threads at once (each step works on
+  its own segments, no state shared between them); the engine then gives the talker a
+  second lane for streams' first segments (pipeline/talker.py). Off: every talker call
+  runs in one thread.
+- `concurrent_vocode_calls`: `vocode` may run in several threads at once; the engine then
+  runs `vocoder.workers` vocoder turns side by side and may open the start lane
+  (pipeline/vocoder.py). Off: one vocoder worker, whatever `vocoder.workers` says.
+- `prepares_segments`: `prepare_segment(request)` does real work. The talker will open
+  this segment soon (the stream's next one), so the backend may start its costly part in
+  the background, on a helper thread of its own, and return at once (a
+  concurrent.futures.Future done when that work is, or None); `open_segment` for a
+  request with the same text, voice and speed then takes that work. Meanwhile the stream
+  counts as talking (no chunk of it is decoded ahead on a second vocoder worker:
+  `vocoder.work_ahead_while_talking`). The engine calls it from the talker thread, only
+  while few streams have work (`talker.prepare_ahead_streams`), and never relies on it:
+  a prepared segment never opened changes nothing but the time. With it goes
+  `drop_prepared()`, which the engine calls from the event loop (it must only set flags)
+  once more streams have work: the backend gives up the work not yet taken, so that no
+  talker waits on a background thread that the busy cores starve. Off: the engine calls
+  neither.
+- `aborts_vocode`: `vocode_abort()` makes a handle (an `AbortHandle`) that, passed as
+  `vocode(items, abort=handle)` and called from any thread, ends that call early (it
+  raises; the backend stays usable). The engine does so for a call that decodes one
+  stream, when that stream ends (a barge-in's next request then finds the worker free).
+  Off: the engine never calls `vocode_abort` and always passes `abort=None`.
+
+A class that subclasses `Backend` explicitly inherits the defaults below: no capability,
+`prepare_segment` returning None, `drop_prepared` doing nothing, `vocode_abort` raising
+(never called while `aborts_vocode` is off). A backend turns a capability on by setting
+`capabilities` and overriding its operation.
 
 Timing: a backend that knows where each character of a segment is heard (Piper's
 duration predictor gives every phoneme its frames) returns a `SegmentTiming` on the
@@ -53,11 +67,40 @@ loops survive all three.
 
 from __future__ import annotations
 
+import inspect
+from abc import abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import NamedTuple, Protocol, runtime_checkable
+from concurrent.futures import Future
+from dataclasses import asdict, dataclass
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
+
+
+@dataclass(frozen=True)
+class BackendCapabilities:
+    """What a backend can do beyond the required calls; each is off unless said (the module
+    doc says what the engine does with each)."""
+
+    concurrent_talker_steps: bool = False  # `step` may run in two threads at once
+    concurrent_vocode_calls: bool = False  # `vocode` may run in several threads at once
+    prepares_segments: bool = False  # `prepare_segment` / `drop_prepared` do real work
+    aborts_vocode: bool = False  # `vocode_abort` makes handles that end a `vocode` call
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if not isinstance(value, bool):
+                raise TypeError(f"BackendCapabilities.{name} must be a bool, got {value!r}")
+
+
+NO_CAPABILITIES = BackendCapabilities()
+
+
+class AbortHandle(Protocol):
+    """Made by `Backend.vocode_abort`; called from any thread, it ends the `vocode` call it
+    was passed to (that call raises). Calling it after the call is over is harmless."""
+
+    def __call__(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -136,31 +179,96 @@ class Backend(Protocol):
     """A voice model split into a step-wise talker and a batched vocoder.
 
     `samples_per_frame` and `sample_rate_hz` describe the default voice; every Voice
-    carries its own.
+    carries its own. A class that subclasses this one explicitly must define the abstract
+    methods and inherits the optional operations' defaults (see the module doc).
     """
 
     name: str
     samples_per_frame: int
     sample_rate_hz: int
+    capabilities: BackendCapabilities = NO_CAPABILITIES
 
+    @abstractmethod
     def voices(self) -> list[Voice]: ...
 
+    @abstractmethod
     def default_voice(self) -> str: ...
 
+    @abstractmethod
     def open_segment(self, request: TalkRequest) -> SegmentState:
         """Per-segment state for one text segment (talker thread)."""
         ...
 
+    @abstractmethod
     def step(self, segments: Sequence[SegmentState]) -> list[TalkStep]:
         """One model step for every segment given, in order (talker thread)."""
         ...
 
+    @abstractmethod
     def close_segment(self, segment: SegmentState) -> None:
         """Free a segment's state; idempotent (talker thread)."""
         ...
 
-    def vocode(self, items: Sequence[VocodeItem]) -> list[np.ndarray]:
-        """PCM per item, `emit_frames * samples_per_frame` samples each, context trimmed."""
+    @abstractmethod
+    def vocode(
+        self, items: Sequence[VocodeItem], abort: AbortHandle | None = None
+    ) -> list[np.ndarray]:
+        """PCM per item, `emit_frames * samples_per_frame` samples each, context trimmed.
+        `abort`: a handle from `vocode_abort` (only with `capabilities.aborts_vocode`; the
+        engine passes None otherwise)."""
         ...
 
+    @abstractmethod
     def close(self) -> None: ...
+
+    def prepare_segment(self, request: TalkRequest) -> Future[Any] | None:
+        """Start the costly part of opening `request` in the background; None or a future
+        done when that work is (talker thread). Called only with
+        `capabilities.prepares_segments`; the default does nothing."""
+        return None
+
+    def drop_prepared(self) -> None:
+        """Give up prepared work not yet taken; only sets flags (event loop). Called only
+        with `capabilities.prepares_segments`; the default does nothing."""
+        return None
+
+    def vocode_abort(self) -> AbortHandle:
+        """A fresh handle for one `vocode` call (event loop). Called only with
+        `capabilities.aborts_vocode`; the default raises."""
+        raise NotImplementedError(f"{type(self).__name__} cannot abort a vocode call")
+
+
+# each capability and the operations a backend must define itself when it claims it
+_OPERATIONS = {
+    "prepares_segments": ("prepare_segment", "drop_prepared"),
+    "aborts_vocode": ("vocode_abort",),
+}
+
+
+def backend_capabilities(backend: Backend) -> BackendCapabilities:
+    """`backend.capabilities`, checked once when an engine is built: a BackendCapabilities,
+    and every capability that is on comes with the backend's own operations (not the
+    defaults above, which do nothing). Raises TypeError naming what is missing."""
+    kind = type(backend).__name__
+    try:
+        capabilities = backend.capabilities
+    except AttributeError:
+        raise TypeError(
+            f"backend {kind} declares no capabilities (a BackendCapabilities)"
+        ) from None
+    if not isinstance(capabilities, BackendCapabilities):
+        raise TypeError(
+            f"backend {kind}: capabilities must be a BackendCapabilities, "
+            f"got {type(capabilities).__name__}"
+        )
+    claimed = {name for name, on in asdict(capabilities).items() if on}
+    for capability, operations in _OPERATIONS.items():
+        if capability not in claimed:
+            continue
+        for operation in operations:
+            own = inspect.getattr_static(type(backend), operation, None)
+            if own is None or own is Backend.__dict__[operation]:
+                raise TypeError(
+                    f"backend {kind} claims {capability} but does not define {operation}"
+                )
+    return capabilities

@@ -22,16 +22,20 @@ from scheduling.validation import (
     check_text,
 )
 
-BACKEND_KINDS = ("piper", "sim", "codec_lm")
 ORT_OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "all")
 
 
 @dataclass(frozen=True)
 class BackendConfig:
-    kind: str = "piper"  # which backend serves: piper (real voice), sim or codec_lm
+    # which backend serves: a registered kind (pipeline/backends/__init__.py: piper, the
+    # real voice; sim; codec_lm)
+    kind: str = "piper"
 
     def __post_init__(self) -> None:
-        check_choice("kind", self.kind, BACKEND_KINDS)
+        # imported here: the registry imports the backends' configuration classes from here
+        from pipeline.backends import backend_entry
+
+        backend_entry(self.kind)  # ConfigError listing the registered kinds
 
 
 @dataclass(frozen=True)
@@ -39,7 +43,7 @@ class TalkerConfig:
     intra_op_threads: int = 1  # ONNX Runtime threads inside the talker's one worker thread
     batch: int = 1  # most open segments stepped together in one talker step
     # a second lane (thread) for streams' first talker work while the first lane is busy,
-    # where the backend's steps may run side by side (Piper)
+    # where the backend's steps may run side by side (`capabilities.concurrent_talker_steps`)
     urgent_lane: bool = True
     high_water_s: float = 8.0  # a stream this many seconds of audio ahead gets no talker work
     # ... unless the talker would otherwise idle (work-conserving; scheduling/talker.py)
@@ -117,7 +121,8 @@ class NormalizeConfig:
 class VocoderConfig:
     intra_op_threads: int = 1  # ONNX Runtime threads inside each vocoder worker thread
     # vocoder turns decoded side by side, each in its own thread, where the backend's vocode
-    # calls may overlap (`concurrent_vocode_calls`: Piper; the sim and codec LM run one)
+    # calls may overlap (`capabilities.concurrent_vocode_calls`: Piper; the sim and codec LM
+    # run one)
     workers: int = 2
     # a worker that finds no stream ready decodes the next chunk of a stream already being
     # decoded (its frames exist: the talker runs ahead), so a lone request uses every worker,

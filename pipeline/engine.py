@@ -32,7 +32,7 @@ from pipeline.admission import (
     start_chunk_audio_s,
     start_phase_chunks,
 )
-from pipeline.backend import Backend, Voice
+from pipeline.backend import Backend, Voice, backend_capabilities
 from pipeline.book import StreamBook, Wakes
 from pipeline.calibration import measure
 from pipeline.capacity import pipeline_capacity
@@ -83,6 +83,8 @@ class Engine:
     ) -> None:
         warn_if_first_chunk_too_short(scheduling, chunking, log)
         self._backend = backend
+        # what the backend can do beyond the required calls, read once (TypeError if ill-declared)
+        self._capabilities = backend_capabilities(backend)
         self._admission_config = admission
         self._config = engine
         self._clock = clock
@@ -116,13 +118,14 @@ class Engine:
             on_timeout=self._stage_timed_out,
         )
         self.talker_stage = stage("talker")
+        capabilities = self._capabilities
         # a second talker lane where the backend's steps may run side by side
-        concurrent = getattr(self._backend, "concurrent_talker_steps", False)
+        concurrent = capabilities.concurrent_talker_steps
         self.urgent_stage = stage("talker-urgent") if talker.urgent_lane and concurrent else None
         self.vocoder_stage = stage("vocoder")
         # more vocoder workers where the backend's vocode calls may run side by side
         workers = self._vocoder_config.workers
-        concurrent_vocode = getattr(self._backend, "concurrent_vocode_calls", False)
+        concurrent_vocode = capabilities.concurrent_vocode_calls
         if not concurrent_vocode:
             workers = 1
         self.extra_vocoder_stages = [stage(f"vocoder-{index}") for index in range(1, workers)]

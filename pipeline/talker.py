@@ -43,6 +43,7 @@ import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
 from pipeline.backend import Backend, TalkRequest, TalkStep
 from pipeline.book import OpenSegment, StreamBook
@@ -98,10 +99,11 @@ class Talker:
     ) -> None:
         """`urgent_stage`: a second talker lane (its own thread) that takes streams with no
         audio yet while the first lane is busy; only for a
-        backend whose talker steps may run side by side (`concurrent_talker_steps`).
+        backend whose talker steps may run side by side
+        (`capabilities.concurrent_talker_steps`).
         `prepare_ahead_streams`: while at most this many streams have work, a segment
         opened for a stream with more text has its next one prepared
-        (`backend.prepare_segment`, where the backend has it; 0: never)."""
+        (`backend.prepare_segment`, where `capabilities.prepares_segments`; 0: never)."""
         self._book = book
         self._backend = backend
         self._stage = stage
@@ -115,12 +117,12 @@ class Talker:
         self.urgent_steps = 0  # of those, run by the second lane
         self.idle_waits = 0  # times the loop found nothing to do and waited
         self.lanes_busy = 0  # talker calls running now
-        prepare = getattr(backend, "prepare_segment", None)
-        self._prepare: Callable[[TalkRequest], Future[object] | None] | None = (
-            prepare if callable(prepare) and prepare_ahead_streams > 0 else None
+        # next segments are prepared only where the backend can (its capabilities)
+        prepares = backend.capabilities.prepares_segments
+        self._prepare: Callable[[TalkRequest], Future[Any] | None] | None = (
+            backend.prepare_segment if prepares and prepare_ahead_streams > 0 else None
         )
-        drop = getattr(backend, "drop_prepared", None)
-        self._drop_prepared: Callable[[], None] | None = drop if callable(drop) else None
+        self._drop_prepared: Callable[[], None] | None = backend.drop_prepared if prepares else None
         self._prepare_ahead_streams = prepare_ahead_streams
         self._prepared_out = False  # segments handed to prepare_segment, maybe not opened
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -49,7 +49,7 @@ from functools import partial
 
 import numpy as np
 
-from pipeline.backend import Backend, VocodeItem
+from pipeline.backend import AbortHandle, Backend, VocodeItem
 from pipeline.book import StreamBook, StreamRecord
 from pipeline.capacity import CapacityEstimate
 from pipeline.errors import BackendError
@@ -85,9 +85,9 @@ class Vocoder:
         self._book = book
         self._capacity = capacity
         self._backend = backend
-        # a backend that can end a running vocode call early (Piper) offers vocode_abort
-        self._new_abort: Callable[[], Callable[[], None]] | None = getattr(
-            backend, "vocode_abort", None
+        # a backend that can end a running vocode call early (Piper) makes abort handles
+        self._new_abort: Callable[[], AbortHandle] | None = (
+            backend.vocode_abort if backend.capabilities.aborts_vocode else None
         )
         self._stage = stage
         self._stages = (stage, *extra_stages)

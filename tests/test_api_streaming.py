@@ -12,7 +12,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -35,7 +35,7 @@ from api_support import (
 from app.audio import EncoderError, StreamEncoder
 from app.server import create_app
 from app.streaming import ENCODER_THREAD_PREFIX
-from pipeline.backend import TalkRequest, VocodeItem
+from pipeline.backend import AbortHandle, TalkRequest, VocodeItem
 from pipeline.backends.sim import SimBackend, SimSegment, decode_sim_signal
 
 SPEECH = "/v1/audio/speech"
@@ -177,8 +177,10 @@ class GatedSimBackend(SimBackend):
             raise RuntimeError("the talker broke at once")
         return super().open_segment(request)
 
-    def vocode(self, items: list[VocodeItem]) -> list[np.ndarray]:  # type: ignore[override]
-        pcm = super().vocode(items)
+    def vocode(
+        self, items: Sequence[VocodeItem], abort: AbortHandle | None = None
+    ) -> list[np.ndarray]:
+        pcm = super().vocode(items, abort)
         self.vocoded.set()
         return pcm
 

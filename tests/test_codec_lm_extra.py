@@ -89,7 +89,7 @@ from app.settings import load_settings, SettingsError
 from app.server import create_app
 from pipeline import build_backend
 settings = load_settings("configs/default.yaml", ["backend.kind=sim"], environ={})
-backend = build_backend(settings.backend, sim=settings.sim, piper=settings.piper,
+backend = build_backend(settings.backend, settings.backend_config(),
                         talker=settings.talker, vocoder=settings.vocoder)
 assert backend.name == "sim" and "torch" not in sys.modules
 try:

@@ -24,7 +24,7 @@ from pipeline import (
     StreamStats,
     UnknownVoice,
 )
-from pipeline.backend import TalkRequest, TalkStep, VocodeItem
+from pipeline.backend import AbortHandle, TalkRequest, TalkStep, VocodeItem
 from pipeline.backends.sim import SimBackend, SimSegment, decode_sim_signal, expected_frames
 from pipeline.config import EngineConfig, SimConfig, TalkerConfig
 from pipeline.text import split_text
@@ -278,10 +278,12 @@ class _FailingSim(SimBackend):
                 raise RuntimeError("step exploded")
         return results
 
-    def vocode(self, items: Sequence[VocodeItem]) -> list[np.ndarray]:
+    def vocode(
+        self, items: Sequence[VocodeItem], abort: AbortHandle | None = None
+    ) -> list[np.ndarray]:
         if any(int(item.frames[0, 0]) == self.bad_tag for item in items):
             raise RuntimeError("vocoder exploded")
-        return super().vocode(items)
+        return super().vocode(items, abort)
 
 
 @pytest.mark.parametrize("stage", ["open", "step", "vocoder"])
@@ -327,9 +329,11 @@ class _ThreadRecordingSim(SimBackend):
         self.talk_threads.add(threading.current_thread().name)
         super().close_segment(segment)
 
-    def vocode(self, items: Sequence[VocodeItem]) -> list[np.ndarray]:
+    def vocode(
+        self, items: Sequence[VocodeItem], abort: AbortHandle | None = None
+    ) -> list[np.ndarray]:
         self.vocode_threads.add(threading.current_thread().name)
-        return super().vocode(items)
+        return super().vocode(items, abort)
 
 
 async def test_model_calls_run_in_their_stage_threads(make_engine: EngineFactory) -> None:

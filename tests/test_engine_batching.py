@@ -19,7 +19,7 @@ import pytest
 from conftest import TEST_CHUNKING, EngineFactory, read_all, until
 
 from pipeline import Engine, StreamCancelled, StreamState
-from pipeline.backend import TalkRequest, TalkStep
+from pipeline.backend import BackendCapabilities, TalkRequest, TalkStep
 from pipeline.backends.sim import SimBackend, SimSegment, decode_sim_signal, expected_frames
 from pipeline.config import EngineConfig, SimConfig, TalkerConfig
 from scheduling import AdmissionConfig, SchedulingConfig
@@ -193,7 +193,7 @@ class _GatedConcurrentSim(SimBackend):
     """A sim whose talker steps may run side by side (like Piper's), and whose steps for
     stream tag 1 wait for `gate`: a long talker call in flight for another stream."""
 
-    concurrent_talker_steps = True
+    capabilities = BackendCapabilities(concurrent_talker_steps=True)
 
     def __init__(self, config: SimConfig) -> None:
         super().__init__(config)

@@ -27,7 +27,7 @@ from api_support import (
 from conftest import FAST_SIM, EngineFactory, read_all
 
 from pipeline import StreamFailed, StreamState
-from pipeline.backend import TalkRequest, TalkStep, VocodeItem
+from pipeline.backend import AbortHandle, TalkRequest, TalkStep, VocodeItem
 from pipeline.backends.sim import SimBackend, SimSegment, decode_sim_signal, expected_frames
 from pipeline.config import EngineConfig, SimConfig, TalkerConfig
 from pipeline.events import NullEvents
@@ -66,11 +66,13 @@ class HangingSim(SimBackend):
             self.release.wait(30)
         return super().step(segments)
 
-    def vocode(self, items: Sequence[VocodeItem]) -> list[np.ndarray]:
+    def vocode(
+        self, items: Sequence[VocodeItem], abort: AbortHandle | None = None
+    ) -> list[np.ndarray]:
         if any(int(item.frames[0, 0]) == self.hang_tag for item in items):
             self.hung += 1
             self.release.wait(30)
-        return super().vocode(items)
+        return super().vocode(items, abort)
 
 
 class TimeoutRecorder(NullEvents):
@@ -143,11 +145,13 @@ class RaisingSim(SimBackend):
             self.bad_tags.add(request.stream_tag)
         return super().open_segment(request)
 
-    def vocode(self, items: Sequence[VocodeItem]) -> list[np.ndarray]:
+    def vocode(
+        self, items: Sequence[VocodeItem], abort: AbortHandle | None = None
+    ) -> list[np.ndarray]:
         for item in items:
             if int(item.frames[0, 0]) in self.bad_tags and int(item.frames[0, 1]) > 0:
                 raise RuntimeError("the vocoder blew up")
-        return super().vocode(items)
+        return super().vocode(items, abort)
 
 
 def test_over_http_a_failing_stream_ends_with_an_error_the_others_play() -> None:

@@ -12,9 +12,17 @@ import numpy as np
 import pytest
 from conftest import EngineFactory, read_all
 
-from pipeline.backend import Backend, TalkRequest, TalkStep, VocodeItem
+from pipeline.backend import (
+    Backend,
+    BackendCapabilities,
+    TalkRequest,
+    TalkStep,
+    VocodeItem,
+    backend_capabilities,
+)
 from pipeline.backends.piper import PiperBackend, UnknownPiperVoice, bundled_model_path
-from pipeline.backends.piper.backend import FLOW_GROWTH, PREPARED_MAX, PiperSegment
+from pipeline.backends.piper.backend import FLOW_GROWTH, PiperSegment
+from pipeline.backends.piper.prepared import PREPARED_MAX
 from pipeline.book import StreamRecord
 from pipeline.config import PiperConfig, TalkerConfig, VocoderConfig
 from scheduling import Chunk, ChunkingConfig, ChunkPlanner
@@ -98,6 +106,13 @@ DEFAULT_CHUNKING = ChunkingConfig(
 def test_it_is_a_backend_serving_the_bundled_voice(backend: PiperBackend) -> None:
     assert isinstance(backend, Backend)
     assert backend.name == "piper"
+    # it claims every capability, each with its own operation
+    assert backend_capabilities(backend) == BackendCapabilities(
+        concurrent_talker_steps=True,
+        concurrent_vocode_calls=True,
+        prepares_segments=True,
+        aborts_vocode=True,
+    )
     assert backend.default_voice() == VOICE
     (voice,) = backend.voices()
     assert (voice.id, voice.language, voice.sample_rate_hz, voice.samples_per_frame) == (

@@ -18,7 +18,6 @@ from pipeline.backends.sim import (
 )
 from pipeline.config import (
     BackendConfig,
-    PiperConfig,
     SimConfig,
     TalkerConfig,
     VocoderConfig,
@@ -159,11 +158,8 @@ def test_voice_and_errors() -> None:
 def test_build_backend_makes_the_sim_backend() -> None:
     sim = SimConfig(samples_per_frame=480)
     backend = build_backend(
-        BackendConfig(kind="sim"),
-        sim=sim,
-        piper=PiperConfig(),
-        talker=TalkerConfig(),
-        vocoder=VocoderConfig(),
+        BackendConfig(kind="sim"), sim, talker=TalkerConfig(), vocoder=VocoderConfig()
     )
     assert isinstance(backend, SimBackend)
     assert backend.samples_per_frame == 480
+    assert isinstance(build_backend("sim"), SimBackend)  # its section's defaults

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from conftest import FAST_SIM, TEST_CHUNKING, EngineFactory, read_all, until
 
-from pipeline.backend import VocodeItem
+from pipeline.backend import AbortHandle, BackendCapabilities, VocodeItem
 from pipeline.backends.sim import SimBackend, decode_sim_signal, expected_frames
 from pipeline.book import StreamRecord
 from pipeline.config import SimConfig, TalkerConfig, VocoderConfig
@@ -39,7 +39,7 @@ TEXTS = [
 class OverlappingSim(SimBackend):
     """The sim backend whose vocode calls may overlap; it records the overlap."""
 
-    concurrent_vocode_calls = True
+    capabilities = BackendCapabilities(concurrent_vocode_calls=True)
 
     def __init__(self, config: SimConfig) -> None:
         super().__init__(config)
@@ -49,7 +49,9 @@ class OverlappingSim(SimBackend):
         self._running = 0
         self.same_stream_twice = 0  # a stream decoded by two calls at once
 
-    def vocode(self, items: Sequence[VocodeItem]) -> list[np.ndarray]:
+    def vocode(
+        self, items: Sequence[VocodeItem], abort: AbortHandle | None = None
+    ) -> list[np.ndarray]:
         tags = {int(item.frames[0, 0]) for item in items if len(item.frames)}
         with self._lock:
             self._running += 1
@@ -59,7 +61,7 @@ class OverlappingSim(SimBackend):
                 if self._in_flight[tag] > 1:
                     self.same_stream_twice += 1
         try:
-            return super().vocode(items)
+            return super().vocode(items, abort)
         finally:
             with self._lock:
                 self._running -= 1
@@ -235,10 +237,12 @@ class SizeRecordingSim(OverlappingSim):
         super().__init__(config)
         self.emitted: list[int] = []
 
-    def vocode(self, items: Sequence[VocodeItem]) -> list[np.ndarray]:
+    def vocode(
+        self, items: Sequence[VocodeItem], abort: AbortHandle | None = None
+    ) -> list[np.ndarray]:
         with self._lock:
             self.emitted.extend(item.emit_frames for item in items)
-        return super().vocode(items)
+        return super().vocode(items, abort)
 
 
 SOLO_CHUNKING = dataclasses.replace(TEST_CHUNKING, solo_chunk_frames=24, solo_slack_s=0.0)
@@ -285,6 +289,8 @@ class GatedSim(OverlappingSim):
     """Once two calls decode one stream, every call waits for `gate`; with `fail_second`
     the call that made it two raises instead."""
 
+    capabilities = BackendCapabilities(concurrent_vocode_calls=True, aborts_vocode=True)
+
     def __init__(self, config: SimConfig, *, fail_second: bool = False) -> None:
         super().__init__(config)
         self.gate = threading.Event()
@@ -292,11 +298,11 @@ class GatedSim(OverlappingSim):
         self.failed = 0
         self.aborted = 0  # calls the engine ended early (vocode_abort)
 
-    def vocode_abort(self) -> threading.Event:
+    def vocode_abort(self) -> _Abort:
         return _Abort()
 
     def vocode(
-        self, items: Sequence[VocodeItem], abort: threading.Event | None = None
+        self, items: Sequence[VocodeItem], abort: AbortHandle | None = None
     ) -> list[np.ndarray]:
         tags = {int(item.frames[0, 0]) for item in items if len(item.frames)}
         with self._lock:
@@ -304,10 +310,10 @@ class GatedSim(OverlappingSim):
         if second and self.fail_second and not self.failed:
             self.failed += 1
             raise RuntimeError("boom on the chunk decoded ahead")
-        pcms = super().vocode(items)
+        pcms = super().vocode(items, abort)
         if self.same_stream_twice:
             self.gate.wait(5.0)
-        if abort is not None and abort.is_set():
+        if isinstance(abort, _Abort) and abort.is_set():
             with self._lock:
                 self.aborted += 1
             raise RuntimeError("aborted")
@@ -388,14 +394,16 @@ class HeldSim(OverlappingSim):
         self.release = threading.Event()
         self.holding = 0  # calls waiting for the release now
 
-    def vocode(self, items: Sequence[VocodeItem]) -> list[np.ndarray]:
+    def vocode(
+        self, items: Sequence[VocodeItem], abort: AbortHandle | None = None
+    ) -> list[np.ndarray]:
         if any(len(item.frames) and int(item.frames[0, 0]) == self.held_tag for item in items):
             with self._lock:
                 self.holding += 1
             self.release.wait(10.0)
             with self._lock:
                 self.holding -= 1
-        return super().vocode(items)
+        return super().vocode(items, abort)
 
 
 def _watch_lane(engine: Engine) -> list[tuple[str, int, int]]:

@@ -1,8 +1,25 @@
-"""Backends: `build_backend` picks one from the config (piper and codec_lm load lazily)."""
+"""Backends: the registered kinds (pipeline/backends/registry.py) and `build_backend`.
+
+The built-in kinds are registered below, one entry each: the kind (also its YAML
+section), its configuration class and a factory that imports the backend's package only
+when it is built, so that `import pipeline` loads neither ONNX Runtime nor torch.
+docs/architecture.md ("Adding a backend") says how to add one.
+"""
 
 from __future__ import annotations
 
-from pipeline.backend import Backend
+import contextlib
+
+from pipeline.backend import Backend, backend_capabilities
+from pipeline.backends.registry import (
+    BackendContext,
+    BackendEntry,
+    backend_entries,
+    backend_entry,
+    backend_kinds,
+    register,
+    unregister,
+)
 from pipeline.config import (
     BackendConfig,
     CodecLMConfig,
@@ -14,29 +31,78 @@ from pipeline.config import (
 from scheduling.errors import ConfigError
 
 
+def _piper(config: PiperConfig, context: BackendContext) -> Backend:
+    from pipeline.backends.piper import PiperBackend  # heavy: ONNX Runtime, the voice
+
+    return PiperBackend(config, context.talker, context.vocoder)
+
+
+def _sim(config: SimConfig, context: BackendContext) -> Backend:
+    from pipeline.backends.sim import SimBackend
+
+    return SimBackend(config)
+
+
+def _codec_lm(config: CodecLMConfig, context: BackendContext) -> Backend:
+    from pipeline.backends.codec_lm import CodecLMBackend  # heavy: torch, transformers
+
+    return CodecLMBackend(config)
+
+
+def _codec_lm_missing() -> str | None:
+    from pipeline.backends.codec_lm.extra import missing_extra  # asks, imports nothing
+
+    return missing_extra()
+
+
+# in the order of their sections in configs/default.yaml
+register(BackendEntry("sim", SimConfig, _sim))  # set costs, a checkable signal (tests)
+register(BackendEntry("piper", PiperConfig, _piper))  # Piper (VITS) voices, ONNX Runtime
+# CSM + Mimi on torch: the codec-lm extra
+register(BackendEntry("codec_lm", CodecLMConfig, _codec_lm, unavailable=_codec_lm_missing))
+
+
 def build_backend(
-    backend: BackendConfig,
+    backend: BackendConfig | str,
+    config: object | None = None,
     *,
-    sim: SimConfig,
-    piper: PiperConfig,
-    talker: TalkerConfig,
-    vocoder: VocoderConfig,
-    codec_lm: CodecLMConfig | None = None,
+    talker: TalkerConfig | None = None,
+    vocoder: VocoderConfig | None = None,
 ) -> Backend:
-    """The backend named by `backend.kind`, loaded and ready to serve."""
-    if backend.kind == "sim":
-        from pipeline.backends.sim import SimBackend
+    """The backend of kind `backend` (or `backend.kind`), loaded and ready to serve.
 
-        return SimBackend(sim)
-    if backend.kind == "piper":
-        from pipeline.backends.piper import PiperBackend  # heavy: ONNX Runtime, the voice
+    `config`: its section, an instance of the entry's configuration class (None: that
+    class's defaults). `talker` / `vocoder`: the engine's sections (None: defaults).
+    ConfigError for a kind not registered or one that cannot load here; TypeError for a
+    config of another class or a backend that does not declare its capabilities."""
+    kind = backend.kind if isinstance(backend, BackendConfig) else backend
+    entry = backend_entry(kind)
+    if config is None:
+        config = entry.config()
+    elif not isinstance(config, entry.config):
+        raise TypeError(
+            f"backend {entry.kind} reads a {entry.config.__name__}, got {type(config).__name__}"
+        )
+    if entry.unavailable is not None and (missing := entry.unavailable()) is not None:
+        raise ConfigError(f"backend {entry.kind} {missing}")
+    context = BackendContext(talker or TalkerConfig(), vocoder or VocoderConfig())
+    built = entry.factory(config, context)
+    try:
+        backend_capabilities(built)
+    except TypeError:
+        with contextlib.suppress(Exception):  # the TypeError is what the caller must see
+            built.close()
+        raise
+    return built
 
-        return PiperBackend(piper, talker, vocoder)
-    if backend.kind == "codec_lm":
-        from pipeline.backends.codec_lm import CodecLMBackend  # heavy: torch, transformers
 
-        return CodecLMBackend(codec_lm or CodecLMConfig())
-    raise ConfigError(f"kind must be one of piper, sim, codec_lm, got {backend.kind!r}")
-
-
-__all__ = ["build_backend"]
+__all__ = [
+    "BackendContext",
+    "BackendEntry",
+    "backend_entries",
+    "backend_entry",
+    "backend_kinds",
+    "build_backend",
+    "register",
+    "unregister",
+]

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.backend import TalkRequest, TalkStep, VocodeItem, Voice
+from pipeline.backend import AbortHandle, Backend, TalkRequest, TalkStep, VocodeItem, Voice
 from pipeline.config import SimConfig, TalkerConfig
 from pipeline.text import segment_options, split_text
 from scheduling.errors import ConfigError
@@ -127,8 +127,10 @@ class SimSegment:
     closed: bool = False
 
 
-class SimBackend:
-    """A backend whose costs are set, not measured; see the module doc."""
+class SimBackend(Backend):
+    """A backend whose costs are set, not measured; see the module doc. It has no
+    capability beyond the required calls (`Backend.capabilities`' default): one talker
+    thread, one vocoder worker, nothing prepared, no abort."""
 
     name = "sim"
 
@@ -200,7 +202,9 @@ class SimBackend:
             segment.closed = True
             self.open_segments -= 1
 
-    def vocode(self, items: Sequence[VocodeItem]) -> list[np.ndarray]:
+    def vocode(
+        self, items: Sequence[VocodeItem], abort: AbortHandle | None = None
+    ) -> list[np.ndarray]:
         for item in items:
             self._check_voice(item.voice)
             if item.frames.ndim != 2 or item.frames.shape[1] != 2:

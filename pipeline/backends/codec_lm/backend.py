@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pipeline.backend import TalkRequest, TalkStep, VocodeItem, Voice
+from pipeline.backend import AbortHandle, Backend, TalkRequest, TalkStep, VocodeItem, Voice
 from pipeline.backends.codec_lm.fixed import FixedStep
 from pipeline.backends.codec_lm.launches import Launch, Launcher, SlotSegment
 from pipeline.backends.codec_lm.loading import LoadedModel, load_model
@@ -41,8 +41,10 @@ logger = logging.getLogger("playhead.codec_lm")
 VOICE_PREFIX = "speaker-"
 
 
-class CodecLMBackend:
-    """A CSM checkpoint (or a random-weight one) served step by step; see the module doc."""
+class CodecLMBackend(Backend):
+    """A CSM checkpoint (or a random-weight one) served step by step; see the module doc.
+    No capability beyond the required calls: its steps and decodes share the model's
+    buffers (and, on CUDA, its captured graphs), so each stage runs one call at a time."""
 
     name = "codec_lm"
 
@@ -201,7 +203,9 @@ class CodecLMBackend:
 
     # vocoder
 
-    def vocode(self, items: Sequence[VocodeItem]) -> list[np.ndarray]:
+    def vocode(
+        self, items: Sequence[VocodeItem], abort: AbortHandle | None = None
+    ) -> list[np.ndarray]:
         for item in items:
             self._speaker(item.voice)
             frames = item.frames

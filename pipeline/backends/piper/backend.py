@@ -22,21 +22,30 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections import OrderedDict
 from collections.abc import Sequence
-from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
-from pipeline.backend import SegmentTiming, TalkRequest, TalkStep, VocodeItem, Voice
-from pipeline.backends.piper.errors import UnknownPiperVoice, VoiceLoadError
-from pipeline.backends.piper.graph_split import SplitGraphs, load_split
+from pipeline.backend import (
+    AbortHandle,
+    Backend,
+    BackendCapabilities,
+    SegmentTiming,
+    TalkRequest,
+    TalkStep,
+    VocodeItem,
+    Voice,
+)
+from pipeline.backends.piper.errors import UnknownPiperVoice
 from pipeline.backends.piper.phonemes import text_to_ids, text_to_phoneme_ids
+from pipeline.backends.piper.prepared import Prepared, PreparedSegments
+from pipeline.backends.piper.sessions import LoadedVoice, VocodeAbort, load_voice
 from pipeline.backends.piper.timing import segment_timing
-from pipeline.backends.piper.vocoder_trim import TRIM_START, TRIM_STOP, Trim, read_trim, trim_range
+from pipeline.backends.piper.vocoder_trim import TRIM_START, TRIM_STOP, trim_range
 from pipeline.backends.piper.voices import (
     VoiceSpec,
     bundled_model_path,
@@ -50,9 +59,6 @@ logger = logging.getLogger("playhead.piper")
 # (each step's context costs 2 x flow_context_frames of flow), yet each step is short
 # beside the audio the chunks before it play for.
 FLOW_GROWTH = 4
-# Prepared segments kept for `open_segment` at most; an older one is dropped (a stream
-# that ended before opening its prepared segment leaves nothing behind for long).
-PREPARED_MAX = 4
 
 
 @dataclass(slots=True)
@@ -76,79 +82,12 @@ class PiperSegment:
     timed: bool = False  # its timing was returned
 
 
-@dataclass(frozen=True, slots=True)
-class _Prepared:
-    """A segment's work done ahead (`PiperBackend.prepare_segment`)."""
-
-    phoneme_ids: list[int]
-    prior: np.ndarray | None  # the encoder's output (None: not run)
-    mask: np.ndarray | None
-    phonemes: list[str] = field(default_factory=list)
-    owners: list[int] = field(default_factory=list)
-    durations: np.ndarray | None = None  # frames per phoneme id (None: not run)
-
-
-@dataclass(frozen=True)
-class _LoadedVoice:
-    spec: VoiceSpec
-    voice: Voice
-    # with `flow`: prior, mask, count; else latent, count; then durations where known
-    encoder: ort.InferenceSession
-    flow: ort.InferenceSession | None  # prior, mask -> latent; None: the encoder is the talker
-    vocoder: ort.InferenceSession
-    solo_encoder: ort.InferenceSession | None  # more threads, for a call that runs alone
-    solo_vocoder: ort.InferenceSession | None
-    latent_name: str  # the vocoder's input
-    channels: int
-    trim: Trim | None  # the vocoder graph's trim inputs (None: an untrimmed graph)
-
-
-_OPTIMIZATION_LEVELS = {
-    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-}
-
-
-def _session(
-    graph: Path | bytes, intra_op_threads: int, piper: PiperConfig, *, spinning: bool = True
-) -> ort.InferenceSession:
-    """One graph's session: `intra_op_threads` threads, nodes run one after another (a
-    single inter-op thread: each stage is one worker thread), the `piper.ort_*` options."""
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = intra_op_threads
-    options.inter_op_num_threads = 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    options.graph_optimization_level = _OPTIMIZATION_LEVELS[piper.ort_graph_optimization]
-    options.enable_cpu_mem_arena = piper.ort_cpu_arena
-    if not (piper.ort_spinning and spinning):  # idle pool threads sleep, not spin
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    options.log_severity_level = 3  # errors only
-    source = graph if isinstance(graph, bytes) else str(graph)
-    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
-
-
 def _non_negative_or_none(name: str, value: float | None) -> None:
     if value is not None and not (math.isfinite(value) and value >= 0):
         raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
 
 
-class VocodeAbort:
-    """Ends the `PiperBackend.vocode` call it was passed to, or a prepared segment's
-    encoder (ONNX Runtime's terminate flag, which the running call checks between nodes);
-    harmless once the call is over."""
-
-    __slots__ = ("options",)
-
-    def __init__(self) -> None:
-        self.options = ort.RunOptions()
-
-    def __call__(self) -> None:
-        self.options.terminate = True
-
-
-class PiperBackend:
+class PiperBackend(Backend):
     """The bundled voice (the default) plus every voice in `PiperConfig.voices_dir`.
 
     `noise_scale` / `noise_w` override every voice's config (0 makes the output
@@ -157,12 +96,18 @@ class PiperBackend:
     """
 
     name = "piper"
-    # A step works on its own segments' state through ONNX Runtime sessions (safe to run
-    # from two threads); phonemising is serialised by a lock (espeak-ng is one global
-    # instance).
-    concurrent_talker_steps = True
-    # vocode runs the vocoder session, which two threads may run at once (vocoder.workers)
-    concurrent_vocode_calls = True
+    capabilities = BackendCapabilities(
+        # a step works on its own segments' state through ONNX Runtime sessions (safe to
+        # run from two threads); phonemising is serialised by a lock (espeak-ng is one
+        # global instance)
+        concurrent_talker_steps=True,
+        # vocode runs the vocoder session, which two threads may run at once
+        concurrent_vocode_calls=True,
+        # the phonemiser and encoder of a stream's next segment, on a helper thread
+        prepares_segments=True,
+        # ONNX Runtime's terminate flag ends a running decode
+        aborts_vocode=True,
+    )
 
     def __init__(
         self,
@@ -192,96 +137,25 @@ class PiperBackend:
         self._calls_lock = threading.Lock()
         self._calls = 0  # talker steps and vocoder calls running now
         # prepare_segment's work: (voice, text, speed) -> its phoneme ids and encoding
-        self._prepared: OrderedDict[
-            tuple[str, str, float], tuple[Future[_Prepared], VocodeAbort]
-        ] = OrderedDict()
-        self._prepared_lock = threading.Lock()
-        self._prepare_pool: ThreadPoolExecutor | None = None
-        self.prepare_calls = 0  # prepare_segment calls that started work (tests, benchmarks)
+        self._prepared = PreparedSegments(self._prepare)
         self.prepared_used = 0  # segments opened with prepared work
 
         default_path = Path(piper.model_path) if piper.model_path else bundled_model_path()
         specs = [load_voice_spec(default_path)]
         if piper.voices_dir:
             specs.extend(discover_voices(piper.voices_dir))
-        self._voices: dict[str, _LoadedVoice] = {}
+        self._voices: dict[str, LoadedVoice] = {}
         for spec in specs:
             if spec.id in self._voices:
                 logger.warning(
                     "voice %s in %s repeats a loaded voice id: skipped", spec.id, spec.model_path
                 )
                 continue
-            self._voices[spec.id] = self._load(spec, piper, talker, vocoder)
+            self._voices[spec.id] = load_voice(spec, piper, talker, vocoder)
         self._default = specs[0].id
         default_voice = self._voices[self._default].voice
         self.sample_rate_hz = default_voice.sample_rate_hz
         self.samples_per_frame = default_voice.samples_per_frame
-
-    @staticmethod
-    def _load(
-        spec: VoiceSpec, piper: PiperConfig, talker: TalkerConfig, vocoder: VocoderConfig
-    ) -> _LoadedVoice:
-        cache_dir = piper.cache_dir
-        split = load_split(spec.model_path, cache_dir, spec.id)
-        try:
-            sessions = _sessions(split, piper, talker, vocoder)
-        except Exception as error:  # ORT raises its own RuntimeError subclasses
-            if not split.cached:
-                raise VoiceLoadError(
-                    f"voice {spec.id!r}: cannot load its cut graphs: {error}"
-                ) from error
-            logger.warning(
-                "voice %s: cached cut graphs failed to load (%s); cutting again", spec.id, error
-            )
-            sessions = _sessions(
-                load_split(spec.model_path, cache_dir, spec.id, refresh=True),
-                piper,
-                talker,
-                vocoder,
-            )
-        encoder, flow, vocoder_session, solo_encoder, solo_vocoder = sessions
-        talker_outputs = (flow or encoder).get_outputs()
-        latent = talker_outputs[0].name
-        channels = talker_outputs[0].shape[1]
-        encoder_outputs = [o.name for o in encoder.get_outputs()]
-        # the last output, frames per phoneme id, is there where the graph has it
-        fits = (
-            len(encoder_outputs) in (2, 3)
-            if flow is None
-            else (
-                len(encoder_outputs) in (3, 4)
-                and [i.name for i in flow.get_inputs()] == encoder_outputs[:2]
-            )
-        )
-        vocoder_inputs = [i.name for i in vocoder_session.get_inputs()]
-        trim = read_trim(vocoder_session.get_modelmeta().custom_metadata_map, vocoder_inputs)
-        if (
-            not fits
-            or vocoder_inputs != [latent, *(() if trim is None else (TRIM_START, TRIM_STOP))]
-            or not isinstance(channels, int)
-        ):
-            raise VoiceLoadError(
-                f"voice {spec.id!r}: cut graphs do not fit together (cache at fault?)"
-            )
-        voice = Voice(
-            id=spec.id,
-            name=spec.name,
-            language=spec.language,
-            sample_rate_hz=spec.sample_rate_hz,
-            samples_per_frame=spec.samples_per_frame,
-        )
-        return _LoadedVoice(
-            spec,
-            voice,
-            encoder,
-            flow,
-            vocoder_session,
-            solo_encoder,
-            solo_vocoder,
-            latent,
-            channels,
-            trim,
-        )
 
     # Backend protocol
 
@@ -300,7 +174,7 @@ class PiperBackend:
         # flow runs over the whole segment at once (up to flow_max_chunk_frames): no
         # context at its seams, so fewer frames of flow in all
         first = self._flow_first_chunk if request.urgent else self._flow_max_chunk
-        prepared = self._take_prepared(request)
+        prepared = self._prepared.take(request)
         if prepared is not None:
             self.prepared_used += 1
             return PiperSegment(
@@ -327,74 +201,38 @@ class PiperBackend:
             owners=owners,
         )
 
-    def prepare_segment(self, request: TalkRequest) -> Future[_Prepared] | None:
+    def prepare_segment(self, request: TalkRequest) -> Future[Prepared] | None:
         """Start `request`'s phonemiser and encoder on the helper thread and return at
         once: the future is done when the work is (None: it was already asked for).
         `open_segment` for the same text, voice and speed takes the result. Best effort:
         a failure here only means `open_segment` does the work itself."""
-        key = (request.voice, request.text, request.speed)
-        with self._prepared_lock:
-            if key in self._prepared:
-                return None
-            if self._prepare_pool is None:
-                self._prepare_pool = ThreadPoolExecutor(
-                    1,
-                    thread_name_prefix="playhead-prepare",
-                )
-            abort = VocodeAbort()
-            future = self._prepare_pool.submit(self._prepare, request, abort)
-            self.prepare_calls += 1
-            self._prepared[key] = (future, abort)
-            while len(self._prepared) > PREPARED_MAX:
-                _, (dropped, dropped_abort) = self._prepared.popitem(last=False)
-                dropped.cancel()  # not started: it never runs
-                dropped_abort()  # running: it ends early
-        return future
+        return self._prepared.start(request)
 
     def drop_prepared(self) -> None:
         """Give up every prepared segment: those not started never run, a running one ends
         early (ONNX Runtime's terminate flag); `open_segment` then does the work itself, at
         the talker's own priority. The engine calls it when more streams have work: a
         helper thread of low priority may then wait long for a core."""
-        with self._prepared_lock:
-            dropped = list(self._prepared.values())
-            self._prepared.clear()
-        for future, abort in dropped:
-            future.cancel()
-            abort()
+        self._prepared.drop()
 
-    def _prepare(self, request: TalkRequest, abort: VocodeAbort) -> _Prepared:
+    @property
+    def prepare_calls(self) -> int:
+        """prepare_segment calls that started work (tests, benchmarks)."""
+        return self._prepared.started
+
+    def _prepare(self, request: TalkRequest, abort: VocodeAbort) -> Prepared:
         loaded = self._get(request.voice)
         scales = self.scales(request.voice, request.speed)
         with self._phonemize_lock:
             ids, phonemes, owners = text_to_phoneme_ids(loaded.spec, request.text)
         if not ids or loaded.flow is None:  # nothing to encode ahead: a one-call talker
-            return _Prepared(ids, None, None, phonemes, owners)
+            return Prepared(ids, None, None, phonemes, owners)
         self._enter()
         try:
             prior, mask, durations = self._encode(loaded, ids, scales, run_options=abort.options)
         finally:
             self._leave()
-        return _Prepared(ids, prior, mask, phonemes, owners, durations)
-
-    def _take_prepared(self, request: TalkRequest) -> _Prepared | None:
-        """The prepared work for `request`, waiting for it if it runs; None when there is
-        none, it had not started (then it never will), was dropped or failed."""
-        with self._prepared_lock:
-            entry = self._prepared.pop((request.voice, request.text, request.speed), None)
-        if entry is None:
-            return None
-        future, abort = entry
-        if future.cancel():
-            return None
-        try:
-            return future.result()
-        except CancelledError:
-            return None
-        except Exception:
-            if not abort.options.terminate:  # an abort is no failure
-                logger.exception("preparing a segment failed; the talker encodes it itself")
-            return None
+        return Prepared(ids, prior, mask, phonemes, owners, durations)
 
     def step(self, segments: Sequence[PiperSegment]) -> list[TalkStep]:
         """The next chunk of each segment: float32 [frames, channels] (none for text with
@@ -459,7 +297,7 @@ class PiperBackend:
 
     def _encode(
         self,
-        loaded: _LoadedVoice,
+        loaded: LoadedVoice,
         phoneme_ids: Sequence[int],
         scales: tuple[float, float, float],
         alone: bool = False,
@@ -485,7 +323,7 @@ class PiperBackend:
         return prior[:, :, :frames], mask[:, :, :frames], durations
 
     def _flow(
-        self, loaded: _LoadedVoice, prior: np.ndarray, mask: np.ndarray, start: int, stop: int
+        self, loaded: LoadedVoice, prior: np.ndarray, mask: np.ndarray, start: int, stop: int
     ) -> np.ndarray:
         """The flow's frames [start, stop), run with `flow_context_frames` of context on
         each side (trimmed): float32 [frames, channels], C-contiguous."""
@@ -509,7 +347,7 @@ class PiperBackend:
         return VocodeAbort()
 
     def vocode(
-        self, items: Sequence[VocodeItem], abort: VocodeAbort | None = None
+        self, items: Sequence[VocodeItem], abort: AbortHandle | None = None
     ) -> list[np.ndarray]:
         """Items of one voice and equal length share one decoder call; where the voice's
         graph is trimmed (`vocoder_trim.py`, `piper.vocoder_trim`), its later stages decode
@@ -517,6 +355,8 @@ class PiperBackend:
         no other talker step or vocoder call running uses the voice's solo session
         (`piper.solo_threads`), when there is one. `abort` (from `vocode_abort`): called,
         it ends the call early (the engine does when every stream of the call is gone)."""
+        if abort is not None and not isinstance(abort, VocodeAbort):
+            raise TypeError("abort must be a handle from this backend's vocode_abort")
         alone = self._enter()
         try:
             return self._vocode(items, alone, None if abort is None else abort.options)
@@ -572,14 +412,7 @@ class PiperBackend:
         return pcm  # type: ignore[return-value]  # every slot is filled above
 
     def close(self) -> None:
-        with self._prepared_lock:
-            pool, self._prepare_pool = self._prepare_pool, None
-            for future, abort in self._prepared.values():
-                future.cancel()
-                abort()
-            self._prepared.clear()
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+        self._prepared.close()
         self._voices.clear()
 
     # Helpers used by tests and benchmarks
@@ -614,7 +447,7 @@ class PiperBackend:
 
     @staticmethod
     def _talk_whole(
-        loaded: _LoadedVoice, phoneme_ids: Sequence[int], scales: tuple[float, float, float]
+        loaded: LoadedVoice, phoneme_ids: Sequence[int], scales: tuple[float, float, float]
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """A flow-less voice's one-graph talker: (frames [frames, channels], frames per
         phoneme id or None)."""
@@ -631,36 +464,10 @@ class PiperBackend:
         durations = timing[0].reshape(-1) if timing else None
         return np.ascontiguousarray(latent[0, :, :frames].T, dtype=np.float32), durations
 
-    def _get(self, voice_id: str) -> _LoadedVoice:
+    def _get(self, voice_id: str) -> LoadedVoice:
         try:
             return self._voices[voice_id]
         except KeyError:
             raise UnknownPiperVoice(
                 f"unknown voice {voice_id!r}; available: {', '.join(self._voices)}"
             ) from None
-
-
-def _sessions(
-    split: SplitGraphs, piper: PiperConfig, talker: TalkerConfig, vocoder: VocoderConfig
-) -> tuple[
-    ort.InferenceSession,
-    ort.InferenceSession | None,
-    ort.InferenceSession,
-    ort.InferenceSession | None,
-    ort.InferenceSession | None,
-]:
-    """(encoder, flow, vocoder, solo encoder, solo vocoder) sessions of one voice; the solo
-    ones (`piper.solo_threads` > 1) run a call that finds no other one running."""
-    threads = talker.intra_op_threads
-    solo_encoder = solo_vocoder = None
-    if piper.solo_threads > 1:
-        if split.flow is not None:
-            solo_encoder = _session(split.encoder, piper.solo_threads, piper, spinning=False)
-        solo_vocoder = _session(split.vocoder, piper.solo_threads, piper, spinning=False)
-    return (
-        _session(split.encoder, threads, piper),
-        None if split.flow is None else _session(split.flow, threads, piper),
-        _session(split.vocoder, vocoder.intra_op_threads, piper),
-        solo_encoder,
-        solo_vocoder,
-    )

@@ -1,0 +1,168 @@
+"""A Piper voice's ONNX Runtime sessions: its cut graphs (graph_split.py) loaded with the
+`piper.ort_*` options, checked to fit together; and the handle that ends a running call."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnxruntime as ort
+
+from pipeline.backend import Voice
+from pipeline.backends.piper.errors import VoiceLoadError
+from pipeline.backends.piper.graph_split import SplitGraphs, load_split
+from pipeline.backends.piper.vocoder_trim import TRIM_START, TRIM_STOP, Trim, read_trim
+from pipeline.backends.piper.voices import VoiceSpec
+from pipeline.config import PiperConfig, TalkerConfig, VocoderConfig
+
+logger = logging.getLogger("playhead.piper")
+
+
+@dataclass(frozen=True)
+class LoadedVoice:
+    """A voice's sessions and what the backend reads of its graphs."""
+
+    spec: VoiceSpec
+    voice: Voice
+    # with `flow`: prior, mask, count; else latent, count; then durations where known
+    encoder: ort.InferenceSession
+    flow: ort.InferenceSession | None  # prior, mask -> latent; None: the encoder is the talker
+    vocoder: ort.InferenceSession
+    solo_encoder: ort.InferenceSession | None  # more threads, for a call that runs alone
+    solo_vocoder: ort.InferenceSession | None
+    latent_name: str  # the vocoder's input
+    channels: int
+    trim: Trim | None  # the vocoder graph's trim inputs (None: an untrimmed graph)
+
+
+class VocodeAbort:
+    """Ends the `PiperBackend.vocode` call it was passed to, or a prepared segment's
+    encoder (ONNX Runtime's terminate flag, which the running call checks between nodes);
+    harmless once the call is over."""
+
+    __slots__ = ("options",)
+
+    def __init__(self) -> None:
+        self.options = ort.RunOptions()
+
+    def __call__(self) -> None:
+        self.options.terminate = True
+
+
+def load_voice(
+    spec: VoiceSpec, piper: PiperConfig, talker: TalkerConfig, vocoder: VocoderConfig
+) -> LoadedVoice:
+    """One voice's cut graphs (cached, cut again where the cache fails to load) as
+    sessions, checked to fit together."""
+    cache_dir = piper.cache_dir
+    split = load_split(spec.model_path, cache_dir, spec.id)
+    try:
+        sessions = _voice_sessions(split, piper, talker, vocoder)
+    except Exception as error:  # ORT raises its own RuntimeError subclasses
+        if not split.cached:
+            raise VoiceLoadError(
+                f"voice {spec.id!r}: cannot load its cut graphs: {error}"
+            ) from error
+        logger.warning(
+            "voice %s: cached cut graphs failed to load (%s); cutting again", spec.id, error
+        )
+        sessions = _voice_sessions(
+            load_split(spec.model_path, cache_dir, spec.id, refresh=True),
+            piper,
+            talker,
+            vocoder,
+        )
+    encoder, flow, vocoder_session, solo_encoder, solo_vocoder = sessions
+    talker_outputs = (flow or encoder).get_outputs()
+    latent = talker_outputs[0].name
+    channels = talker_outputs[0].shape[1]
+    encoder_outputs = [o.name for o in encoder.get_outputs()]
+    # the last output, frames per phoneme id, is there where the graph has it
+    fits = (
+        len(encoder_outputs) in (2, 3)
+        if flow is None
+        else (
+            len(encoder_outputs) in (3, 4)
+            and [i.name for i in flow.get_inputs()] == encoder_outputs[:2]
+        )
+    )
+    vocoder_inputs = [i.name for i in vocoder_session.get_inputs()]
+    trim = read_trim(vocoder_session.get_modelmeta().custom_metadata_map, vocoder_inputs)
+    if (
+        not fits
+        or vocoder_inputs != [latent, *(() if trim is None else (TRIM_START, TRIM_STOP))]
+        or not isinstance(channels, int)
+    ):
+        raise VoiceLoadError(f"voice {spec.id!r}: cut graphs do not fit together (cache at fault?)")
+    voice = Voice(
+        id=spec.id,
+        name=spec.name,
+        language=spec.language,
+        sample_rate_hz=spec.sample_rate_hz,
+        samples_per_frame=spec.samples_per_frame,
+    )
+    return LoadedVoice(
+        spec,
+        voice,
+        encoder,
+        flow,
+        vocoder_session,
+        solo_encoder,
+        solo_vocoder,
+        latent,
+        channels,
+        trim,
+    )
+
+
+_OPTIMIZATION_LEVELS = {
+    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+
+
+def _session(
+    graph: Path | bytes, intra_op_threads: int, piper: PiperConfig, *, spinning: bool = True
+) -> ort.InferenceSession:
+    """One graph's session: `intra_op_threads` threads, nodes run one after another (a
+    single inter-op thread: each stage is one worker thread), the `piper.ort_*` options."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = intra_op_threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = _OPTIMIZATION_LEVELS[piper.ort_graph_optimization]
+    options.enable_cpu_mem_arena = piper.ort_cpu_arena
+    if not (piper.ort_spinning and spinning):  # idle pool threads sleep, not spin
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.log_severity_level = 3  # errors only
+    source = graph if isinstance(graph, bytes) else str(graph)
+    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+
+
+def _voice_sessions(
+    split: SplitGraphs, piper: PiperConfig, talker: TalkerConfig, vocoder: VocoderConfig
+) -> tuple[
+    ort.InferenceSession,
+    ort.InferenceSession | None,
+    ort.InferenceSession,
+    ort.InferenceSession | None,
+    ort.InferenceSession | None,
+]:
+    """(encoder, flow, vocoder, solo encoder, solo vocoder) sessions of one voice; the solo
+    ones (`piper.solo_threads` > 1) run a call that finds no other one running."""
+    threads = talker.intra_op_threads
+    solo_encoder = solo_vocoder = None
+    if piper.solo_threads > 1:
+        if split.flow is not None:
+            solo_encoder = _session(split.encoder, piper.solo_threads, piper, spinning=False)
+        solo_vocoder = _session(split.vocoder, piper.solo_threads, piper, spinning=False)
+    return (
+        _session(split.encoder, threads, piper),
+        None if split.flow is None else _session(split.flow, threads, piper),
+        _session(split.vocoder, vocoder.intra_op_threads, piper),
+        solo_encoder,
+        solo_vocoder,
+    )
