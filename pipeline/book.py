@@ -204,7 +204,6 @@ class StreamBook:
         max_in_flight: int = 1,
         work_ahead_streams: int = 1,
         vocoder_workers: int = 1,
-        start_lane_chunks: int = 0,
         first_audio_yield: bool = False,
         urgent_slack_s: float = float("inf"),
         alone_urgent_slack_s: float | None = None,
@@ -212,8 +211,7 @@ class StreamBook:
     ) -> None:
         """`max_in_flight`: most chunks of one stream decoded at once (the vocoder's
         workers); more than 1 only while no other stream has a chunk ready and at most
-        `work_ahead_streams` streams have work left. `start_lane_chunks`: a ready stream
-        that has sent fewer chunks than this is offered in `start_lane_ids` too (0: none).
+        `work_ahead_streams` streams have work left.
         `urgent_slack_s`: a segment opened while its stream has less audio ahead than this
         is urgent (`TalkRequest.urgent`; the default: every segment);
         `alone_urgent_slack_s` replaces it while the stream is the only one with work left
@@ -234,9 +232,6 @@ class StreamBook:
         self.talker_queue = TalkerQueue(first_chunk_s)
         self._dirty: dict[str, StreamRecord] = {}  # chunk plan out of date
         self._ready: dict[str, None] = {}  # a non-empty chunk planned, not parked
-        # of those, the streams that have sent fewer than start_lane_chunks chunks
-        self._start_lane_chunks = start_lane_chunks
-        self._lane_ready: dict[str, None] = {}
         self._vocoding: set[str] = set()  # their chunk is being decoded (start_vocoding)
         # in _vocoding, next chunk planned, fewer than max_in_flight in flight
         self._ahead: dict[str, None] = {}
@@ -300,12 +295,6 @@ class StreamBook:
         """Streams with a non-empty chunk planned (valid after `refresh`) whose chunk no
         vocoder worker is decoding."""
         return self._not_vocoding(self._ready)
-
-    @property
-    def start_lane_ids(self) -> KeysView[str] | list[str]:
-        """The streams of `ready_ids` that have sent fewer than `start_lane_chunks`
-        chunks (valid after `refresh`): what the vocoder's start lane may take."""
-        return self._not_vocoding(self._lane_ready)
 
     def _not_vocoding(self, ids: dict[str, None]) -> KeysView[str] | list[str]:
         """`ids` less the streams a worker is decoding, in order (the keys themselves
@@ -483,7 +472,6 @@ class StreamBook:
             ("talker-candidates", self.talker_queue),
             ("dirty", self._dirty),
             ("ready", self._ready),
-            ("start lane", self._lane_ready),
             ("vocoding", self._vocoding),
             ("ahead", self._ahead),
         ):
@@ -693,7 +681,6 @@ class StreamBook:
         chunks carry no audio and are committed here, without a turn."""
         dirty = self._dirty
         vocoding, ready, plan = self._vocoding, self._ready, self._plan
-        lane, lane_chunks = self._lane_ready, self._start_lane_chunks
         while dirty:
             stream_id, record = dirty.popitem()
             if stream_id in vocoding:
@@ -704,20 +691,11 @@ class StreamBook:
             record.chunk = chunk
             if chunk is None or record.sender.parked:
                 ready.pop(stream_id, None)
-                if lane:
-                    lane.pop(stream_id, None)
             elif chunk.stop == chunk.start:  # empty
                 ready.pop(stream_id, None)
-                if lane:
-                    lane.pop(stream_id, None)
                 self._commit(record, chunk)
             else:
                 ready[stream_id] = None
-                if lane_chunks:
-                    if record.stream.stats.chunks < lane_chunks:
-                        lane[stream_id] = None
-                    elif lane:
-                        lane.pop(stream_id, None)
         if self._talker_waits_on_vocoder:
             self._wake_idle_talker()  # the vocoder may have nothing waiting now
 
@@ -989,7 +967,6 @@ class StreamBook:
         self.talker_queue.remove(stream_id)
         self._dirty.pop(stream_id, None)
         self._ready.pop(stream_id, None)
-        self._lane_ready.pop(stream_id, None)
         self._vocoding.discard(stream_id)
         self._ahead.pop(stream_id, None)
         for entry in record.in_flight:  # its decodes in flight are of no use now

@@ -129,11 +129,6 @@ class VocoderConfig:
     # while at most this many streams have work left (more: the talker needs the other core);
     # chunks still leave in order (0: one chunk of a stream at a time)
     work_ahead_streams: int = 1
-    # a stream's first this many chunks (the small ones of the ramp, due soonest) may be
-    # decoded in one more thread, the start lane, while every worker is busy: a new
-    # stream then does not wait behind other streams' decodes (backends whose vocode
-    # calls may overlap: Piper). 0, the measured default: off (docs/voice-tuning.md)
-    start_lane_chunks: int = 0
     # while a stream's first audio is being made (its first talker step, its first chunk's
     # decode), a worker whose most urgent streams all have at least this much audio
     # buffered waits for it, leaving the core to it (more than one worker: Piper).
@@ -149,7 +144,6 @@ class VocoderConfig:
         check_int("workers", self.workers, 1)
         check_int("work_ahead_streams", self.work_ahead_streams, 0)
         check_non_negative("yield_slack_s", self.yield_slack_s)
-        check_int("start_lane_chunks", self.start_lane_chunks, 0)
         check_bool("work_ahead_while_talking", self.work_ahead_while_talking)
 
 

@@ -125,13 +125,9 @@ class Engine:
         self.vocoder_stage = stage("vocoder")
         # more vocoder workers where the backend's vocode calls may run side by side
         workers = self._vocoder_config.workers
-        concurrent_vocode = capabilities.concurrent_vocode_calls
-        if not concurrent_vocode:
+        if not capabilities.concurrent_vocode_calls:
             workers = 1
         self.extra_vocoder_stages = [stage(f"vocoder-{index}") for index in range(1, workers)]
-        # the start lane: one more thread for streams' first chunks while every worker is busy
-        start_lane_chunks = self._vocoder_config.start_lane_chunks if concurrent_vocode else 0
-        self.start_vocoder_stage = stage("vocoder-start") if start_lane_chunks else None
         # more than one worker (their calls overlap): one may wait for a first audio
         yield_slack_s = self._vocoder_config.yield_slack_s if self.extra_vocoder_stages else 0.0
         self.book = StreamBook(
@@ -151,7 +147,6 @@ class Engine:
             max_in_flight=workers if self._vocoder_config.work_ahead_streams else 1,
             work_ahead_streams=self._vocoder_config.work_ahead_streams,
             vocoder_workers=workers,
-            start_lane_chunks=start_lane_chunks,
             first_audio_yield=yield_slack_s > 0,
             urgent_slack_s=talker.urgent_slack_s,
             alone_urgent_slack_s=talker.alone_urgent_slack_s,
@@ -181,7 +176,6 @@ class Engine:
             capacity=self._turn_capacity,
             extra_stages=self.extra_vocoder_stages,
             yield_slack_s=yield_slack_s,
-            start_stage=self.start_vocoder_stage,
         )
 
     def _stage_timed_out(self, stage: str, timeout_s: float) -> None:
@@ -294,8 +288,6 @@ class Engine:
         await self.vocoder_stage.aclose()
         for stage in self.extra_vocoder_stages:
             await stage.aclose()
-        if self.start_vocoder_stage is not None:
-            await self.start_vocoder_stage.aclose()
 
     @property
     def ready(self) -> bool:

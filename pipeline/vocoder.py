@@ -22,14 +22,6 @@ a chunk decoded before an earlier one until that one is emitted. The rate (the c
 model, pipeline/capacity.py) is fed each call's own time and audio, with the workers'
 count.
 
-The start lane (`vocoder.start_lane_chunks`, with a `start_stage`): one more loop, its
-own thread, that takes turns only while every worker is decoding, and only for streams
-that have sent fewer than that many chunks (`StreamBook.start_lane_ids`, most urgent
-first). Those are the small chunks of a stream's ramp, due within a ramp chunk's audio
-(93 ms for the first): without the lane they would wait for a worker's long steady
-decode to end. Its thread runs beside the workers' for the few milliseconds such a
-chunk takes.
-
 Yielding to a first audio (`yield_slack_s`, with more than one worker: the book's
 `first_audio_yield`): the talker and the vocoder count their calls that make some
 stream's first audio (a step of a stream with no frames yet, a turn with a stream's first
@@ -74,13 +66,11 @@ class Vocoder:
         initial_capacity_audio_s_per_s: float = 0.0,
         capacity: Callable[[float], float] | None = None,
         extra_stages: Sequence[StageExecutor] = (),
-        start_stage: StageExecutor | None = None,
         yield_slack_s: float = 0.0,
     ) -> None:
         """`capacity(now_s)`: the pipeline's capacity, reported after each turn.
         `extra_stages`: more workers' threads, for a backend whose vocode calls may run
-        side by side. `start_stage`: the start lane's thread (see the module doc).
-        `yield_slack_s` (> 0 only where the book's `first_audio_yield` is on): see the
+        side by side. `yield_slack_s` (> 0 only where the book's `first_audio_yield` is on): see the
         module doc."""
         self._book = book
         self._capacity = capacity
@@ -91,8 +81,6 @@ class Vocoder:
         )
         self._stage = stage
         self._stages = (stage, *extra_stages)
-        self._start_stage = start_stage
-        self._workers_busy = 0  # workers (not the start lane) in a turn now
         self._yield_slack_s = yield_slack_s
         self.yields = 0  # picks a worker held back for a first audio
         self._window = window
@@ -104,45 +92,26 @@ class Vocoder:
         )
         self.turns = 0  # turns that decoded something
         self.idle_waits = 0  # times the loop found nothing to do and waited
-        self.start_lane_turns = 0  # turns the start lane decoded
 
     async def run(self) -> None:
-        if len(self._stages) == 1 and self._start_stage is None:
+        if len(self._stages) == 1:
             await self._worker(self._stage)
             return
         async with asyncio.TaskGroup() as workers:
             for index, stage in enumerate(self._stages):
                 workers.create_task(self._worker(stage), name=f"playhead-vocoder-{index}")
-            if self._start_stage is not None:
-                workers.create_task(
-                    self._start_lane(self._start_stage), name="playhead-vocoder-start"
-                )
 
     async def _worker(self, stage: StageExecutor) -> None:
-        await self._loop(stage, self._pick_for_worker, lane=False)
-
-    async def _start_lane(self, stage: StageExecutor) -> None:
-        await self._loop(stage, self._pick_for_lane, lane=True)
-
-    async def _loop(
-        self,
-        stage: StageExecutor,
-        pick: Callable[[], tuple[float, list[str]]],
-        *,
-        lane: bool,
-    ) -> None:
-        """One worker's loop, or the start lane's (`lane`). The wake event is shared:
-        each loop clears it and then looks at the book without yielding, so no wake is
-        lost between them."""
+        """One worker's loop. The wake event is shared: each loop clears it and then
+        looks at the book without yielding, so no wake is lost between them."""
         book = self._book
         while True:
             self.wake.clear()
             started_perf_s = time.perf_counter()
             started_cpu_s = time.thread_time()
-            started_s, selected = pick()
+            started_s, selected = self._pick()
             if not selected:
-                if not lane:
-                    self.idle_waits += 1
+                self.idle_waits += 1
                 await self.wake.wait()
                 continue
             book.turn_started()
@@ -153,22 +122,14 @@ class Vocoder:
             )
             if first:
                 book.first_audio_started()
-            if lane:
-                self.start_lane_turns += 1
-            else:
-                self._workers_busy += 1
-                if self._start_stage is not None and self._workers_busy == len(self._stages):
-                    self.wake.set()  # every worker is busy now: the start lane looks
             try:
                 await self._turn(stage, selected, started_s, started_perf_s, started_cpu_s)
             finally:
                 if first:
                     book.first_audio_ended()
-                if not lane:
-                    self._workers_busy -= 1
                 book.turn_ended()
 
-    def _pick_for_worker(self) -> tuple[float, list[str]]:
+    def _pick(self) -> tuple[float, list[str]]:
         """The most urgent ready streams; with none, a stream's next chunk beside the one
         being decoded (work-ahead)."""
         book = self._book
@@ -197,18 +158,6 @@ class Vocoder:
             if slack is None or slack < self._yield_slack_s:
                 return False
         return True
-
-    def _pick_for_lane(self) -> tuple[float, list[str]]:
-        """Streams still in their first chunks, only while every worker is decoding."""
-        book = self._book
-        if self._workers_busy < len(self._stages):
-            return 0.0, []
-        book.refresh()
-        starting = book.start_lane_ids
-        started_s = self._clock()
-        return started_s, (
-            book.scheduler.select(started_s, starting, all_admitted=True) if starting else []
-        )
 
     async def _turn(
         self,

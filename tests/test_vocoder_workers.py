@@ -1,8 +1,6 @@
 """Several vocoder workers (`vocoder.workers`): turns run side by side; one stream's
 chunks run side by side only while no other stream has a chunk ready and few streams have
-work (`work_ahead_streams`); the start lane (`start_lane_chunks`) takes a stream's first
-chunks, and only those, while every worker is busy; and
-every frame still arrives once, in order.
+work (`work_ahead_streams`); and every frame still arrives once, in order.
 
 The backend is the sim backend told that its vocode calls may overlap (as Piper's may);
 it notes which streams each call decodes while the call runs.
@@ -111,7 +109,6 @@ async def _run(
     *,
     work_ahead_streams: int = 1,
     backend: OverlappingSim | None = None,
-    start_lane_chunks: int = 0,
 ) -> tuple[OverlappingSim, list[np.ndarray], list[tuple[int, int, int]]]:
     backend = backend or OverlappingSim(SLOW_VOCODER)
     engine = await make_engine(
@@ -120,7 +117,6 @@ async def _run(
         vocoder=VocoderConfig(
             workers=workers,
             work_ahead_streams=work_ahead_streams,
-            start_lane_chunks=start_lane_chunks,
         ),
         talker=TalkerConfig(high_water_s=3600.0, batch=8),
     )
@@ -332,7 +328,7 @@ async def test_a_cancel_with_two_chunks_in_flight_leaks_nothing(
     engine = await make_engine(
         backend,
         window=1,
-        vocoder=VocoderConfig(workers=2, start_lane_chunks=0),
+        vocoder=VocoderConfig(workers=2),
         talker=TalkerConfig(high_water_s=3600.0, batch=8),
     )
     stream = engine.submit(LONE[0], voice="sim")
@@ -367,7 +363,7 @@ async def test_a_failure_of_the_chunk_ahead_fails_the_stream_in_order(
     engine = await make_engine(
         backend,
         window=1,
-        vocoder=VocoderConfig(workers=2, start_lane_chunks=0),
+        vocoder=VocoderConfig(workers=2),
         talker=TalkerConfig(high_water_s=3600.0, batch=8),
     )
     stream = engine.submit(LONE[0], voice="sim")
@@ -404,114 +400,6 @@ class HeldSim(OverlappingSim):
             with self._lock:
                 self.holding -= 1
         return super().vocode(items, abort)
-
-
-def _watch_lane(engine: Engine) -> list[tuple[str, int, int]]:
-    """(the vocoder task, chunks the stream sent before, workers decoding) at every take."""
-    book, vocoder = engine.book, engine.vocoder
-    takes: list[tuple[str, int, int]] = []
-    start_vocoding = book.start_vocoding
-
-    def watched(record: StreamRecord) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        takes.append((task.get_name(), record.stream.stats.chunks, vocoder._workers_busy))
-        start_vocoding(record)
-
-    book.start_vocoding = watched  # type: ignore[method-assign]
-    return takes
-
-
-@pytest.mark.parametrize("workers", [1, 2])
-async def test_a_new_stream_starts_while_every_worker_decodes(
-    make_engine: EngineFactory, workers: int
-) -> None:
-    """Every worker is stuck in another stream's decode: a new stream's first chunks come
-    from the start lane meanwhile, and the rest of them once a worker is free."""
-    backend = HeldSim(SLOW_VOCODER, held_tag=1)
-    engine = await make_engine(
-        backend,
-        window=1,
-        vocoder=VocoderConfig(workers=workers, start_lane_chunks=3),
-        talker=TalkerConfig(high_water_s=3600.0, batch=8),
-    )
-    assert engine.start_vocoder_stage is not None
-    takes = _watch_lane(engine)
-    held = [engine.submit(TEXTS[i], voice="sim") for i in range(workers)]  # tags 1..workers
-    await until(lambda: backend.holding == 1)
-    if workers == 2:  # the second worker: a decode of stream 2 that waits for the first
-        backend.held_tag = 2
-        await until(lambda: backend.holding == 2)
-    new = engine.submit(TEXTS[workers], voice="sim")
-    new_stats = new.stats
-    await until(lambda: new_stats.chunks == 3)  # while every worker is still held
-    assert backend.holding == workers and new_stats.ttfa_s is not None
-    backend.held_tag = -1
-    backend.release.set()
-    pcms = await asyncio.gather(*(read_all(stream) for stream in [*held, new]))
-    for pcm, text in zip(pcms, TEXTS, strict=False):
-        _check(pcm, text)
-    lane = [take for take in takes if take[0] == "playhead-vocoder-start"]
-    assert len(lane) >= 3 and engine.vocoder.start_lane_turns == len(lane)
-    assert all(sent < 3 and busy == workers for _, sent, busy in lane)
-    assert engine.traces(new.id) == [] and len(engine.book) == 0
-
-
-async def test_the_start_lane_takes_first_chunks_only_while_every_worker_is_busy(
-    make_engine: EngineFactory,
-) -> None:
-    """Eight streams at once on one worker: the lane takes some of their first chunks,
-    never a later one, never while the worker is free; every frame arrives once, in
-    order."""
-    backend = OverlappingSim(SLOW_VOCODER)
-    engine = await make_engine(
-        backend,
-        window=1,
-        vocoder=VocoderConfig(workers=1, start_lane_chunks=2),
-        talker=TalkerConfig(high_water_s=3600.0, batch=8),
-    )
-    takes = _watch_lane(engine)
-    streams = [engine.submit(text, voice="sim") for text in TEXTS]
-    pcms = await asyncio.gather(*(read_all(stream) for stream in streams))
-    for pcm, text in zip(pcms, TEXTS, strict=True):
-        _check(pcm, text)
-    lane = [take for take in takes if take[0] == "playhead-vocoder-start"]
-    assert lane and backend.calls_at_once == 2
-    assert all(sent < 2 and busy == 1 for _, sent, busy in lane)
-    assert len(engine.book) == 0
-
-
-@pytest.mark.parametrize("workers", [1, 2])
-async def test_the_start_lane_waits_while_a_worker_is_free(
-    make_engine: EngineFactory, workers: int
-) -> None:
-    """A fast vocoder (the talker is the slow stage) with streams arriving one by one: a
-    worker is often waiting when a first chunk becomes ready, and the lane leaves it to
-    the worker whichever loop wakes first."""
-    backend = OverlappingSim(FAST_SIM)
-    engine = await make_engine(
-        backend,
-        window=1,
-        vocoder=VocoderConfig(workers=workers, start_lane_chunks=3),
-        talker=TalkerConfig(high_water_s=3600.0, batch=8),
-    )
-    takes = _watch_lane(engine)
-    streams = []
-    for text in TEXTS:
-        streams.append(engine.submit(text, voice="sim"))
-        await asyncio.sleep(0.003)
-    pcms = await asyncio.gather(*(read_all(stream) for stream in streams))
-    for pcm, text in zip(pcms, TEXTS, strict=True):
-        _check(pcm, text)
-    lane = [busy for task, _, busy in takes if task == "playhead-vocoder-start"]
-    assert all(busy == workers for busy in lane)
-
-
-async def test_no_start_lane_when_off_or_calls_cannot_overlap(make_engine: EngineFactory) -> None:
-    off = await make_engine(OverlappingSim(FAST_SIM), vocoder=VocoderConfig(start_lane_chunks=0))
-    assert off.start_vocoder_stage is None
-    sim = await make_engine(SimBackend(FAST_SIM), vocoder=VocoderConfig(start_lane_chunks=3))
-    assert sim.start_vocoder_stage is None
 
 
 async def test_one_worker_runs_one_call_at_a_time(make_engine: EngineFactory) -> None:
