@@ -574,6 +574,9 @@ def test_the_sdk_reads_voices_models_and_whole_timestamps(server: LiveServer) ->
     assert "".join(whole.alignment.characters) == "Hello there."
     audio_s = len(base64.b64decode(whole.audio_base_64)) / 2 / 24000
     assert audio_s == pytest.approx(expected_audio_s(server.settings, "Hello there."), abs=0.01)
+    # the SDK asks for A-law by ElevenLabs' name, and takes what comes back
+    alaw = b"".join(client.text_to_speech.convert("sim", text="Hi.", output_format="alaw_8000"))
+    assert len(alaw) / 8000 == pytest.approx(expected_audio_s(server.settings, "Hi."), abs=0.01)
 
 
 def test_a_client_leaving_mid_stream_frees_its_engine_stream(server: LiveServer) -> None:
