@@ -169,18 +169,19 @@ def ulaw_encode(s16: np.ndarray) -> bytes:
     return (ulaw ^ mask).astype(np.uint8).tobytes()
 
 
-# G.711 A-law segment ends, on the 12-bit magnitude (ITU-T G.191's alaw_compress)
+# G.711 A-law segment ends, on the 11-bit magnitude (ITU-T G.191's alaw_compress)
 _ALAW_SEG_ENDS = np.array([0x0F, 0x1F, 0x3F, 0x7F, 0xFF, 0x1FF, 0x3FF, 0x7FF], dtype=np.int32)
 
 
 def alaw_encode(s16: np.ndarray) -> bytes:
     """16-bit linear samples -> G.711 A-law bytes, as ITU-T G.191's reference encoder
-    (alaw_compress): a 12-bit magnitude (a negative sample's one's complement: -1 has the
-    magnitude of 0), segment 0 and 1 with the magnitude's 4 low bits as mantissa, segment
-    s > 1 with the 4 bits after its leading one, the sign bit set for a sample >= 0, then
-    the even bits inverted (XOR 0x55). ffmpeg's pcm_alaw picks the nearest level of x >> 2
-    instead: one level apart on 1.5 % of the values, just above a segment edge where the
-    step doubles and next to a decision level for negative ones (tests/test_audio_alaw.py)."""
+    (alaw_compress): the sample's top 12 bits, a sign and an 11-bit magnitude (a negative
+    sample's one's complement: -1 has the magnitude of 0); segments 0 and 1 take the
+    magnitude's 4 low bits as mantissa, segment s > 1 the 4 bits after its leading one; the
+    sign bit is set for a sample >= 0, then the even bits are inverted (XOR 0x55).
+    ffmpeg's pcm_alaw picks the nearest level of x >> 2 instead: one level apart on 1.5 %
+    of the values, just above a segment edge where the step doubles and next to a
+    decision level for negative ones (tests/test_audio_alaw.py)."""
     value = s16.astype(np.int32)
     negative = value < 0
     magnitude = np.where(negative, ~value, value) >> 4  # 0 ... 2047
