@@ -25,11 +25,11 @@ Bit rates (mp3, opus, aac), the Ogg page duration and soxr's quality are the set
 Containers: mp3 is bare MPEG frames (no ID3, no Xing header); opus is Ogg Opus; aac is
 ADTS; flac is native FLAC whose STREAMINFO says "total samples unknown" (the stream is not
 seekable, so the header is never rewritten); wav is a RIFF header with 0xFFFFFFFF sizes (the
-streaming convention) then s16le; pcm is raw s16le; ulaw is raw G.711 u-law, a byte a
-sample (ITU-T G.711, no header). mp3 and aac decoders see the encoder's priming
-samples (about 529 / 1024 samples at the encoded rate) and the padding of the last frame,
-because neither container can signal them (+52 / +47 ms for 2.3 s at 24 kHz); opus, flac, wav,
-pcm and ulaw decode to the exact length.
+streaming convention) then s16le; pcm is raw s16le; ulaw and alaw are raw G.711 u-law and
+A-law, a byte a sample (ITU-T G.711, no header). mp3 and aac decoders see the encoder's
+priming samples (about 529 / 1024 samples at the encoded rate) and the padding of the last
+frame, because neither container can signal them (+52 / +47 ms for 2.3 s at 24 kHz); opus,
+flac, wav, pcm, ulaw and alaw decode to the exact length.
 
 Errors: UnsupportedFormat, UnsupportedSampleRate (ValueError: before the first byte, a 400);
 EncoderError (a codec failure mid-stream); EncoderClosed (use after finish/close: a bug).
@@ -46,7 +46,7 @@ import av
 import numpy as np
 import soxr
 
-from app.audio_codecs import AV_SPECS, AvCodec, RateRule, RawCodec, UlawCodec, codec_spec, raw_codec
+from app.audio_codecs import AV_SPECS, AvCodec, G711Codec, RateRule, RawCodec, codec_spec, raw_codec
 from app.encoding_config import DEFAULT_ENCODING, EncodingConfig
 
 FORMATS: Mapping[str, str] = MappingProxyType(
@@ -58,6 +58,7 @@ FORMATS: Mapping[str, str] = MappingProxyType(
         "wav": "audio/wav",
         "pcm": "audio/pcm",
         "ulaw": "audio/basic",  # raw G.711 u-law, any rate (telephony: 8000)
+        "alaw": "audio/PCMA",  # raw G.711 A-law, any rate (RFC 4856's name; telephony: 8000)
     }
 )
 
@@ -140,7 +141,7 @@ class StreamEncoder:
             )
         )
         spec = codec_spec(response_format, encoding)
-        self._codec: RawCodec | UlawCodec | AvCodec | None  # None once closed: PyAV freed
+        self._codec: RawCodec | G711Codec | AvCodec | None  # None once closed: PyAV freed
         if spec is not None:
             self._codec = AvCodec(spec, self.output_rate_hz)
         else:
@@ -152,11 +153,12 @@ class StreamEncoder:
 
     @property
     def raw(self) -> bool:
-        """pcm, wav or ulaw (no PyAV codec: `AV_SPECS` has none), so `encode` is a clip and a cast
-        (and resampling when the rates differ), about 0.2-0.5 ms per second of audio."""
+        """pcm, wav, ulaw or alaw (no PyAV codec: `AV_SPECS` has none), so `encode` is a clip
+        and a cast (and resampling when the rates differ), about 0.2-0.5 ms per second of
+        audio."""
         return self.response_format not in AV_SPECS
 
-    def _check_open(self) -> RawCodec | UlawCodec | AvCodec:
+    def _check_open(self) -> RawCodec | G711Codec | AvCodec:
         if self._codec is None:
             raise EncoderClosed(f"{self.response_format} encoder is finished or closed")
         return self._codec

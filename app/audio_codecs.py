@@ -1,5 +1,5 @@
-"""The codec layer under app/audio.py: s16le (pcm, wav), G.711 u-law (ulaw) and PyAV
-muxer + encoder pairs.
+"""The codec layer under app/audio.py: s16le (pcm, wav), G.711 u-law (ulaw) and A-law
+(alaw), and PyAV muxer + encoder pairs.
 
 A codec takes float32 mono PCM in [-1, 1] already at its own rate and returns the bytes
 that are ready: `write(pcm) -> bytes`, `flush() -> bytes` (the rest plus the container's
@@ -169,12 +169,41 @@ def ulaw_encode(s16: np.ndarray) -> bytes:
     return (ulaw ^ mask).astype(np.uint8).tobytes()
 
 
-class UlawCodec:
-    """Raw G.711 u-law, one byte a sample, no header (telephony: Twilio's media streams);
-    nothing is held back, so every sample leaves with the chunk that brought it."""
+# G.711 A-law segment ends, on the 11-bit magnitude (ITU-T G.191's alaw_compress)
+_ALAW_SEG_ENDS = np.array([0x0F, 0x1F, 0x3F, 0x7F, 0xFF, 0x1FF, 0x3FF, 0x7FF], dtype=np.int32)
+
+
+def alaw_encode(s16: np.ndarray) -> bytes:
+    """16-bit linear samples -> G.711 A-law bytes, as ITU-T G.191's reference encoder
+    (alaw_compress): the sample's top 12 bits, a sign and an 11-bit magnitude (a negative
+    sample's one's complement: -1 has the magnitude of 0); segments 0 and 1 take the
+    magnitude's 4 low bits as mantissa, segment s > 1 the 4 bits after its leading one; the
+    sign bit is set for a sample >= 0, then the even bits are inverted (XOR 0x55).
+    ffmpeg's pcm_alaw picks the nearest level of x >> 2 instead: one level apart on 1.5 %
+    of the values, just above a segment edge where the step doubles and next to a
+    decision level for negative ones (tests/test_audio_alaw.py)."""
+    value = s16.astype(np.int32)
+    negative = value < 0
+    magnitude = np.where(negative, ~value, value) >> 4  # 0 ... 2047
+    segment = np.searchsorted(_ALAW_SEG_ENDS, magnitude)
+    mantissa = (magnitude >> np.maximum(segment - 1, 0)) & 0x0F
+    alaw = (segment << 4) | mantissa | np.where(negative, 0x00, 0x80)
+    return (alaw ^ 0x55).astype(np.uint8).tobytes()
+
+
+_G711_ENCODERS = {"ulaw": ulaw_encode, "alaw": alaw_encode}
+
+
+class G711Codec:
+    """Raw G.711 (u-law or A-law), one byte a sample, no header (telephony: Twilio's media
+    streams, European trunks); nothing is held back, so every sample leaves with the chunk
+    that brought it."""
+
+    def __init__(self, law: str) -> None:
+        self._encode = _G711_ENCODERS[law]
 
     def write(self, pcm: np.ndarray) -> bytes:
-        return ulaw_encode(_to_s16(pcm)) if pcm.size else b""
+        return self._encode(_to_s16(pcm)) if pcm.size else b""
 
     def flush(self) -> bytes:
         return b""
@@ -183,10 +212,10 @@ class UlawCodec:
         pass
 
 
-def raw_codec(response_format: str, rate_hz: int) -> RawCodec | UlawCodec:
-    """The codec of a format that needs no PyAV: pcm, wav (with its header) or ulaw."""
-    if response_format == "ulaw":
-        return UlawCodec()
+def raw_codec(response_format: str, rate_hz: int) -> RawCodec | G711Codec:
+    """The codec of a format that needs no PyAV: pcm, wav (with its header), ulaw or alaw."""
+    if response_format in _G711_ENCODERS:
+        return G711Codec(response_format)
     return RawCodec(wav_stream_header(rate_hz) if response_format == "wav" else b"")
 
 

@@ -22,6 +22,13 @@ Words are runs of non-white-space client characters; a word is appended once its
 character is timed and the character after it is known to be white space (or the text
 ended).
 
+The spoken text (the engine's text, what the voice says: "three dollars fifty" for
+"$3.50") is timed too, character by character (`Alignment.spoken`): a non-space spoken
+character gets its segment character's own time, never earlier than the spoken character
+before it; spoken characters the segments did not time (white space between words or
+segments, a character past the backend's timing) share the time between the timed ones
+around them, from the end of the one before (zero duration where they touch).
+
 Without a backend timing the segment's characters are spread evenly over its frames as
 they come: a character is appended once the frames made reach its estimated start (the
 segment's length estimated from the stream's frames per character so far), and what is
@@ -77,8 +84,16 @@ class StreamAligner:
         self._client_base = 0
         self._client_end = 0
         # the engine text's non-space characters not yet in an opened segment:
-        # (character, client span start, client span end)
-        self._spoken: deque[tuple[str, int, int]] = deque()
+        # (character, client span start, client span end, offset in the spoken text)
+        self._spoken: deque[tuple[str, int, int, int]] = deque()
+        # the spoken text (the engine's): characters not yet timed, from offset _said_base
+        self._said = ""
+        self._said_base = 0
+        self._said_end = 0
+        self._said_next = 0  # the next spoken character to time
+        self._said_start_s = 0.0  # start of the last timed spoken character
+        self._said_end_s = 0.0  # end of the last timed non-space spoken character
+        self._said_chars: list[CharTiming] = []  # made by the running transition
         self._next_char = 0  # the next client character to time
         self._last_end_s = 0.0  # end of the last timed group
         self._group: list[float] | None = None  # [span start, span end, start_s, end_s]
@@ -87,7 +102,7 @@ class StreamAligner:
         # the open segment's: index, map (segment character -> spoken tuple or None),
         # frame offset, and its even spread when the backend gave no timing
         self._segment = -1
-        self._segment_map: list[tuple[str, int, int] | None] = []
+        self._segment_map: list[tuple[str, int, int, int] | None] = []
         self._segment_chars: list[int] = []  # indices of its non-space characters
         self._segment_offset = 0
         self._even: _EvenSpread | None = None
@@ -105,9 +120,9 @@ class StreamAligner:
             return
         try:
             work()
-            if self._chars or self._words:
-                self._alignment.extend(self._chars, self._words)
-                self._chars, self._words = [], []
+            if self._chars or self._words or self._said_chars:
+                self._alignment.extend(self._chars, self._words, self._said_chars)
+                self._chars, self._words, self._said_chars = [], [], []
         except Exception:
             self._broken = True
             log.exception("timing a stream's text failed: its alignment stops here")
@@ -119,19 +134,23 @@ class StreamAligner:
         self._guard(lambda: self._add_text(text))
 
     def _add_text(self, text: str) -> None:
-        base = self._client_end
+        base, said = self._client_end, self._said_end
         if isinstance(text, SpokenText):
             source, spans = text.source, text.spans
-            for char, (start, end) in zip(text, spans, strict=True):
+            for i, (char, (start, end)) in enumerate(zip(text, spans, strict=True)):
                 if not char.isspace():
-                    self._spoken.append((char, base + start, base + end))
+                    self._spoken.append((char, base + start, base + end, said + i))
         else:
             source = text
             self._spoken.extend(
-                (char, base + i, base + i + 1) for i, char in enumerate(text) if not char.isspace()
+                (char, base + i, base + i + 1, said + i)
+                for i, char in enumerate(text)
+                if not char.isspace()
             )
         self._client += source
         self._client_end += len(source)
+        self._said += str(text)
+        self._said_end += len(text)
 
     # The talker.
 
@@ -187,6 +206,7 @@ class StreamAligner:
         self._finished = True
         self._close_group()
         self._emit_gap(self._client_end, total_frames * self._frame_s)
+        self._said_gap(self._said_end, total_frames * self._frame_s)
         word = self._end_word(self._client_end)
         if word is not None:
             self._words.append(word)
@@ -199,7 +219,7 @@ class StreamAligner:
         self._close_group()
         self._segment = request.segment_index
         self._segment_offset = request.first_frame_index
-        mapping: list[tuple[str, int, int] | None] = []
+        mapping: list[tuple[str, int, int, int] | None] = []
         chars: list[int] = []
         spoken = self._spoken
         for index, char in enumerate(request.text):
@@ -234,6 +254,7 @@ class StreamAligner:
         entry = self._segment_map[index]
         assert entry is not None
         end_s = (self._segment_offset + end_frame) * self._frame_s
+        self._feed_said(entry[3], start_s, end_s)
         self._feed_span(entry[1], entry[2], start_s, end_s)
 
     def _spread(self, segment_frames: int, done: bool) -> None:
@@ -259,11 +280,48 @@ class StreamAligner:
         mapping = self._segment_map
         while even.next < even.count and even.next * per_char < segment_frames:
             span = mapping[chars[even.next]]
-            while even.next < even.count and mapping[chars[even.next]][1:] == span[1:]:
+            while even.next < even.count and mapping[chars[even.next]][1:3] == span[1:3]:
                 start = even.next * per_char
                 self._feed(chars[even.next], (offset + start) * self._frame_s, start + per_char)
                 even.next += 1
             self._close_group()
+
+    def _feed_said(self, index: int, start_s: float, end_s: float) -> None:
+        """Spoken character `index` (an offset in the spoken text) is heard from `start_s`
+        to `end_s`: the spoken characters before it not yet timed first, then it."""
+        if index < self._said_next:  # timed already (a segment that met other text: a bug)
+            return
+        start_s = max(start_s, self._said_start_s, self._sent_s())
+        self._said_gap(index, start_s)
+        self._said_chars.append(
+            CharTiming(index, self._said_at(index), start_s, max(end_s - start_s, 0.0))
+        )
+        self._said_next = index + 1
+        self._said_start_s = start_s
+        self._said_end_s = max(self._said_end_s, end_s)
+        drop = self._said_next - self._said_base
+        if drop > 4096:
+            self._said = self._said[drop:]
+            self._said_base += drop
+
+    def _said_at(self, index: int) -> str:
+        return self._said[index - self._said_base]
+
+    def _said_gap(self, stop: int, until_s: float) -> None:
+        """Spoken characters [next, stop) no segment character timed (white space, mostly):
+        spread from the last one's end (no earlier than its start) to `until_s`."""
+        count = stop - self._said_next
+        if count <= 0:
+            return
+        floor_s = max(self._said_start_s, self._sent_s())
+        begin = min(max(self._said_end_s, floor_s), max(until_s, floor_s))
+        end = max(until_s, begin)
+        step = (end - begin) / count
+        for k in range(count):
+            index = self._said_next + k
+            self._said_chars.append(CharTiming(index, self._said_at(index), begin + k * step, step))
+        self._said_next = stop
+        self._said_start_s = begin + (count - 1) * step
 
     def _feed_span(self, span_start: int, span_end: int, start_s: float, end_s: float) -> None:
         """One spoken character standing for client span [span_start, span_end)."""

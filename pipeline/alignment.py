@@ -35,6 +35,11 @@ from and whose `spans` give, per spoken character, the span of `source` it stand
 (pipeline/normalize: `normalize_mapped`, `StreamNormalizer`). The stream's text is then
 the concatenation of the sources; a plain str is its own source, character by character.
 Every character of the stream's text gets exactly one CharTiming, in order.
+
+`Alignment.spoken` times the spoken text the same way: the concatenation of the engine's
+texts (the SpokenText strings themselves, "It costs five dollars."), each of its characters
+once, in order, `index` an offset into that text (what ElevenLabs calls the normalised
+alignment). Its times never decrease; `spoken_before` reads it with a cursor of its own.
 """
 
 from __future__ import annotations
@@ -81,9 +86,9 @@ class SpokenText(str):
 
 @dataclass(frozen=True, slots=True)
 class CharTiming:
-    """One character of the stream's text as sent."""
+    """One character of the stream's text as sent (or of its spoken text: `spoken`)."""
 
-    index: int  # offset into the stream's text
+    index: int  # offset into the stream's text (the spoken text's, in `spoken`)
     char: str
     start_s: float  # from the start of the stream's audio
     duration_s: float
@@ -107,16 +112,23 @@ class WordTiming:
 class Alignment:
     """A stream's timings, appended in time order by the engine; see the module doc."""
 
-    __slots__ = ("_char_starts", "_word_starts", "chars", "words")
+    __slots__ = ("_char_starts", "_spoken_starts", "_word_starts", "chars", "spoken", "words")
 
     def __init__(self) -> None:
         self.chars: list[CharTiming] = []
         self.words: list[WordTiming] = []
+        self.spoken: list[CharTiming] = []  # the spoken (normalised) text's characters
         self._char_starts: list[float] = []
         self._word_starts: list[float] = []
+        self._spoken_starts: list[float] = []
 
-    def extend(self, chars: list[CharTiming], words: list[WordTiming]) -> None:
-        """The next timings, each starting no earlier than the ones before it."""
+    def extend(
+        self,
+        chars: list[CharTiming],
+        words: list[WordTiming],
+        spoken: list[CharTiming] | None = None,
+    ) -> None:
+        """The next timings, each starting no earlier than the ones before it (per list)."""
         if chars:
             if self._char_starts and chars[0].start_s < self._char_starts[-1]:
                 raise ValueError("character timings must come in time order")
@@ -127,11 +139,22 @@ class Alignment:
                 raise ValueError("word timings must come in time order")
             self.words.extend(words)
             self._word_starts.extend(w.start_s for w in words)
+        if spoken:
+            if self._spoken_starts and spoken[0].start_s < self._spoken_starts[-1]:
+                raise ValueError("spoken character timings must come in time order")
+            self.spoken.extend(spoken)
+            self._spoken_starts.extend(c.start_s for c in spoken)
 
     def chars_before(self, audio_s: float, cursor: int = 0) -> tuple[list[CharTiming], int]:
         """The characters from `cursor` on that start before `audio_s`, and the next cursor."""
         end = max(cursor, bisect_left(self._char_starts, audio_s))
         return self.chars[cursor:end], end
+
+    def spoken_before(self, audio_s: float, cursor: int = 0) -> tuple[list[CharTiming], int]:
+        """The spoken characters from `cursor` on that start before `audio_s`, and the next
+        cursor."""
+        end = max(cursor, bisect_left(self._spoken_starts, audio_s))
+        return self.spoken[cursor:end], end
 
     def words_before(self, audio_s: float, cursor: int = 0) -> tuple[list[WordTiming], int]:
         """The words from `cursor` on that start before `audio_s`, and the next cursor."""

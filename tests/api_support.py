@@ -18,6 +18,7 @@ import httpx
 import numpy as np
 import uvicorn
 
+from app.audio_codecs import alaw_encode
 from app.server import create_app
 from app.settings import Settings, load_settings
 from pipeline.backends.sim import SimBackend
@@ -209,3 +210,30 @@ def request_bytes(
         *extra,
     ]
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+def alaw_decoded(data: bytes) -> np.ndarray:
+    """Raw 8 kHz A-law decoded by ffmpeg's pcm_alaw decoder, as floats."""
+    options = {"sample_rate": "8000", "ch_layout": "mono"}
+    with av.open(io.BytesIO(data), format="alaw", options=options) as container:
+        planes = [f.to_ndarray().reshape(-1) for f in container.decode(audio=0)]
+    return np.concatenate(planes).astype(np.float32) / 32768.0
+
+
+def assert_alaw_like_pcm(alaw: bytes, pcm: bytes, expected_s: float) -> None:
+    """`alaw` (8 kHz) has the text's length and is the 8 kHz pcm of the same text in G.711
+    A-law: the bytes of that pcm A-law encoded here, within one level, and, decoded by
+    ffmpeg, within half a level's step of the pcm. The sim voice's audio of two requests
+    differs only by its stream tag, by less than 16 of 32768, in one of the four blocks of
+    each of its frames: the other three are the same bytes."""
+    assert abs(len(alaw) / 8000 - expected_s) <= 0.01  # a byte a sample
+    s16 = np.frombuffer(pcm, "<i2")
+    got = np.frombuffer(alaw, np.uint8)
+    assert got.size == s16.size
+    here = np.frombuffer(alaw_encode(s16), np.uint8)
+    level = lambda codes: (codes.astype(int) ^ 0x55) & 0x7F  # noqa: E731
+    assert np.all(np.abs(level(got) - level(here)) <= 1)
+    assert np.mean(got == here) > 0.7
+    decoded = alaw_decoded(alaw) * 32768.0
+    half_step = 8 << np.maximum((level(got) >> 4) - 1, 0)
+    assert np.all(np.abs(decoded - s16) <= half_step + 16)

@@ -39,6 +39,7 @@ EXTRA_S_RANGE = {
     "wav": (-0.001, 0.001),
     "pcm": (-0.001, 0.001),
     "ulaw": (-0.001, 0.001),
+    "alaw": (-0.001, 0.001),
 }
 
 
@@ -78,9 +79,10 @@ def _decode(data: bytes, fmt: str) -> tuple[np.ndarray, int]:
     return samples, rate_hz
 
 
-def _decode_ulaw(data: bytes, rate_hz: int) -> np.ndarray:
+def _decode_g711(data: bytes, rate_hz: int, law: str) -> np.ndarray:
+    """Raw G.711 ("mulaw" or "alaw", ffmpeg's demuxer names) decoded by ffmpeg."""
     options = {"sample_rate": str(rate_hz), "ch_layout": "mono"}
-    with av.open(io.BytesIO(data), format="mulaw", options=options) as container:
+    with av.open(io.BytesIO(data), format=law, options=options) as container:
         planes = [frame.to_ndarray().reshape(-1) for frame in container.decode(audio=0)]
     return np.concatenate(planes).astype(np.float32) / 32768.0
 
@@ -115,6 +117,7 @@ def test_formats_map_to_the_api_content_types():
         "wav": "audio/wav",
         "pcm": "audio/pcm",
         "ulaw": "audio/basic",
+        "alaw": "audio/PCMA",
     }
     for fmt, content_type in FORMATS.items():
         encoder = open_encoder(fmt, INPUT_RATE_HZ, OUTPUT_RATE_HZ)
@@ -129,8 +132,9 @@ def test_stream_decodes_whole_with_the_input_duration(fmt):
     data = b"".join(parts) + tail
     if fmt == "pcm":
         decoded, rate_hz = np.frombuffer(data, "<i2") / 32768.0, OUTPUT_RATE_HZ
-    elif fmt == "ulaw":
-        decoded, rate_hz = _decode_ulaw(data, OUTPUT_RATE_HZ), OUTPUT_RATE_HZ
+    elif fmt in ("ulaw", "alaw"):
+        law = "mulaw" if fmt == "ulaw" else "alaw"
+        decoded, rate_hz = _decode_g711(data, OUTPUT_RATE_HZ, law), OUTPUT_RATE_HZ
     else:
         decoded, rate_hz = _decode(data, fmt)
     if fmt == "opus":

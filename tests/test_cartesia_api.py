@@ -23,6 +23,7 @@ import websockets
 from api_support import (
     SLOW_TALKER,
     LiveServer,
+    assert_alaw_like_pcm,
     expected_audio_s,
     live_server,
     metric_value,
@@ -34,7 +35,7 @@ TEXT = "Hello there. This is a test of the Cartesia API."
 VERSION = "2025-04-16"
 CARTESIA_UUID = "a0e99841-438c-4a64-b679-ae501e7d6091"
 RAW = {"container": "raw", "encoding": "pcm_s16le", "sample_rate": 24000}
-BYTES_PER_SAMPLE = {"pcm_s16le": 2, "pcm_f32le": 4, "pcm_mulaw": 1}
+BYTES_PER_SAMPLE = {"pcm_s16le": 2, "pcm_f32le": 4, "pcm_mulaw": 1, "pcm_alaw": 1}
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +111,7 @@ def audio_of(messages: list[dict]) -> bytes:
 
 
 @pytest.mark.filterwarnings("ignore:bytes\\(\\) is deprecated")
-@pytest.mark.parametrize("encoding", ["pcm_s16le", "pcm_f32le", "pcm_mulaw"])
+@pytest.mark.parametrize("encoding", ["pcm_s16le", "pcm_f32le", "pcm_mulaw", "pcm_alaw"])
 @pytest.mark.parametrize("rate_hz", [8000, 24000, 44100])
 def test_bytes_raw_encodings_and_rates(
     server: LiveServer, client: cartesia.Cartesia, encoding: str, rate_hz: int
@@ -127,7 +128,7 @@ def test_bytes_raw_encodings_and_rates(
 
 
 @pytest.mark.parametrize(("encoding", "tag", "bits"), [
-    ("pcm_s16le", 1, 16), ("pcm_f32le", 3, 32), ("pcm_mulaw", 7, 8),
+    ("pcm_s16le", 1, 16), ("pcm_f32le", 3, 32), ("pcm_mulaw", 7, 8), ("pcm_alaw", 6, 8),
 ])  # fmt: skip
 def test_bytes_wav_containers_decode(
     server: LiveServer, client: cartesia.Cartesia, encoding: str, tag: int, bits: int
@@ -147,6 +148,15 @@ def test_bytes_wav_containers_decode(
     with av.open(io.BytesIO(data), format="wav") as container:
         decoded = np.concatenate([f.to_ndarray().reshape(-1) for f in container.decode(audio=0)])
     assert decoded.size / 16000 == pytest.approx(sim_seconds(server), abs=0.01)
+
+
+def test_raw_alaw_is_the_s16_audio_in_g711_a_law(server: LiveServer) -> None:
+    """pcm_alaw, raw: audio/PCMA, the pcm_s16le the same text gives in G.711 A-law."""
+    s16 = post(server, {**GOOD, "output_format": {**RAW, "sample_rate": 8000}})
+    fmt = {**RAW, "encoding": "pcm_alaw", "sample_rate": 8000}
+    alaw = post(server, {**GOOD, "output_format": fmt})
+    assert alaw.status_code == 200 and alaw.headers["content-type"] == "audio/PCMA"
+    assert_alaw_like_pcm(alaw.content, s16.content, sim_seconds(server))
 
 
 def test_bytes_mp3_at_its_bit_rate(server: LiveServer, client: cartesia.Cartesia) -> None:
@@ -212,7 +222,7 @@ GOOD = {"model_id": "sonic-2", "transcript": TEXT, "voice": "sim", "output_forma
     ({**GOOD, "transcript": "x" * 5000}, 400, "transcript_too_long"),
     ({**GOOD, "transcript": "!!! ..."}, 400, "nothing_to_speak"),
     ({**GOOD, "output_format": None}, 400, "missing_field"),
-    ({**GOOD, "output_format": {**RAW, "encoding": "pcm_alaw"}}, 400, "invalid_output_format"),
+    ({**GOOD, "output_format": {**RAW, "encoding": "pcm_alaw8"}}, 400, "invalid_output_format"),
     ({**GOOD, "output_format": {**RAW, "sample_rate": 96000}}, 400, "invalid_output_format"),
     ({**GOOD, "output_format": {**RAW, "sample_rate": "fast"}}, 400, "invalid_request"),
     ({**GOOD, "output_format": {"container": "ogg", "sample_rate": 8000}}, 400,
@@ -317,6 +327,19 @@ async def test_two_contexts_interleave_on_one_socket(server: LiveServer) -> None
     # neither waited for the other to finish
     first_done = min(order.index("a", order.index("a")), len(order))
     assert "b" in order[: first_done + len(seen["a"]) - 1]
+
+
+async def test_the_socket_sends_raw_alaw(server: LiveServer) -> None:
+    fmt = {**RAW, "encoding": "pcm_alaw", "sample_rate": 8000}
+    async with websockets.connect(ws_url(server)) as socket:
+        await socket.send(request("law", TEXT, output_format=fmt))
+        messages = await receive_until_done(socket, "law")
+    audio = audio_of(messages)
+    assert len(audio) / 8000 == pytest.approx(sim_seconds(server), abs=0.01)  # a byte a sample
+    options = {"sample_rate": "8000", "ch_layout": "mono"}
+    with av.open(io.BytesIO(audio), format="alaw", options=options) as container:
+        decoded = sum(f.samples for f in container.decode(audio=0))
+    assert decoded == len(audio)
 
 
 async def test_flush_marks_chunks_and_answers_flush_done(server: LiveServer) -> None:

@@ -21,6 +21,7 @@ import websockets
 from api_support import (
     SLOW_TALKER,
     LiveServer,
+    assert_alaw_like_pcm,
     expected_audio_s,
     live_server,
     metric_value,
@@ -29,6 +30,7 @@ from api_support import (
 
 from app.elevenlabs.sockets import ws_alignment
 from pipeline.alignment import CharTiming
+from pipeline.normalize import normalize_mapped
 
 TEXT = "Hello there. This is a test of the multi context socket."
 KEY = "sk-test-key"
@@ -92,6 +94,41 @@ def test_stream_pcm_and_ulaw_have_the_length_of_the_text(server: LiveServer) -> 
     assert int(ulaw.headers["x-character-count"]) == len(TEXT)
 
 
+@pytest.mark.parametrize("path", ["", "/stream", "/stream/with-timestamps", "/with-timestamps"])
+def test_alaw_8000_on_every_http_route_is_the_pcm_in_g711_a_law(
+    server: LiveServer, path: str
+) -> None:
+    pcm = httpx.post(tts_url(server, "", fmt="pcm_8000"), json={"text": TEXT}, timeout=30)
+    response = httpx.post(tts_url(server, path, fmt="alaw_8000"), json={"text": TEXT}, timeout=30)
+    assert response.status_code == 200, response.text[:200]
+    if path.endswith("with-timestamps"):
+        lines = [json.loads(line) for line in response.text.splitlines() if line]
+        audio = b"".join(base64.b64decode(line["audio_base64"]) for line in lines)
+    else:
+        assert response.headers["content-type"] == "audio/PCMA"
+        assert int(response.headers["x-character-count"]) == len(TEXT)
+        audio = response.content
+    assert_alaw_like_pcm(audio, pcm.content, expected_audio_s(server.settings, TEXT))
+
+
+@pytest.mark.parametrize("kind", ["stream-input", "multi-stream-input"])
+async def test_alaw_8000_on_both_sockets(server: LiveServer, kind: str) -> None:
+    text = "Hello there. How are you?"
+    async with websockets.connect(ws_url(server, kind, "alaw_8000")) as ws:
+        if kind == "stream-input":
+            await ws.send(json.dumps({"text": text + " "}))
+            await ws.send(json.dumps({"text": ""}))
+            audio, _ = await _context_audio(ws, "default")
+        else:
+            await ws.send(json.dumps({"text": text + " ", "context_id": "a"}))
+            await ws.send(json.dumps({"context_id": "a", "flush": True}))
+            await ws.send(json.dumps({"context_id": "a", "close_context": True}))
+            audio, _ = await _context_audio(ws, "a")
+    async with httpx.AsyncClient(timeout=30) as client:
+        pcm = await client.post(tts_url(server, "", fmt="pcm_8000"), json={"text": text})
+    assert_alaw_like_pcm(audio, pcm.content, expected_audio_s(server.settings, text))
+
+
 def test_default_format_is_mp3_44100_128(server: LiveServer) -> None:
     response = httpx.post(tts_url(server, ""), json={"text": "Hello there."}, timeout=30)
     assert response.status_code == 200
@@ -122,7 +159,8 @@ def test_stream_with_timestamps_is_json_lines_of_audio(server: LiveServer) -> No
         ("/stream", {"model_id": "eleven_flash_v2_5"}, "", 400, "missing_required_parameter"),
         ("/stream", {"text": "  "}, "", 400, "invalid_text"),
         ("/stream", {"text": "Hi.", "voice_settings": {"speed": 9}}, "", 400, "invalid_value"),
-        ("/stream", {"text": "Hi."}, "alaw_8000", 400, "invalid_output_format"),
+        ("/stream", {"text": "Hi."}, "alaw_16000", 400, "invalid_output_format"),
+        ("/stream", {"text": "Hi."}, "alaw_8000_64", 400, "invalid_output_format"),
         ("/stream", {"text": "Hi."}, "mp3_44100", 400, "invalid_output_format"),
         ("/stream", {"text": "Hi."}, "wav_44100", 400, "invalid_output_format"),
         ("/stream", {"text": "x" * 5000}, "", 400, "max_character_limit_exceeded"),
@@ -397,20 +435,73 @@ def test_alignment_clocks_sync_and_restarting() -> None:
     assert np.all(np.diff(absolute) >= 0)
 
 
-def test_alignment_is_of_the_text_as_sent(server: LiveServer) -> None:
+def spoken_text(server: LiveServer, text: str) -> str:
+    """`text` as the sim voice says it (the server's normaliser)."""
+    language = server.app.state.playhead.engine.resolve_voice("sim").language
+    return str(normalize_mapped(text, language, server.settings.normalize))
+
+
+def check_http_alignment(alignment: dict[str, list[Any]], text: str, audio_s: float) -> None:
+    """The characters join to `text`; starts never decrease, each end after its start,
+    the last character ending with the audio."""
+    assert "".join(alignment["characters"]) == text
+    starts = alignment["character_start_times_seconds"]
+    ends = alignment["character_end_times_seconds"]
+    assert len(starts) == len(ends) == len(text)
+    assert starts == sorted(starts)
+    assert all(0 <= start <= end for start, end in zip(starts, ends, strict=True))
+    assert ends[-1] == pytest.approx(audio_s, abs=0.002)
+
+
+def test_alignment_is_of_the_text_as_sent_and_normalized_of_the_spoken(
+    server: LiveServer,
+) -> None:
     text = "It costs $5. Call me at 10 tomorrow."
+    spoken = spoken_text(server, text)
+    assert "five dollars" in spoken and "ten" in spoken  # what the voice says
     whole = httpx.post(tts_url(server, "/with-timestamps", fmt="pcm_24000"), json={"text": text})
     body = whole.json()
-    alignment = body["alignment"]
-    assert "".join(alignment["characters"]) == text  # "$5", not "five dollars"
-    starts = alignment["character_start_times_seconds"]
-    assert starts == sorted(starts)
     audio_s = len(base64.b64decode(body["audio_base64"])) / 2 / 24000
-    assert alignment["character_end_times_seconds"][-1] == pytest.approx(audio_s, abs=0.002)
+    check_http_alignment(body["alignment"], text, audio_s)  # "$5", not "five dollars"
+    normalized = body["normalized_alignment"]
+    check_http_alignment(normalized, spoken, audio_s)  # "five dollars", each its own time
+    # the spoken words have their own times, "dollars" after "five", both within the
+    # time the client's alignment gives "$5." (the span they stand for)
+    n_starts = normalized["character_start_times_seconds"]
+    five, dollars = spoken.index("five"), spoken.index("dollars")
+    assert n_starts[five] < n_starts[dollars]
+    c_starts = body["alignment"]["character_start_times_seconds"]
+    c_ends = body["alignment"]["character_end_times_seconds"]
+    dollar = text.index("$5.")
+    assert c_starts[dollar] == pytest.approx(n_starts[five], abs=0.002)
+    assert n_starts[dollars] < c_ends[dollar + 2]
+    # streamed as JSON lines, the same two texts, piece by piece
+    response = httpx.post(
+        tts_url(server, "/stream/with-timestamps", fmt="pcm_24000"), json={"text": text}
+    )
+    lines = [json.loads(line) for line in response.text.splitlines() if line]
+    joined = {"alignment": "", "normalized_alignment": ""}
+    for line in lines:
+        for key in joined:
+            if line[key] is not None:
+                joined[key] += "".join(line[key]["characters"])
+    assert joined == {"alignment": text, "normalized_alignment": spoken}
+
+
+def test_normalization_off_gives_two_alignments_of_the_text_as_sent(server: LiveServer) -> None:
+    text = "It costs $5."
+    body = {"text": text, "apply_text_normalization": "off"}
+    whole = httpx.post(tts_url(server, "/with-timestamps", fmt="pcm_24000"), json=body).json()
+    audio_s = len(base64.b64decode(whole["audio_base64"])) / 2 / 24000
+    check_http_alignment(whole["alignment"], text, audio_s)
+    check_http_alignment(whole["normalized_alignment"], text, audio_s)
 
 
 async def test_socket_alignment_restarts_or_counts_from_the_context(server: LiveServer) -> None:
+    """Both alignments, each on its own clock: `alignment` of the text as sent,
+    `normalizedAlignment` of the text as spoken ("five dollars" for "$5")."""
     pieces = ("It costs $5. ", "Call me at 10 tomorrow. ")
+    spoken = spoken_text(server, "".join(pieces))
     for extra, sync in (("&sync_alignment=true", True), ("", False)):
         async with websockets.connect(ws_url(server, "multi-stream-input", extra=extra)) as ws:
             for piece in pieces:
@@ -418,19 +509,26 @@ async def test_socket_alignment_restarts_or_counts_from_the_context(server: Live
             await ws.send(json.dumps({"context_id": "t", "flush": True}))
             await ws.send(json.dumps({"context_id": "t", "close_context": True}))
             audio, messages = await _context_audio(ws, "t")
-        chars, starts, clock_ms = [], [], 0
-        for message in messages:
-            alignment = message.get("normalizedAlignment")
-            if alignment:
-                chars += alignment["chars"]
-                # sync: the context's clock; else pipecat's running sum of the spans
-                starts += [s + (0 if sync else clock_ms) for s in alignment["charStartTimesMs"]]
-                clock_ms += alignment["charStartTimesMs"][-1] + alignment["charDurationsMs"][-1]
-        assert "".join(chars) == "".join(pieces)
-        assert starts == sorted(starts), sync
-        assert starts[-1] <= len(audio) / 2 / 24
-        if not sync:
-            assert clock_ms <= len(audio) / 2 / 24 + 1
+        audio_ms = len(audio) / 2 / 24
+        for key in ("alignment", "normalizedAlignment"):
+            chars, starts, clock_ms = [], [], 0
+            for message in messages:
+                alignment = message.get(key)
+                if alignment:
+                    chars += alignment["chars"]
+                    # sync: the context's clock; else pipecat's running sum of the spans
+                    starts += [s + (0 if sync else clock_ms) for s in alignment["charStartTimesMs"]]
+                    last_ms = alignment["charStartTimesMs"][-1] + alignment["charDurationsMs"][-1]
+                    clock_ms += last_ms
+            if key == "alignment":
+                assert "".join(chars) == "".join(pieces)
+            else:  # the live normaliser's words are the whole text's
+                assert "".join(chars).split() == spoken.split()
+                assert "five dollars" in "".join(chars)
+            assert starts == sorted(starts), (key, sync)
+            assert starts[-1] <= audio_ms
+            if not sync:
+                assert clock_ms <= audio_ms + 1
 
 
 async def test_socket_limits_nul_contexts_size_and_inactivity(server: LiveServer) -> None:
@@ -476,6 +574,9 @@ def test_the_sdk_reads_voices_models_and_whole_timestamps(server: LiveServer) ->
     assert "".join(whole.alignment.characters) == "Hello there."
     audio_s = len(base64.b64decode(whole.audio_base_64)) / 2 / 24000
     assert audio_s == pytest.approx(expected_audio_s(server.settings, "Hello there."), abs=0.01)
+    # the SDK asks for A-law by ElevenLabs' name, and takes what comes back
+    alaw = b"".join(client.text_to_speech.convert("sim", text="Hi.", output_format="alaw_8000"))
+    assert len(alaw) / 8000 == pytest.approx(expected_audio_s(server.settings, "Hi."), abs=0.01)
 
 
 def test_a_client_leaving_mid_stream_frees_its_engine_stream(server: LiveServer) -> None:

@@ -188,6 +188,27 @@ def test_sdk_convert_stream_and_stream_with_timestamps(server: LiveServer, voice
     assert refused.value.body["detail"]["status"] == "voice_not_found"
 
 
+def test_sdk_normalized_alignment_times_the_spoken_words(server: LiveServer, voice: str) -> None:
+    """`normalized_alignment` on the real voice: the words it spoke ("five dollars" for
+    "$5"), each at the time pocketsphinx hears it; `alignment` stays the text as sent."""
+    from elevenlabs import ElevenLabs
+
+    client = ElevenLabs(base_url=server.base_url, api_key="any")
+    text = "It costs $5 to call me at 10 tomorrow, or 25 dollars on Sunday."
+    whole = client.text_to_speech.convert_with_timestamps(
+        voice, text=text, output_format="pcm_22050"
+    )
+    assert whole.alignment is not None and whole.normalized_alignment is not None
+    assert "".join(whole.alignment.characters) == text
+    spoken = "".join(whole.normalized_alignment.characters)
+    assert "five dollars" in spoken and "twenty-five" in spoken and "$" not in spoken
+    starts = whole.normalized_alignment.character_start_times_seconds
+    assert starts == sorted(starts)
+    audio = decode(base64.b64decode(whole.audio_base_64), "pcm", RATE_HZ)[0]
+    words = [(m.group(), starts[m.start()]) for m in re.finditer(r"[^\s-]+", spoken)]
+    assert_times_agree(words, audio, RATE_HZ)
+
+
 # pipecat.
 
 

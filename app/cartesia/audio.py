@@ -1,4 +1,5 @@
-"""Cartesia's output formats: raw or wav pcm_s16le / pcm_f32le / pcm_mulaw, and mp3.
+"""Cartesia's output formats: raw or wav pcm_s16le / pcm_f32le / pcm_mulaw / pcm_alaw, and
+mp3.
 
 `open_output(fmt, input_rate_hz, encoding)` returns an encoder with the interface of
 app/audio.py's StreamEncoder (`encode`, `finish`, `close`, `raw`, `output_rate_hz`,
@@ -8,11 +9,12 @@ app/audio.py's StreamEncoder (`encode`, `finish`, `close`, `raw`, `output_rate_h
   voice's rate, one streaming resampler per stream: chunk joins do not click);
 - wav: the same samples after a RIFF header whose sizes are 0xFFFFFFFF (the streaming
   convention: the length is not known when the header leaves), format 1 (s16), 3 (IEEE
-  float) or 7 (u-law);
+  float), 7 (u-law) or 6 (A-law);
 - mp3: app/audio.py's encoder at the asked bit rate, at the nearest MPEG rate (every rate
   Cartesia lists is one).
 
-u-law is G.711 (app/audio_codecs.py's `ulaw_encode`, the bytes of ffmpeg's pcm_mulaw).
+u-law and A-law are G.711 (app/audio_codecs.py's `ulaw_encode` and `alaw_encode`, ITU-T's
+reference quantisers; their docstrings say where ffmpeg's rounding differs).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import numpy as np
 import soxr
 
 from app.audio import EncoderClosed, StreamEncoder, open_encoder
-from app.audio_codecs import ulaw_encode
+from app.audio_codecs import alaw_encode, ulaw_encode
 from app.cartesia.schema import OutputFormat
 from app.encoding_config import EncodingConfig
 
@@ -34,6 +36,7 @@ _SAMPLE_FORMATS = {
     "pcm_s16le": (1, 16, "audio/pcm"),
     "pcm_f32le": (3, 32, "audio/pcm"),
     "pcm_mulaw": (7, 8, "audio/basic"),
+    "pcm_alaw": (6, 8, "audio/PCMA"),
 }
 
 
@@ -95,6 +98,8 @@ class PcmEncoder:
         s16 = np.rint(pcm * _S16_SCALE).astype("<i2")
         if self.encoding == "pcm_mulaw":
             return header + ulaw_encode(s16)
+        if self.encoding == "pcm_alaw":
+            return header + alaw_encode(s16)
         return header + s16.tobytes()
 
     def encode(self, pcm: np.ndarray) -> bytes:

@@ -24,8 +24,8 @@ from app.client_json import quote
 from app.errors import json_type_name
 from app.text_input import has_nul
 
-# The container / encoding pairs Playhead writes (Cartesia's pcm_alaw is not among them).
-RAW_ENCODINGS = ("pcm_s16le", "pcm_f32le", "pcm_mulaw")
+# The encodings Playhead writes raw or in wav: every one of Cartesia's
+RAW_ENCODINGS = ("pcm_s16le", "pcm_f32le", "pcm_mulaw", "pcm_alaw")
 CONTAINERS = ("raw", "wav", "mp3")
 MP3_BIT_RATES_BPS = (32000, 64000, 96000, 128000, 192000)
 MIN_RATE_HZ = 8000

@@ -3,10 +3,10 @@
     mp3_<rate>_<kbps>   mp3 (bare MPEG frames, constant bit rate), rate an MPEG rate
     pcm_<rate>          raw s16le mono, any rate from 8000 to 48000 Hz
     ulaw_8000           raw G.711 u-law (telephony: Twilio's media streams)
+    alaw_8000           raw G.711 A-law (telephony outside North America and Japan)
     opus_48000_<kbps>   Ogg Opus at 48 kHz
 
-The default (no output_format) is ElevenLabs' own: mp3_44100_128. alaw_8000 is refused
-(400): Playhead has no A-law encoder.
+The default (no output_format) is ElevenLabs' own: mp3_44100_128.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from app.encoding_config import (
 DEFAULT_OUTPUT_FORMAT = "mp3_44100_128"
 PCM_RATE_RANGE_HZ = (8000, 48000)
 _PATTERN = re.compile(r"(mp3|pcm|ulaw|alaw|opus)_(\d{4,6})(?:_(\d{1,3}))?")
-SUPPORTED = "mp3_<rate>_<kbps>, pcm_<rate>, ulaw_8000, opus_48000_<kbps>"
+SUPPORTED = "mp3_<rate>_<kbps>, pcm_<rate>, ulaw_8000, alaw_8000, opus_48000_<kbps>"
 
 
 class BadOutputFormat(ValueError):
@@ -63,12 +63,11 @@ def parse_output_format(name: str | None) -> OutputFormat:
         )
     codec, rate_hz, kbps = match.group(1), int(match.group(2)), match.group(3)
     bitrate_bps = int(kbps) * 1000 if kbps is not None else None
-    if codec == "alaw":
-        raise BadOutputFormat(f"output_format {name} (A-law) is not produced; use ulaw_8000.")
-    if codec in ("pcm", "ulaw") and kbps is not None:
+    if codec in ("pcm", "ulaw", "alaw") and kbps is not None:
         raise BadOutputFormat(f"output_format {name}: {codec} takes no bit rate ({codec}_<rate>).")
-    if codec == "ulaw" and rate_hz != 8000:
-        raise BadOutputFormat(f"output_format {name}: u-law is produced at 8000 Hz only.")
+    if codec in ("ulaw", "alaw") and rate_hz != 8000:
+        law = "u-law" if codec == "ulaw" else "A-law"
+        raise BadOutputFormat(f"output_format {name}: {law} is produced at 8000 Hz only.")
     if codec == "pcm" and not PCM_RATE_RANGE_HZ[0] <= rate_hz <= PCM_RATE_RANGE_HZ[1]:
         raise BadOutputFormat(f"output_format {name}: pcm rates are 8000 to 48000 Hz.")
     if codec == "mp3":

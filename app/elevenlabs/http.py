@@ -152,12 +152,15 @@ def http_alignment(chars: list[CharTiming], end_s: float | None) -> dict[str, li
     }
 
 
-def timestamped(audio: bytes, chars: list[CharTiming], end_s: float | None) -> dict[str, Any]:
-    alignment = http_alignment(chars, end_s)
+def timestamped(
+    audio: bytes, chars: list[CharTiming], spoken: list[CharTiming], end_s: float | None
+) -> dict[str, Any]:
+    """`alignment`: the client's characters; `normalized_alignment`: the spoken text's
+    ("five dollars" for "$5"), as ElevenLabs sends them."""
     return {
         "audio_base64": base64.b64encode(audio).decode(),
-        "alignment": alignment,
-        "normalized_alignment": alignment,  # one text: Playhead reports what was sent
+        "alignment": http_alignment(chars, end_s),
+        "normalized_alignment": http_alignment(spoken, end_s),
     }
 
 
@@ -261,9 +264,9 @@ class PiecesBody:
 
 
 def _ndjson(piece: Piece) -> bytes:
-    if not piece.audio and not piece.chars:
+    if not piece.audio and not piece.chars and not piece.spoken:
         return b""
-    line = timestamped(piece.audio, piece.chars, piece.end_s if piece.last else None)
+    line = timestamped(piece.audio, piece.chars, piece.spoken, piece.end_s if piece.last else None)
     return json.dumps(line, separators=(",", ":")).encode() + b"\n"
 
 
@@ -287,11 +290,12 @@ async def _streamed(request: Request, state: AppState, voice_id: str, lines: boo
 
 async def _whole_with_timestamps(request: Request, state: AppState, voice_id: str) -> Response:
     speech = await _speech(request, state, voice_id)
-    audio, chars, end_s = bytearray(), [], 0.0
+    audio, chars, spoken, end_s = bytearray(), [], [], 0.0
     try:
         async for piece in speech.pieces():
             audio += piece.audio
             chars += piece.chars
+            spoken += piece.spoken
             end_s = piece.end_s
     finally:
         speech.close()
@@ -299,7 +303,7 @@ async def _whole_with_timestamps(request: Request, state: AppState, voice_id: st
         raise ApiError(f"Speech generation failed: {speech.failure}")
     assert speech.stream is not None
     headers = {"request-id": speech.stream.id, "x-character-count": str(speech.text_chars)}
-    return JSONResponse(timestamped(bytes(audio), chars, end_s), headers=headers)
+    return JSONResponse(timestamped(bytes(audio), chars, spoken, end_s), headers=headers)
 
 
 @router.post("/v1/text-to-speech/{voice_id}", response_model=None)

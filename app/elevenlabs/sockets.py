@@ -108,6 +108,7 @@ class Context:
     pending_flush: bool = False  # the text pending before its stream ended at a flush
     task: asyncio.Task[None] | None = None
     base_ms: int | None = None  # relative alignment: where the last message's chars ended
+    spoken_base_ms: int | None = None  # the same, for the normalised (spoken) characters
 
 
 @dataclass(eq=False)
@@ -167,7 +168,8 @@ class Connection:
             speed=float(speed or 1.0),
             normalize=self.normalize,
         )
-        context = Context(context_id, speech, base_ms=None if self.sync_alignment else 0)
+        base_ms = None if self.sync_alignment else 0
+        context = Context(context_id, speech, base_ms=base_ms, spoken_base_ms=base_ms)
         self.contexts[context_id] = context
         return context
 
@@ -274,13 +276,16 @@ class Connection:
             )
 
     async def _send_piece(self, context: Context, piece: Piece) -> None:
-        if not piece.audio and not piece.chars:
+        if not piece.audio and not piece.chars and not piece.spoken:
             return
         alignment, context.base_ms = ws_alignment(piece.chars, context.base_ms, piece.end_s)
+        normalized, context.spoken_base_ms = ws_alignment(
+            piece.spoken, context.spoken_base_ms, piece.end_s
+        )
         message: dict[str, Any] = {
             "audio": base64.b64encode(piece.audio).decode() if piece.audio else None,
             "alignment": alignment,
-            "normalizedAlignment": alignment,  # one text: Playhead reports what was sent
+            "normalizedAlignment": normalized,  # the spoken text's ("five", not "5")
         }
         if self.multi:
             message["contextId"] = context.id

@@ -9,8 +9,9 @@ A `Speech` takes text whole (`start(text, final=True)`) or live (`start(text,
 final=False)`, then `append`, then `finish`): live text goes through a StreamNormalizer
 (numbers, dates... spoken; pipeline/normalize) and the engine's segmenter, so its first
 complete sentence speaks while more text arrives. `pieces()` yields the encoded audio as
-the engine makes it and, with each piece, the characters whose start lies in it
-(`stream.alignment`, pipeline/alignment.py; empty lists where the backend gives none).
+the engine makes it and, with each piece, the characters whose start lies in it, of the
+client's text and of the spoken (normalised) text (`stream.alignment`'s `chars` and
+`spoken`, pipeline/alignment.py; empty lists where the backend gives none).
 `interrupt()` stops the audio within the chunk being sent and frees the engine stream;
 `close()` frees everything (idempotent) and is called by whoever owns the speech.
 """
@@ -37,14 +38,16 @@ from pipeline.normalize import StreamNormalizer, normalizer_for
 
 @dataclass(frozen=True, slots=True)
 class Piece:
-    """Encoded audio (maybe b"") and the characters that start in it; `end_s`: the audio
-    so far, this piece's included; `last`: the piece that ends the speech (it always comes
-    when the speech ends whole, with whatever the encoder and the alignment had left)."""
+    """Encoded audio (maybe b"") and the characters that start in it (`chars`: the client's
+    text's, `spoken`: the normalised text's); `end_s`: the audio so far, this piece's
+    included; `last`: the piece that ends the speech (it always comes when the speech ends
+    whole, with whatever the encoder and the alignment had left)."""
 
     audio: bytes
     chars: list[CharTiming]
     end_s: float
     last: bool = False
+    spoken: list[CharTiming] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -160,7 +163,7 @@ class Speech:
         stream, encoder = self.stream, self.encoder
         assert stream is not None and encoder is not None
         alignment = stream.alignment
-        cursor = 0
+        cursor = spoken_cursor = 0
         samples = 0
         try:
             async with aclosing(stream.chunks()) as chunks:
@@ -173,8 +176,9 @@ class Speech:
                     samples += pcm.size
                     end_s = samples / stream.sample_rate_hz
                     chars, cursor = alignment.chars_before(end_s, cursor)
-                    if data or chars:
-                        yield Piece(data, chars, end_s)
+                    spoken, spoken_cursor = alignment.spoken_before(end_s, spoken_cursor)
+                    if data or chars or spoken:
+                        yield Piece(data, chars, end_s, spoken=spoken)
         except PipelineError as exc:  # StreamFailed, or StreamCancelled (stopped, interrupted)
             if not self.interrupted:
                 self.failure = str(exc)
@@ -185,7 +189,9 @@ class Speech:
             self.failure = "the server is shutting down"
             return
         tail = self._encode_locked(encoder, None)
-        yield Piece(tail, list(alignment.chars[cursor:]), samples / stream.sample_rate_hz, True)
+        end_s = samples / stream.sample_rate_hz
+        rest = list(alignment.chars[cursor:])
+        yield Piece(tail, rest, end_s, True, list(alignment.spoken[spoken_cursor:]))
 
     def close(self) -> None:
         """Free the engine stream (a no-op once it ended) and the encoder (waiting for a
