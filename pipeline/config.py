@@ -211,7 +211,7 @@ class PiperConfig:
     # The talker runs the encoder once per segment, then the flow chunk by chunk: frames
     # of context each side of a chunk (trimmed), the first chunk's frames, the largest.
     flow_context_frames: int = 24
-    flow_first_chunk_frames: int = 32
+    flow_first_chunk_frames: int = 64
     flow_max_chunk_frames: int = 512
     # ONNX Runtime session options of every Piper graph (measured: docs/voice-tuning.md)
     ort_graph_optimization: str = "all"  # disable, basic, extended or all
