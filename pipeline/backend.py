@@ -27,17 +27,17 @@ when it builds its stages:
   second lane for streams' first segments (pipeline/talker.py). Off: every talker call
   runs in one thread.
 - `concurrent_vocode_calls`: `vocode` may run in several threads at once; the engine then
-  runs `vocoder.workers` vocoder turns side by side and may open the start lane
-  (pipeline/vocoder.py). Off: one vocoder worker, whatever `vocoder.workers` says.
+  runs `vocoder.workers` vocoder turns side by side (pipeline/vocoder.py). Off: one
+  vocoder worker, whatever `vocoder.workers` says.
 - `prepares_segments`: `prepare_segment(request)` does real work. The talker will open
   this segment soon (the stream's next one), so the backend may start its costly part in
   the background, on a helper thread of its own, and return at once (a
   concurrent.futures.Future done when that work is, or None); `open_segment` for a
   request with the same text, voice and speed then takes that work. Meanwhile the stream
-  counts as talking (no chunk of it is decoded ahead on a second vocoder worker:
-  `vocoder.work_ahead_while_talking`). The engine calls it from the talker thread, only
-  while few streams have work (`talker.prepare_ahead_streams`), and never relies on it:
-  a prepared segment never opened changes nothing but the time. With it goes
+  counts as talking (no chunk of it is decoded ahead on a second vocoder worker). The
+  engine calls it from the talker thread, only while few streams have work
+  (`talker.prepare_ahead_streams`), and never relies on it: a prepared segment never
+  opened changes nothing but the time. With it goes
   `drop_prepared()`, which the engine calls from the event loop (it must only set flags)
   once more streams have work: the backend gives up the work not yet taken, so that no
   talker waits on a background thread that the busy cores starve. Off: the engine calls

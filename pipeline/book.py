@@ -17,8 +17,8 @@ Two sets are kept incrementally, so that no turn scans every stream:
   whose NEXT chunk is planned (the talker ran ahead: its frames exist), with fewer than
   `max_in_flight` chunks in flight, once the stream's first chunk was sent (that one
   decodes alone: TTFA), while at most `work_ahead_streams` streams have work left, and
-  (unless `work_ahead_while_talking`) not while a talker step of that stream runs: the
-  talker then has the other core, and its frames are what the stream waits for. A
+  not while a talker step of that stream runs: the talker then has the other core, and
+  its frames are what the stream waits for. A
   worker takes one of these only when `ready_ids` is empty (work-conserving: no other
   stream waits for it). A stream's chunks are emitted strictly in order: a chunk decoded
   before an earlier one is held on its record (`StreamRecord.in_flight`) until the
@@ -207,7 +207,6 @@ class StreamBook:
         first_audio_yield: bool = False,
         urgent_slack_s: float = float("inf"),
         alone_urgent_slack_s: float | None = None,
-        work_ahead_while_talking: bool = True,
     ) -> None:
         """`max_in_flight`: most chunks of one stream decoded at once (the vocoder's
         workers); more than 1 only while no other stream has a chunk ready and at most
@@ -215,9 +214,7 @@ class StreamBook:
         `urgent_slack_s`: a segment opened while its stream has less audio ahead than this
         is urgent (`TalkRequest.urgent`; the default: every segment);
         `alone_urgent_slack_s` replaces it while the stream is the only one with work left
-        (None: the same).
-        `work_ahead_while_talking`: False holds a stream's chunk ahead back while a talker
-        step of the stream runs (see `ahead_ids`)."""
+        (None: the same)."""
         self.scheduler = scheduler
         self.planner = planner
         self._new_segmenter = segmenter
@@ -237,7 +234,6 @@ class StreamBook:
         self._ahead: dict[str, None] = {}
         self._max_in_flight = max(1, max_in_flight)
         self._work_ahead_streams = work_ahead_streams
-        self._work_ahead_while_talking = work_ahead_while_talking
         self._vocoder_workers = max(1, vocoder_workers)
         self._turns = 0  # vocoder turns running now (turn_started .. turn_ended)
         # first_audio_yield: the stages count their calls that make a stream's first audio
@@ -310,14 +306,14 @@ class StreamBook:
         after `refresh`), fewer than `max_in_flight` in flight: for a worker that finds
         `ready_ids` empty. Empty while more than `work_ahead_streams` streams have work
         left: the CPU is then busy with their talker work, which a chunk decoded ahead
-        would only slow down. Unless `work_ahead_while_talking`, a stream whose talker
-        step runs now, or whose next segment the backend prepares, is left out (the
-        vocoder is woken at `talk_steps_ended` and `prepare_ended`): on a CPU a third
-        thread would take from the talker, whose frames the stream needs next."""
+        would only slow down. A stream whose talker step runs now, or whose next segment
+        the backend prepares, is left out (the vocoder is woken at `talk_steps_ended` and
+        `prepare_ended`): on a CPU a third thread would take from the talker, whose frames
+        the stream needs next."""
         if not self._may_work_ahead():
             return {}.keys()
         ahead = self._ahead
-        if self._work_ahead_while_talking or not ahead:
+        if not ahead:
             return ahead.keys()
         records = self._records
         return [stream_id for stream_id in ahead if not _talking_now(records[stream_id])]
@@ -638,9 +634,7 @@ class StreamBook:
         for opened in batch:
             opened.in_flight = False
         ahead = self._ahead
-        if not self._work_ahead_while_talking and any(
-            opened.record.stream.id in ahead for opened in batch
-        ):
+        if any(opened.record.stream.id in ahead for opened in batch):
             self._wakes.vocoder()  # a chunk ahead was held back during the step: take it now
 
     def prepare_started(self, record: StreamRecord, segment_index: int) -> None:
@@ -655,7 +649,7 @@ class StreamBook:
         if record is None or record.preparing != segment_index:
             return
         record.preparing = None
-        if not self._work_ahead_while_talking and stream_id in self._ahead:
+        if stream_id in self._ahead:
             self._wakes.vocoder()  # a chunk ahead was held back meanwhile: take it now
 
     # Transitions: work on a stream's first audio (with first_audio_yield).

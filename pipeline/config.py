@@ -134,17 +134,12 @@ class VocoderConfig:
     # buffered waits for it, leaving the core to it (more than one worker: Piper).
     # 0: never waits. 1 s, the measured default (docs/voice-tuning.md)
     yield_slack_s: float = 1.0
-    # False, the measured default: a worker takes no chunk ahead of a stream (work-ahead)
-    # while a talker step of that stream runs; on a CPU the talker then keeps the other
-    # core, and its frames are what the stream waits for (docs/voice-tuning.md)
-    work_ahead_while_talking: bool = False
 
     def __post_init__(self) -> None:
         check_int("intra_op_threads", self.intra_op_threads, 1)
         check_int("workers", self.workers, 1)
         check_int("work_ahead_streams", self.work_ahead_streams, 0)
         check_non_negative("yield_slack_s", self.yield_slack_s)
-        check_bool("work_ahead_while_talking", self.work_ahead_while_talking)
 
 
 @dataclass(frozen=True)

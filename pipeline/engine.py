@@ -150,7 +150,6 @@ class Engine:
             first_audio_yield=yield_slack_s > 0,
             urgent_slack_s=talker.urgent_slack_s,
             alone_urgent_slack_s=talker.alone_urgent_slack_s,
-            work_ahead_while_talking=self._vocoder_config.work_ahead_while_talking,
         )
         self.talker = Talker(
             self.book,

@@ -282,11 +282,10 @@ def test_a_stream_alone_with_a_second_buffered_is_planned_solo_chunks() -> None:
     assert alone.frames.emitted_frames == 35
 
 
-@pytest.mark.parametrize("while_talking", [False, True])
-def test_no_chunk_ahead_of_a_lone_stream_while_its_talker_step_runs(while_talking: bool) -> None:
-    """vocoder.work_ahead_while_talking false: a lone stream whose chunk is being decoded
-    offers its next chunk (`ahead_ids`) only while no talker step of it runs; the end of
-    the step wakes the vocoder, which may then take it. True: offered either way."""
+def test_no_chunk_ahead_of_a_lone_stream_while_its_talker_step_runs() -> None:
+    """A lone stream whose chunk is being decoded offers its next chunk (`ahead_ids`)
+    only while no talker step of it runs; the end of the step wakes the vocoder, which
+    may then take it."""
     vocoder_wakes: list[None] = []
     book = _fake_clock_book(
         [100.0],
@@ -295,7 +294,6 @@ def test_no_chunk_ahead_of_a_lone_stream_while_its_talker_step_runs(while_talkin
         max_in_flight=2,
         work_ahead_streams=1,
         vocoder_workers=2,
-        work_ahead_while_talking=while_talking,
     )
     backend = SimBackend(SimConfig(talker_frames_per_step=12))
     voice = backend.voices()[0]
@@ -326,17 +324,14 @@ def test_no_chunk_ahead_of_a_lone_stream_while_its_talker_step_runs(while_talkin
     send_first()
     assert stream.id in book.ahead_ids  # its talker idles: a second worker may help
     step()  # the next step runs (its frames are booked, the lane not yet freed)
-    assert (stream.id in book.ahead_ids) is while_talking
+    assert stream.id not in book.ahead_ids
     vocoder_wakes.clear()
     book.talk_steps_ended([opened])
     assert stream.id in book.ahead_ids
-    assert len(vocoder_wakes) == (0 if while_talking else 1)
+    assert len(vocoder_wakes) == 1
 
 
-@pytest.mark.parametrize("while_talking", [False, True])
-def test_no_chunk_ahead_of_a_lone_stream_while_its_next_segment_is_prepared(
-    while_talking: bool,
-) -> None:
+def test_no_chunk_ahead_of_a_lone_stream_while_its_next_segment_is_prepared() -> None:
     """talker.prepare_ahead_streams: while the backend prepares a lone stream's next
     segment (its encoder on a helper thread), the stream counts as talking: no chunk of
     it is offered ahead, so the helper has the idle core; its end wakes the vocoder. The
@@ -349,7 +344,6 @@ def test_no_chunk_ahead_of_a_lone_stream_while_its_next_segment_is_prepared(
         max_in_flight=2,
         work_ahead_streams=1,
         vocoder_workers=2,
-        work_ahead_while_talking=while_talking,
     )
     backend = SimBackend(SimConfig(talker_frames_per_step=12))
     voice = backend.voices()[0]
@@ -375,12 +369,12 @@ def test_no_chunk_ahead_of_a_lone_stream_while_its_next_segment_is_prepared(
     book.refresh()
     assert stream.id in book.ahead_ids
     book.prepare_started(record, ahead.segment_index)
-    assert (stream.id in book.ahead_ids) is while_talking
+    assert stream.id not in book.ahead_ids
     assert not book._busy(stream.id)  # the talker may step it
     vocoder_wakes.clear()
     book.prepare_ended(stream.id, ahead.segment_index)
     assert stream.id in book.ahead_ids
-    assert len(vocoder_wakes) == (0 if while_talking else 1)
+    assert len(vocoder_wakes) == 1
     book.prepare_ended(stream.id, ahead.segment_index)  # a second end is harmless
     assert record.preparing is None
     book.prepare_started(record, ahead.segment_index)
