@@ -256,7 +256,12 @@ async def admit(engine: object, gone: Awaitable[object] | None = None) -> Reserv
     """`engine.reserve()` then wait in the queue while watching `gone`: the reservation
     to hand to `engine.submit`, or None when the client left while waiting. Rejected and
     NotReady propagate."""
-    reservation = engine.reserve()  # type: ignore[attr-defined]
+    try:
+        reservation = engine.reserve()  # type: ignore[attr-defined]
+    except BaseException:
+        if asyncio.iscoroutine(gone):
+            gone.close()  # refused at once: never awaited, and no warning that says so
+        raise
     try:
         if await wait_admitted(reservation, gone):
             return reservation

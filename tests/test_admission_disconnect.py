@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -31,11 +33,32 @@ from wyoming_support import free_port
 
 from app.disconnect import ClientWatch
 from app.server import create_app
+from pipeline.admission import admit
 from pipeline.engine import Engine
+from pipeline.errors import Rejected
+from scheduling.admission import Decision
 
 
 def speech_body(text: str) -> dict[str, object]:
     return _speech_body(text, response_format="pcm")
+
+
+async def test_a_refusal_at_once_leaves_no_unawaited_watch() -> None:
+    """`admit(engine, watch.gone())` refused by `reserve()` before any wait: the watch's
+    coroutine is closed, not left for a "never awaited" warning (which the ElevenLabs
+    HTTP route's 429 raised)."""
+
+    class Full:
+        def reserve(self) -> None:
+            raise Rejected(Decision(accept=False, retry_after_s=1, reason="capacity"))
+
+    _, receive = channel()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(Rejected):
+            await admit(Full(), ClientWatch(receive).gone())
+        gc.collect()
+    assert not [w for w in caught if "never awaited" in str(w.message)], caught
 
 
 # --- ClientWatch over a channel fed by hand ---

@@ -167,7 +167,13 @@ class Session:
             await self._close()
 
     async def _write(self, event: Event) -> None:
-        await async_write_event(event, self._writer)
+        try:
+            await async_write_event(event, self._writer)
+        except RuntimeError as exc:
+            # uvloop's transport refuses a write once the client closed it: the client left
+            if self._writer.transport.is_closing():
+                raise ConnectionResetError("the client closed the connection") from exc
+            raise
 
     async def _say_and_linger(self, refusal: EventError) -> None:
         """Send the error, then read what the client still sends for a moment (closing on
