@@ -47,6 +47,7 @@ from benchmarks.bench import (
     serve,
 )
 from benchmarks.loadgen import RequestOptions, load_corpus
+from benchmarks.voice import _voice_options
 
 SETTINGS = ("server.log_level=warning",)
 TARGET_PLAYING = 0.9
@@ -55,17 +56,6 @@ TARGET_TTFA_P99_MS = 1000.0
 
 def _log(message: str) -> None:
     print(f"[admission {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-async def _served_options(url: str) -> RequestOptions:
-    """pcm in the served voice at its own rate."""
-    import httpx
-
-    async with httpx.AsyncClient(timeout=10.0) as client:
-        voice = (await client.get(url + "/v1/audio/voices")).json()["voices"][0]
-    return RequestOptions(
-        voice=voice["id"], response_format="pcm", sample_rate_hz=int(voice["sample_rate"])
-    )
 
 
 def one_run(
@@ -152,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     if backend != "sim":
         log_probe = args.out / "admission-probe.log"
         with serve(args.config, settings, log_probe) as url:
-            plan = replace(plan, options=asyncio.run(_served_options(url)))
+            plan = replace(plan, options=asyncio.run(_voice_options(url)))
         log_probe.unlink(missing_ok=True)
     clients = args.capacity_clients or (22 if backend == "sim" else 20)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
