@@ -71,11 +71,11 @@ from pipeline.backends.sim import SimBackend
 from pipeline.config import EngineConfig, SimConfig, TalkerConfig
 from pipeline.engine import Engine
 from pipeline.events import NullEvents, TurnTiming
+from pipeline.load import Load
 from scheduling import (
     AdmissionConfig,
     ChunkingConfig,
     SchedulingConfig,
-    TalkerOrderConfig,
     TalkerPlan,
 )
 
@@ -153,17 +153,18 @@ def _time_talker_plans(engine: Engine, recorder: _TurnRecorder) -> tuple[list[fl
     """Time the book's talker plans made while `recorder` records: (wall, CPU) seconds."""
     plans: list[float] = []
     plans_cpu: list[float] = []
-    plan_talker = engine.book.plan_talker
+    core = engine.book.talker
+    plan_talker = core.plan
 
-    def timed_plan(now_s: float, order: TalkerOrderConfig) -> TalkerPlan:
+    def timed_plan(now_s: float, load: Load) -> TalkerPlan:
         started, started_cpu = time.perf_counter(), time.thread_time()
-        plan = plan_talker(now_s, order)
+        plan = plan_talker(now_s, load)
         if recorder.turns is not None:
             plans.append(time.perf_counter() - started)
             plans_cpu.append(time.thread_time() - started_cpu)
         return plan
 
-    engine.book.plan_talker = timed_plan  # type: ignore[method-assign]
+    core.plan = timed_plan  # type: ignore[method-assign]
     return plans, plans_cpu
 
 

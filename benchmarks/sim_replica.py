@@ -33,39 +33,34 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Protocol
 
 import numpy as np
 
-from pipeline.admission import new_stream_audio_s, start_chunk_audio_s, start_phase_chunks
-from pipeline.backend import TalkStep
+from pipeline.admission import new_stream_audio_s, start_chunk_audio_s
+from pipeline.backend import TalkRequest
 from pipeline.backends.sim import SimBackend, vocoder_cost_s
-from pipeline.book import OpenSegment, StreamBook, StreamRecord, Wakes
+from pipeline.book import Wakes, build_book
 from pipeline.capacity import CapacityEstimate, pipeline_capacity
-from pipeline.config import EngineConfig, SimConfig, TalkerConfig
+from pipeline.channel import ReaderEvent
+from pipeline.config import EngineConfig, SimConfig, TalkerConfig, VocoderConfig
 from pipeline.events import NullEvents
+from pipeline.records import StreamRecord
 from pipeline.stream import Stream
-from pipeline.talker import talker_order
-from pipeline.text import Segmenter, segment_options
+from pipeline.talker_core import TalkOutcome, TalkPlan, run_talk
+from pipeline.vocoder_core import VocodePlan
 from scheduling import (
     Admission,
     AdmissionConfig,
-    Chunk,
     ChunkingConfig,
-    ChunkPlanner,
     Decision,
     LoadView,
-    PlaybackScheduler,
     SchedulingConfig,
-    TalkerOrderConfig,
-    TalkerPlan,
 )
 
 
-def plan_talker(book: StreamBook, now_s: float, order: TalkerOrderConfig) -> TalkerPlan:
-    """The talker's next step, decided by the engine's own code (a seam for tests)."""
-    return book.plan_talker(now_s, order)
+def _no_preparation(stream_id: str, request: TalkRequest, done: object) -> None:
+    """The sim backend prepares nothing (`capabilities.prepares_segments` is off)."""
 
 
 # Unread audio never reaches this: the simulated listener reads everything at once.
@@ -82,6 +77,7 @@ class EngineSetup:
     talker: TalkerConfig
     sim: SimConfig
     engine: EngineConfig = field(default_factory=EngineConfig)
+    vocoder: VocoderConfig = field(default_factory=VocoderConfig)
 
 
 class EventQueue(Protocol):
@@ -134,26 +130,26 @@ class Replica:
         self.trace = trace
         talker = setup.talker
         engine = setup.engine
-        self.book = StreamBook(
-            scheduler=PlaybackScheduler(setup.scheduling),
-            planner=ChunkPlanner(setup.chunking),
-            segmenter=partial(Segmenter, **segment_options(talker)),
+        self._spent_s = 0.0
+        self.backend = SimBackend(setup.sim, sleep=self._spend)
+        # the engine's own book, built as the engine builds it (pipeline/book.py)
+        self.book = build_book(
+            scheduling=setup.scheduling,
+            chunking=setup.chunking,
+            admission=setup.admission,
+            talker=talker,
+            vocoder=setup.vocoder,
+            backend=self.backend,
             max_pending_audio_s=_NEVER_PARK_S,
-            left_context_frames=setup.chunking.left_context_frames,
-            first_chunk_s=setup.scheduling.first_chunk_ms / 1000.0,
             clock=self._now,
             events=NullEvents(),
             wakes=Wakes(
                 talker=self._wake_talker, vocoder=self._wake_vocoder, start=self._wake_admission
             ),
-            start_phase_chunks=start_phase_chunks(setup.admission),
         )
-        self._spent_s = 0.0
-        self.backend = SimBackend(setup.sim, sleep=self._spend)
         self.voice = self.backend.voices()[0]
         self._frame_s = self.voice.samples_per_frame / self.voice.sample_rate_hz
         self.admission = Admission(setup.admission)
-        self.order = talker_order(talker, setup.scheduling)
         self.talker_rate = CapacityEstimate(
             engine.capacity_window_s, engine.initial_capacity_audio_s_per_s
         )
@@ -283,9 +279,9 @@ class Replica:
     def _finished(self, stream_id: str, now_s: float) -> None:
         del self.live[stream_id]
         self._listener.done(stream_id, now_s)
-        self.book.audio_read_all(stream_id)  # the listener read it all at once
+        self.book.table.reader_event(stream_id, ReaderEvent.READ_ALL)  # read all at once
 
-    # The talker: pipeline/talker.py Talker.run and _step, in virtual time.
+    # The talker: pipeline/talker.py's driver of the talker core, in virtual time.
 
     def _wake_talker(self) -> None:
         if not self._talker_busy and not self._talker_due:
@@ -303,90 +299,45 @@ class Replica:
             self._talker_loop(now_s)
 
     def _talker_loop(self, now_s: float) -> None:
-        book = self.book
+        core = self.book.talker
         self._talker_busy = True
         while True:
-            orphans = book.take_orphans()
-            plan = plan_talker(book, now_s, self.order)
-            if not plan.step_ids and not orphans:
+            plan = core.schedule(now_s)
+            if plan is None:
                 break
-            batch: list[OpenSegment] = []
-            for stream_id in plan.step_ids:
-                record = book.record(stream_id)
-                assert record is not None, "a talker candidate is a live stream"
-                batch.append(record.talking or book.open_segment(record))
-            if plan.step_ids and self.trace is not None:
-                self.trace.talker_steps.append((now_s, plan.step_ids))
-            stepped, results = self._talker_call(batch, orphans)
+            if plan.stream_ids and self.trace is not None:
+                self.trace.talker_steps.append((now_s, plan.stream_ids))
+            outcome = run_talk(self.backend, plan, _no_preparation)
             self.talker_steps += 1
             cost_s = self._take_spent()
             if cost_s > 0:
-                self._queue.push(now_s + cost_s, self._talked, (now_s, batch, stepped, results))
+                self._queue.push(now_s + cost_s, self._talked, (now_s, plan, outcome))
                 return
-            self._apply_step(now_s, now_s, batch, stepped, results)  # nothing was stepped
+            self._apply_step(now_s, now_s, plan, outcome)  # nothing was stepped
         self._talker_busy = False
-        if plan.retry_in_s is not None:  # a stream above the high-water mark falls under it
+        if core.retry_in_s is not None:  # a stream above the high-water mark falls under it
             self._queue.push(
-                now_s + max(plan.retry_in_s, 0.0), self._talker_timeout, self._talker_timer
+                now_s + max(core.retry_in_s, 0.0), self._talker_timeout, self._talker_timer
             )
         self._reap(now_s)
 
-    def _talker_call(
-        self, batch: list[OpenSegment], orphans: list[OpenSegment]
-    ) -> tuple[list[OpenSegment], list[TalkStep]]:
-        """Talker._in_thread: close orphans, open new segments, step, close ended ones."""
-        backend = self.backend
-        for opened in orphans:
-            self._close(opened)
-        for opened in batch:
-            if opened.state is None and not opened.cancelled:
-                opened.state = backend.open_segment(opened.request)
-        stepped = [o for o in batch if o.state is not None and not o.cancelled]
-        results = list(backend.step([o.state for o in stepped])) if stepped else []
-        for opened, result in zip(stepped, results, strict=True):
-            if result.done or opened.cancelled:
-                self._close(opened)
-        for opened in batch:
-            if opened.cancelled:
-                self._close(opened)
-        return stepped, results
-
-    def _close(self, opened: OpenSegment) -> None:
-        if opened.state is not None and not opened.closed:
-            opened.closed = True
-            self.backend.close_segment(opened.state)
-
     def _talked(self, now_s: float, arg: object) -> None:
-        started_s, batch, stepped, results = arg  # type: ignore[misc]
-        self._apply_step(started_s, now_s, batch, stepped, results)
-        self._reap(now_s, [o.record for o in stepped])
+        started_s, plan, outcome = arg  # type: ignore[misc]
+        self._apply_step(started_s, now_s, plan, outcome)
+        self._reap(now_s, [o.record for o in outcome.stepped])
         # the engine's lane ends by waking the talker loop, another task: the vocoder,
         # woken by the new frames first, looks at the book before the talker plans again
         self._talker_busy = False
         self._wake_talker()
 
     def _apply_step(
-        self,
-        started_s: float,
-        now_s: float,
-        batch: list[OpenSegment],
-        stepped: list[OpenSegment],
-        results: list[TalkStep],
+        self, started_s: float, now_s: float, plan: TalkPlan, outcome: TalkOutcome
     ) -> None:
-        """Talker._step after the call: frames to the book, the rate estimate."""
-        book = self.book
-        audio_s = 0.0
-        for opened, result in zip(stepped, results, strict=True):
-            voice = opened.record.stream.voice
-            audio_s += len(result.frames) * voice.samples_per_frame / voice.sample_rate_hz
-            book.talked(opened, result.frames, result.done)
-        for opened in batch:
-            if opened.cancelled:
-                book.orphan(opened)
-        if stepped:
+        audio_s = self.book.talker.update(plan, outcome, now_s)
+        if outcome.stepped:
             self.talker_rate.record(started_s, now_s, audio_s)
 
-    # The vocoder: pipeline/vocoder.py Vocoder.run and _turn, in virtual time.
+    # The vocoder: pipeline/vocoder.py's driver of the vocoder core, in virtual time.
 
     def _wake_vocoder(self) -> None:
         self._vocoder_woken = True
@@ -400,55 +351,38 @@ class Replica:
         self._reap(now_s)
 
     def _vocoder_loop(self, now_s: float) -> None:
-        book = self.book
+        core = self.book.vocoder
         self._vocoder_busy = True
         while True:
             self._vocoder_woken = False  # the engine clears its wake event here
-            book.refresh()
-            ready = book.ready_ids
-            selected = book.scheduler.select(now_s, ready, all_admitted=True) if ready else []
-            if selected:
+            plan = core.schedule(now_s)
+            if plan is not None:
                 break
             if not self._vocoder_woken:  # else the engine's wait returns at once
                 self._vocoder_busy = False
                 return
         if self.trace is not None:
-            self.trace.vocoder_turns.append((now_s, tuple(selected)))
-        batch: list[tuple[StreamRecord, Chunk]] = []
-        decoded = 0
-        book.turn_started()  # as the engine's worker: before it takes the chunks
-        for stream_id in selected:
-            record = book.record(stream_id)
-            assert record is not None, "a ready stream is a live stream"
-            chunk = record.chunk
-            assert chunk is not None and not chunk.empty
-            book.start_vocoding(record)
-            batch.append((record, chunk))
-            decoded += chunk.context_stop - chunk.context_start
-        cost_s = vocoder_cost_s(self.setup.sim, decoded, len(batch))
-        self._queue.push(now_s + cost_s, self._vocoded, (now_s, batch))
+            self.trace.vocoder_turns.append((now_s, tuple(plan.stream_ids)))
+        decoded = sum(chunk.context_stop - chunk.context_start for _, chunk in plan.batch)
+        cost_s = vocoder_cost_s(self.setup.sim, decoded, len(plan.batch))
+        self._queue.push(now_s + cost_s, self._vocoded, plan)
 
     def _vocoded(self, now_s: float, arg: object) -> None:
-        started_s, batch = arg  # type: ignore[misc]
+        plan: VocodePlan = arg  # type: ignore[assignment]
         book = self.book
         samples_per_frame = self.voice.samples_per_frame
-        audio_s = 0.0
-        for record, chunk in batch:
-            if not book.is_live(record):
-                continue  # cancelled while the vocoder ran
-            pcm = self._zeros(chunk.frames * samples_per_frame)
-            book.emit(record, chunk, pcm, now_s)
-            chunk_s = pcm.size / record.stream.sample_rate_hz
-            audio_s += chunk_s
+        live = [(record, chunk) for record, chunk in plan.batch if book.table.is_live(record)]
+        pcms = [self._zeros(chunk.frames * samples_per_frame) for _, chunk in plan.batch]
+        audio_s = book.vocoder.update(plan, pcms, now_s)
+        for record, chunk in live:
             stream_id = record.stream.id
-            self._listener.audio(stream_id, now_s, chunk_s)
+            self._listener.audio(stream_id, now_s, chunk.frames * self._frame_s)
             if self.trace is not None:
                 self.trace.chunks.setdefault(stream_id, []).append(chunk.frames)
-        book.turn_ended()
         self.vocoder_turns += 1
-        self.vocoder_rate.record(started_s, now_s, audio_s)
+        self.vocoder_rate.record(plan.started_s, now_s, audio_s)
         self._wake_admission()  # Engine._turn_capacity: the capacity moved
-        self._reap(now_s, [record for record, _ in batch])
+        self._reap(now_s, [record for record, _ in plan.batch])
         self._vocoder_loop(now_s)
         self._reap(now_s)
 

@@ -90,7 +90,9 @@ async def measure(engine: Engine, streams: list[Stream]) -> float:
     # waits once more": when every calibration stream had ended already, it was
     # waiting before this point and nothing wakes it, so that waited out
     # calibration_max_s (5 s at start-up, in about 2% of starts on the sim backend)
-    while running() and (book.has_orphans or engine.talker.lanes_busy or book.turns_running):
+    while running() and (
+        book.talker.has_orphans or engine.talker.lanes_busy or book.vocoder.turns_running
+    ):
         await asyncio.sleep(0.002)
     if engine._calibration is not streams or engine.vocoder.turns == turns_before:
         return engine.calibrated_capacity

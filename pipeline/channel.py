@@ -1,6 +1,6 @@
 """A stream's audio path in two halves, like a memory channel.
 
-    sender, receiver = audio_channel(stream_id, sample_rate_hz, max_pending_audio_s, listener)
+    sender, receiver = audio_channel(stream_id, sample_rate_hz, max_pending_audio_s, report)
 
 The engine holds the `AudioSender`: it sends PCM chunks, closes the channel when the last
 one is sent, fails it with an error, or cancels it (unread audio is dropped). The app
@@ -15,28 +15,33 @@ the failure) when the pipeline failed, and StreamCancelled when the stream was c
 (unread audio is dropped: a cancelled stream plays nothing more). A reader that leaves
 early (break, an exception, its task cancelled) abandons the stream, which cancels it.
 
-The listener (the stream book) hears of three things: a parked channel drained below the
-cap, the reader read everything of a closed channel, the reader left early.
+The reader's side reports three things, `report(stream_id, ReaderEvent)`: a parked
+channel drained below the cap, the reader read everything of a closed channel, the reader
+left early. The engine's stream table queues them and acts on them at its next step
+boundary (pipeline/table.py): the reader never re-enters the engine's state.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator
-from typing import Protocol
+from collections.abc import AsyncIterator, Callable
+from enum import Enum
 
 import numpy as np
 
 from pipeline.errors import StreamCancelled, StreamFailed
 
 
-class ChannelListener(Protocol):
-    def audio_unparked(self, stream_id: str) -> None: ...
+class ReaderEvent(Enum):
+    """What a channel's reader reports."""
 
-    def audio_read_all(self, stream_id: str) -> None: ...
+    UNPARKED = "unparked"  # a parked channel drained below the cap
+    READ_ALL = "read_all"  # everything of a closed channel was read
+    GONE = "gone"  # the reader left before the end
 
-    def audio_abandoned(self, stream_id: str) -> None: ...
+
+ReaderReport = Callable[[str, ReaderEvent], None]
 
 
 class _Channel:
@@ -44,11 +49,11 @@ class _Channel:
         "cancelled",
         "closed",
         "error",
-        "listener",
         "max_pending_samples",
         "pending_samples",
         "queue",
         "ready",
+        "report",
         "sample_rate_hz",
         "stream_id",
     )
@@ -58,12 +63,12 @@ class _Channel:
         stream_id: str,
         sample_rate_hz: int,
         max_pending_samples: int,
-        listener: ChannelListener,
+        report: ReaderReport,
     ) -> None:
         self.stream_id = stream_id
         self.sample_rate_hz = sample_rate_hz
         self.max_pending_samples = max_pending_samples
-        self.listener = listener
+        self.report = report
         self.queue: deque[np.ndarray] = deque()
         self.pending_samples = 0
         self.ready = asyncio.Event()
@@ -159,26 +164,26 @@ class AudioReceiver:
                     was_parked = channel.parked
                     channel.pending_samples -= len(pcm)
                     if was_parked and not channel.parked:
-                        channel.listener.audio_unparked(channel.stream_id)
+                        channel.report(channel.stream_id, ReaderEvent.UNPARKED)
                     yield pcm
                     continue
                 if channel.closed:
                     finished = True
                     if channel.error is not None:
                         raise StreamFailed(channel.stream_id, channel.error) from channel.error
-                    channel.listener.audio_read_all(channel.stream_id)
+                    channel.report(channel.stream_id, ReaderEvent.READ_ALL)
                     return
                 channel.ready.clear()
                 await channel.ready.wait()
         finally:
             if not finished:
-                channel.listener.audio_abandoned(channel.stream_id)
+                channel.report(channel.stream_id, ReaderEvent.GONE)
 
 
 def audio_channel(
-    stream_id: str, sample_rate_hz: int, max_pending_audio_s: float, listener: ChannelListener
+    stream_id: str, sample_rate_hz: int, max_pending_audio_s: float, report: ReaderReport
 ) -> tuple[AudioSender, AudioReceiver]:
     """A new channel's two halves."""
     max_pending_samples = max(1, round(max_pending_audio_s * sample_rate_hz))
-    channel = _Channel(stream_id, sample_rate_hz, max_pending_samples, listener)
+    channel = _Channel(stream_id, sample_rate_hz, max_pending_samples, report)
     return AudioSender(channel), AudioReceiver(channel)

@@ -30,10 +30,9 @@ from pipeline.admission import (
     Reservation,
     new_stream_audio_s,
     start_chunk_audio_s,
-    start_phase_chunks,
 )
 from pipeline.backend import Backend, Voice, backend_capabilities
-from pipeline.book import StreamBook, Wakes
+from pipeline.book import Wakes, build_book, vocoder_workers
 from pipeline.calibration import measure
 from pipeline.capacity import pipeline_capacity
 from pipeline.config import EngineConfig, TalkerConfig, VocoderConfig
@@ -41,16 +40,13 @@ from pipeline.errors import NotReady, UnknownVoice
 from pipeline.events import EngineEvents, EngineStats, GuardedEvents, NullEvents
 from pipeline.executor import StageExecutor
 from pipeline.stream import Stream
-from pipeline.talker import Talker, talker_order
-from pipeline.text import Segmenter, segment_options
+from pipeline.talker import Talker
 from pipeline.vocoder import Vocoder
 from scheduling import (
     Admission,
     AdmissionConfig,
     ChunkingConfig,
-    ChunkPlanner,
     LoadView,
-    PlaybackScheduler,
     SchedulingConfig,
     warn_if_first_chunk_too_short,
 )
@@ -124,57 +120,42 @@ class Engine:
         self.urgent_stage = stage("talker-urgent") if talker.urgent_lane and concurrent else None
         self.vocoder_stage = stage("vocoder")
         # more vocoder workers where the backend's vocode calls may run side by side
-        workers = self._vocoder_config.workers
-        if not capabilities.concurrent_vocode_calls:
-            workers = 1
+        workers = vocoder_workers(self._vocoder_config, self._backend)
         self.extra_vocoder_stages = [stage(f"vocoder-{index}") for index in range(1, workers)]
-        # more than one worker (their calls overlap): one may wait for a first audio
-        yield_slack_s = self._vocoder_config.yield_slack_s if self.extra_vocoder_stages else 0.0
-        self.book = StreamBook(
-            scheduler=PlaybackScheduler(scheduling),
-            planner=ChunkPlanner(self._chunking),
-            segmenter=partial(Segmenter, **segment_options(talker)),
+        self.book = build_book(
+            scheduling=scheduling,
+            chunking=self._chunking,
+            admission=self._admission_config,
+            talker=talker,
+            vocoder=self._vocoder_config,
+            backend=self._backend,
             max_pending_audio_s=engine.max_pending_audio_s,
-            left_context_frames=self._chunking.left_context_frames,
-            first_chunk_s=scheduling.first_chunk_ms / 1000.0,
             clock=self._clock,
             events=self._events,
             wakes=Wakes(
                 talker=self._wake_talker, vocoder=self._wake_vocoder, start=self.admission.poke
             ),
-            # tracked where admission counts a start's extra cost
-            start_phase_chunks=start_phase_chunks(self._admission_config),
-            max_in_flight=workers if self._vocoder_config.work_ahead_streams else 1,
-            work_ahead_streams=self._vocoder_config.work_ahead_streams,
-            vocoder_workers=workers,
-            first_audio_yield=yield_slack_s > 0,
-            urgent_slack_s=talker.urgent_slack_s,
-            alone_urgent_slack_s=talker.alone_urgent_slack_s,
         )
         self.talker = Talker(
-            self.book,
+            self.book.talker,
             self._backend,
             self.talker_stage,
-            talker_order(talker, scheduling),
             clock=self._clock,
             events=self._events,
             capacity_window_s=engine.capacity_window_s,
             initial_capacity_audio_s_per_s=engine.initial_capacity_audio_s_per_s,
             urgent_stage=self.urgent_stage,
-            prepare_ahead_streams=talker.prepare_ahead_streams,
         )
         self.vocoder = Vocoder(
-            self.book,
+            self.book.vocoder,
             self._backend,
             self.vocoder_stage,
-            window=scheduling.active_stream_window,
             clock=self._clock,
             events=self._events,
             capacity_window_s=engine.capacity_window_s,
             initial_capacity_audio_s_per_s=engine.initial_capacity_audio_s_per_s,
             capacity=self._turn_capacity,
             extra_stages=self.extra_vocoder_stages,
-            yield_slack_s=yield_slack_s,
         )
 
     def _stage_timed_out(self, stage: str, timeout_s: float) -> None:
@@ -281,9 +262,10 @@ class Engine:
         if supervisor is not None:
             supervisor.cancel()
             await asyncio.gather(supervisor, return_exceptions=True)
-        await self.talker_stage.aclose()
         if self.urgent_stage is not None:
             await self.urgent_stage.aclose()
+        await self.talker.close_left()  # segments of ended streams, after the calls running
+        await self.talker_stage.aclose()
         await self.vocoder_stage.aclose()
         for stage in self.extra_vocoder_stages:
             await stage.aclose()

@@ -24,18 +24,18 @@ from benchmarks.loadgen import load_corpus
 from benchmarks.simulate import Arrival, run_script
 from benchmarks.virtual_time import SpentTime, VirtualStage, VirtualTimeLoop, virtual_stages
 from pipeline.backends.sim import SimBackend, decode_sim_signal
-from pipeline.book import StreamBook
 from pipeline.config import EngineConfig, SimConfig, TalkerConfig
 from pipeline.engine import Engine
 from pipeline.errors import Rejected, StreamCancelled
 from pipeline.events import NullEvents
 from pipeline.executor import Timed
+from pipeline.load import Load
+from pipeline.talker_core import TalkerCore
 from scheduling import (
     AdmissionConfig,
     ChunkingConfig,
     SchedulingConfig,
     TalkerCandidate,
-    TalkerOrderConfig,
     TalkerPlan,
 )
 
@@ -250,17 +250,19 @@ def test_engine_and_simulator_decide_alike_under_fifo() -> None:
     assert_same(run_engine(setup, arrivals), run_simulator(setup, arrivals))
 
 
-def _newest_first(book: StreamBook, now_s: float, config: TalkerOrderConfig) -> TalkerPlan:
-    listed: list[TalkerCandidate] = sorted(book.talker_candidates(), key=lambda c: -c.order)
-    return TalkerPlan(tuple(c.stream_id for c in listed[: config.batch]), None)
+def _newest_first(core: TalkerCore, now_s: float, load: Load) -> TalkerPlan:
+    listed: list[TalkerCandidate] = sorted(core.candidates(), key=lambda c: -c.order)
+    return TalkerPlan(tuple(c.stream_id for c in listed[: core.order.batch]), None)
 
 
 def test_a_simulator_with_another_talker_order_is_caught(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Both run the one talker core: one that decides otherwise in the simulator alone
+    (newest first) is caught."""
     arrivals = script(1)
     engine = run_engine(SETUP, arrivals)
-    monkeypatch.setattr(sim_replica, "plan_talker", _newest_first)
+    monkeypatch.setattr(TalkerCore, "plan", _newest_first)
     # the talker order decides whose audio comes first: depending on the texts' segments
     # the first record to part is the talker steps or an admission that follows from them
     with pytest.raises(AssertionError, match=r"(talker_steps|admissions) differ"):

@@ -1,0 +1,30 @@
+"""One measure of load, read by every decision that depends on how busy the engine is.
+
+A stage core builds it once per turn (`StreamTable.load()`) and hands it to what it
+decides in that turn. The one definition of a stream being alone lives here: a stream is
+alone when no other stream has work left. What the engine does differently then (see
+docs/engine.md, "A stream alone"):
+
+- the vocoder's workers decode a lone stream's next chunks side by side (work-ahead),
+  and its last frames are cut evenly over them (the even tail);
+- the talker has the backend prepare its next sentence while it steps the current one;
+- its next segment is urgent only below `talker.alone_urgent_slack_s` of audio ahead;
+- the talker runs ahead of it beside a busy vocoder (all its work is due, none is another
+  stream's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """How many streams have work left (talker or vocoder work, their audio not all sent)."""
+
+    working: int
+
+    @property
+    def alone(self) -> bool:
+        """At most one stream has work: the machine is its alone."""
+        return self.working <= 1
