@@ -24,7 +24,7 @@ FAST_SIM = SimConfig(
     vocoder_per_frame_ms=0.2,
 )
 TEST_CHUNKING = ChunkingConfig(
-    chunk_frames=8, initial_chunk_frames=4, left_context_frames=2, right_context_frames=2
+    chunk_frames=8, ramp=(4,), left_context_frames=2, right_context_frames=2
 )
 
 EngineFactory = Callable[..., Awaitable[Engine]]
