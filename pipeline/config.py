@@ -212,9 +212,6 @@ class PiperConfig:
     ort_graph_optimization: str = "all"  # disable, basic, extended or all
     ort_cpu_arena: bool = True  # ORT's memory arena for intermediate tensors
     ort_spinning: bool = True  # with intra_op_threads > 1: idle pool threads spin (else sleep)
-    # ONNX Runtime threads of an encoder or vocoder call that finds no other Piper call
-    # running (a lone stream: the other cores are idle); 1: no such sessions
-    solo_threads: int = 1
     # The vocoder's stages after its first decode only a chunk's emitted frames and their
     # own reach, not the chunk's whole context (bit-identical audio; README)
     vocoder_trim: bool = True
@@ -231,7 +228,6 @@ class PiperConfig:
         check_choice("ort_graph_optimization", self.ort_graph_optimization, ORT_OPTIMIZATION_LEVELS)
         check_bool("ort_cpu_arena", self.ort_cpu_arena)
         check_bool("ort_spinning", self.ort_spinning)
-        check_int("solo_threads", self.solo_threads, 1)
         check_bool("vocoder_trim", self.vocoder_trim)
         if self.flow_max_chunk_frames < self.flow_first_chunk_frames:
             raise ConfigError(

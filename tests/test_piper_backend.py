@@ -315,17 +315,6 @@ def test_talker_and_vocoder_threads_run_at_once(backend: PiperBackend) -> None:
             np.testing.assert_array_equal(got, want)
 
 
-def test_solo_sessions_give_the_same_speech(backend: PiperBackend, cache_dir: Path) -> None:
-    """piper.solo_threads: a call running alone goes to a two-thread session; the frames
-    and the audio are those of the one-thread sessions (up to float rounding)."""
-    solo = PiperBackend(
-        PiperConfig(cache_dir=str(cache_dir), solo_threads=2), noise_scale=0.0, noise_w=0.0
-    )
-    frames = talk(solo, TEXT)
-    np.testing.assert_allclose(frames, talk(backend, TEXT), atol=1e-4)
-    np.testing.assert_allclose(decode_whole(solo, frames), decode_whole(backend, frames), atol=1e-5)
-
-
 ENGINE_TEXT = (
     "The weather is nice today, and the sun is shining over the quiet harbour. "
     "Boats drift past the old pier while gulls circle above the fishing nets. "

@@ -252,7 +252,6 @@ SECTION_RULES = [
     ("piper", "ort_graph_optimization: fast", "piper.ort_graph_optimization"),
     ("piper", "ort_cpu_arena: sometimes", "piper.ort_cpu_arena"),
     ("piper", "flow_context_frames: -1", "piper.flow_context_frames"),
-    ("piper", "solo_threads: 0", "piper.solo_threads"),
     ("talker", "prepare_ahead_streams: -1", "talker.prepare_ahead_streams"),
     ("piper", "vocoder_trim: maybe", "piper.vocoder_trim"),
     ("piper", "flow_first_chunk_frames: 600", "piper.flow_max_chunk_frames"),
