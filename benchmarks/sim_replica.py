@@ -43,7 +43,7 @@ from pipeline.backend import TalkStep
 from pipeline.backends.sim import SimBackend, vocoder_cost_s
 from pipeline.book import OpenSegment, StreamBook, StreamRecord, Wakes
 from pipeline.capacity import CapacityEstimate, pipeline_capacity
-from pipeline.config import EngineConfig, SimConfig, TalkerConfig
+from pipeline.config import EngineConfig, SimConfig, TalkerConfig, TextConfig
 from pipeline.events import NullEvents
 from pipeline.stream import Stream
 from pipeline.talker import talker_order
@@ -82,6 +82,7 @@ class EngineSetup:
     talker: TalkerConfig
     sim: SimConfig
     engine: EngineConfig = field(default_factory=EngineConfig)
+    text: TextConfig = field(default_factory=TextConfig)
 
 
 class EventQueue(Protocol):
@@ -137,7 +138,7 @@ class Replica:
         self.book = StreamBook(
             scheduler=PlaybackScheduler(setup.scheduling),
             planner=ChunkPlanner(setup.chunking),
-            segmenter=partial(Segmenter, **segment_options(talker)),
+            segmenter=partial(Segmenter, **segment_options(setup.text)),
             max_pending_audio_s=_NEVER_PARK_S,
             left_context_frames=setup.chunking.left_context_frames,
             first_chunk_s=setup.scheduling.first_chunk_ms / 1000.0,

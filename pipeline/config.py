@@ -52,15 +52,6 @@ class TalkerConfig:
     # streams have work), a stream with this much audio talked but not yet vocoded sits
     # out: more would take the cores from the chunks waiting (0: no cap)
     busy_max_queued_s: float = 2.0
-    # a first sentence longer than this is cut at its first clause end, wherever it falls
-    # (0: never; docs/text.md)
-    first_fragment_words: int = 13
-    max_segment_chars: int = 300  # sentences longer than this split at clause boundaries
-    # no segment has more estimated phonemes than this (pipeline/text.py's proxy)
-    max_segment_phonemes: int = 400
-    # with first_fragment_words > 0: a stream's first segment is at most this long, even
-    # one unbroken token, each next one twice the one before (0: no cap, no ramp)
-    first_segment_chars: int = 0
     # a segment opened while its stream has less than this much audio ahead (buffered in
     # the player plus talked, not yet vocoded), or none yet, is urgent (TalkRequest.urgent):
     # Piper then runs its flow in small first steps; otherwise over the whole segment at
@@ -82,13 +73,31 @@ class TalkerConfig:
         check_positive("high_water_s", self.high_water_s)
         check_bool("run_ahead", self.run_ahead)
         check_non_negative("busy_max_queued_s", self.busy_max_queued_s)
+        check_non_negative("urgent_slack_s", self.urgent_slack_s)
+        check_non_negative("alone_urgent_slack_s", self.alone_urgent_slack_s)
+        check_int("prepare_ahead_streams", self.prepare_ahead_streams, 0)
+
+
+@dataclass(frozen=True)
+class TextConfig:
+    """How a stream's text is cut into talker segments (pipeline/text.py, docs/text.md):
+    the text front end, read by `segment_options`."""
+
+    # a first sentence longer than this is cut at its first clause end, wherever it falls
+    # (0: never; docs/text.md)
+    first_fragment_words: int = 13
+    max_segment_chars: int = 300  # sentences longer than this split at clause boundaries
+    # no segment has more estimated phonemes than this (pipeline/text.py's proxy)
+    max_segment_phonemes: int = 400
+    # with first_fragment_words > 0: a stream's first segment is at most this long, even
+    # one unbroken token, each next one twice the one before (0: no cap, no ramp)
+    first_segment_chars: int = 0
+
+    def __post_init__(self) -> None:
         check_int("first_fragment_words", self.first_fragment_words, 0)
         check_int("max_segment_chars", self.max_segment_chars, 20)
         check_int("max_segment_phonemes", self.max_segment_phonemes, 20)
         check_int("first_segment_chars", self.first_segment_chars, 0)
-        check_non_negative("urgent_slack_s", self.urgent_slack_s)
-        check_non_negative("alone_urgent_slack_s", self.alone_urgent_slack_s)
-        check_int("prepare_ahead_streams", self.prepare_ahead_streams, 0)
 
 
 NORMALIZE_LANGUAGES = ("en",)  # languages with normalisation rules

@@ -36,7 +36,7 @@ from pipeline.backend import Backend, Voice, backend_capabilities
 from pipeline.book import StreamBook, Wakes
 from pipeline.calibration import measure
 from pipeline.capacity import pipeline_capacity
-from pipeline.config import EngineConfig, TalkerConfig, VocoderConfig
+from pipeline.config import EngineConfig, TalkerConfig, TextConfig, VocoderConfig
 from pipeline.errors import NotReady, UnknownVoice
 from pipeline.events import EngineEvents, EngineStats, GuardedEvents, NullEvents
 from pipeline.executor import StageExecutor
@@ -62,6 +62,7 @@ log = logging.getLogger("playhead.engine")
 
 _DEFAULT_ENGINE = EngineConfig()
 _DEFAULT_TALKER = TalkerConfig()
+_DEFAULT_TEXT = TextConfig()
 _DEFAULT_VOCODER = VocoderConfig()
 
 
@@ -77,6 +78,7 @@ class Engine:
         admission: AdmissionConfig,
         engine: EngineConfig = _DEFAULT_ENGINE,
         talker: TalkerConfig = _DEFAULT_TALKER,
+        text: TextConfig = _DEFAULT_TEXT,
         vocoder: VocoderConfig = _DEFAULT_VOCODER,
         clock: Callable[[], float] = time.monotonic,
         events: EngineEvents | None = None,
@@ -93,6 +95,7 @@ class Engine:
         self._voices = backend.voices()
         self._scheduling = scheduling
         self._talker_config = talker
+        self._text_config = text
         self._vocoder_config = vocoder
         self._chunking = chunking
         self._supervisor: asyncio.Task[None] | None = None
@@ -133,7 +136,7 @@ class Engine:
         self.book = StreamBook(
             scheduler=PlaybackScheduler(scheduling),
             planner=ChunkPlanner(self._chunking),
-            segmenter=partial(Segmenter, **segment_options(talker)),
+            segmenter=partial(Segmenter, **segment_options(self._text_config)),
             max_pending_audio_s=engine.max_pending_audio_s,
             left_context_frames=self._chunking.left_context_frames,
             first_chunk_s=scheduling.first_chunk_ms / 1000.0,

@@ -98,7 +98,7 @@ def test_pcm_carries_every_sim_frame_once_in_order(server: LiveServer) -> None:
     )
     assert [index for _, index in frames] == list(range(len(frames)))
     assert len({tag for tag, _ in frames}) == 1
-    assert len(frames) == SimBackend.expected_frames(TEXT, 1.0, server.settings.talker)
+    assert len(frames) == SimBackend.expected_frames(TEXT, 1.0, server.settings.text)
 
 
 @pytest.mark.parametrize(("fmt", "rate_hz"), [("wav", 16000), ("flac", 44100), ("mp3", 48000)])
@@ -131,7 +131,7 @@ def test_sse_events_follow_openai(server: LiveServer, fmt: str) -> None:
     assert set(usage) == {"input_tokens", "output_tokens", "total_tokens"}
     assert all(type(v) is int for v in usage.values())
     assert usage["input_tokens"] == len(TEXT)  # characters
-    assert usage["output_tokens"] == SimBackend.expected_frames(TEXT, 1.0, server.settings.talker)
+    assert usage["output_tokens"] == SimBackend.expected_frames(TEXT, 1.0, server.settings.text)
     assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
 
 
@@ -194,7 +194,7 @@ def _gated_server(*overrides: str) -> tuple[LiveServer, GatedSimBackend]:
 
 
 def test_a_failure_after_the_first_byte_ends_the_stream() -> None:
-    live, backend = _gated_server("talker.first_fragment_words=0")
+    live, backend = _gated_server("text.first_fragment_words=0")
     try:
         text = "This first sentence is fine. FAIL comes next."
         body = speech_body(text, response_format="wav", stream_format="sse")

@@ -70,8 +70,8 @@ def _words(text: str) -> list[str]:
 def _first_fragment_piece(settings: Settings, pieces: list[str]) -> int:
     """Index of the piece after which the engine's segmenter releases the first fragment."""
     segmenter = Segmenter(
-        first_fragment_words=settings.talker.first_fragment_words,
-        max_segment_chars=settings.talker.max_segment_chars,
+        first_fragment_words=settings.text.first_fragment_words,
+        max_segment_chars=settings.text.max_segment_chars,
     )
     for index, piece in enumerate(pieces):
         if segmenter.push(piece):
