@@ -84,6 +84,9 @@ MOVED_FIELDS: dict[tuple[str, str], str] = {
     ("talker", "max_segment_chars"): "text.max_segment_chars",
     ("talker", "max_segment_phonemes"): "text.max_segment_phonemes",
     ("talker", "first_segment_chars"): "text.first_segment_chars",
+    # ONNX Runtime threads per session: a Piper runtime setting, not an engine decision
+    ("talker", "intra_op_threads"): "piper.talker_intra_op_threads",
+    ("vocoder", "intra_op_threads"): "piper.vocoder_intra_op_threads",
 }
 # ... and those removed, with what to do instead
 REMOVED_FIELDS: dict[tuple[str, str], str] = {

@@ -40,7 +40,6 @@ class BackendConfig:
 
 @dataclass(frozen=True)
 class TalkerConfig:
-    intra_op_threads: int = 1  # ONNX Runtime threads inside the talker's one worker thread
     batch: int = 1  # most open segments stepped together in one talker step
     # a second lane (thread) for streams' first talker work while the first lane is busy,
     # where the backend's steps may run side by side (`capabilities.concurrent_talker_steps`)
@@ -67,7 +66,6 @@ class TalkerConfig:
     prepare_ahead_streams: int = 1
 
     def __post_init__(self) -> None:
-        check_int("intra_op_threads", self.intra_op_threads, 1)
         check_int("batch", self.batch, 1)
         check_bool("urgent_lane", self.urgent_lane)
         check_positive("high_water_s", self.high_water_s)
@@ -128,7 +126,6 @@ class NormalizeConfig:
 
 @dataclass(frozen=True)
 class VocoderConfig:
-    intra_op_threads: int = 1  # ONNX Runtime threads inside each vocoder worker thread
     # vocoder turns decoded side by side, each in its own thread, where the backend's vocode
     # calls may overlap (`capabilities.concurrent_vocode_calls`: Piper; the sim and codec LM
     # run one)
@@ -145,7 +142,6 @@ class VocoderConfig:
     yield_slack_s: float = 1.0
 
     def __post_init__(self) -> None:
-        check_int("intra_op_threads", self.intra_op_threads, 1)
         check_int("workers", self.workers, 1)
         check_int("work_ahead_streams", self.work_ahead_streams, 0)
         check_non_negative("yield_slack_s", self.yield_slack_s)
@@ -220,7 +216,11 @@ class PiperConfig:
     # ONNX Runtime session options of every Piper graph (measured: docs/voice-tuning.md)
     ort_graph_optimization: str = "all"  # disable, basic, extended or all
     ort_cpu_arena: bool = True  # ORT's memory arena for intermediate tensors
-    ort_spinning: bool = True  # with intra_op_threads > 1: idle pool threads spin (else sleep)
+    ort_spinning: bool = True  # with *_intra_op_threads > 1: idle pool threads spin (else sleep)
+    # ONNX Runtime threads inside the talker's worker thread (its encoder and flow sessions)
+    talker_intra_op_threads: int = 1
+    # ONNX Runtime threads inside each vocoder worker thread (its vocoder session)
+    vocoder_intra_op_threads: int = 1
     # The vocoder's stages after its first decode only a chunk's emitted frames and their
     # own reach, not the chunk's whole context (bit-identical audio; README)
     vocoder_trim: bool = True
@@ -237,6 +237,8 @@ class PiperConfig:
         check_choice("ort_graph_optimization", self.ort_graph_optimization, ORT_OPTIMIZATION_LEVELS)
         check_bool("ort_cpu_arena", self.ort_cpu_arena)
         check_bool("ort_spinning", self.ort_spinning)
+        check_int("talker_intra_op_threads", self.talker_intra_op_threads, 1)
+        check_int("vocoder_intra_op_threads", self.vocoder_intra_op_threads, 1)
         check_bool("vocoder_trim", self.vocoder_trim)
         if self.flow_max_chunk_frames < self.flow_first_chunk_frames:
             raise ConfigError(

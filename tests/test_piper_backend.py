@@ -300,6 +300,29 @@ def test_speech_is_intelligible_to_an_asr(backend: PiperBackend) -> None:
     assert errors / words <= 0.35
 
 
+def test_piper_sets_each_stages_onnx_runtime_threads(cache_dir: Path) -> None:
+    """piper.talker_intra_op_threads sizes the encoder and flow sessions,
+    piper.vocoder_intra_op_threads the vocoder's; the speech is the same (up to rounding)."""
+    threaded = PiperBackend(
+        PiperConfig(
+            cache_dir=str(cache_dir), talker_intra_op_threads=2, vocoder_intra_op_threads=3
+        ),
+        noise_scale=0.0,
+        noise_w=0.0,
+    )
+    loaded = threaded._voices[VOICE]
+    assert loaded.flow is not None
+    assert loaded.encoder.get_session_options().intra_op_num_threads == 2
+    assert loaded.flow.get_session_options().intra_op_num_threads == 2
+    assert loaded.vocoder.get_session_options().intra_op_num_threads == 3
+    plain = PiperBackend(PiperConfig(cache_dir=str(cache_dir)), noise_scale=0.0, noise_w=0.0)
+    assert plain._voices[VOICE].vocoder.get_session_options().intra_op_num_threads == 1
+    frames = talk(threaded, "Threads change the speed, not the speech.")
+    np.testing.assert_allclose(
+        frames, talk(plain, "Threads change the speed, not the speech."), atol=1e-4
+    )
+
+
 def test_talker_and_vocoder_threads_run_at_once(backend: PiperBackend) -> None:
     texts = ["One small step.", "Two roads diverged in a wood.", "Three blind mice."]
     frames = talk(backend, TEXT)

@@ -255,10 +255,10 @@ SECTION_RULES = [
     ("talker", "prepare_ahead_streams: -1", "talker.prepare_ahead_streams"),
     ("piper", "vocoder_trim: maybe", "piper.vocoder_trim"),
     ("piper", "flow_first_chunk_frames: 600", "piper.flow_max_chunk_frames"),
-    ("talker", "intra_op_threads: 0", "talker.intra_op_threads"),
+    ("piper", "talker_intra_op_threads: 0", "piper.talker_intra_op_threads"),
     ("text", "max_segment_chars: 10", "text.max_segment_chars"),
     ("talker", "high_water_s: .nan", "talker.high_water_s"),
-    ("vocoder", "intra_op_threads: two", "vocoder.intra_op_threads"),
+    ("piper", "vocoder_intra_op_threads: two", "piper.vocoder_intra_op_threads"),
     ("engine", "max_pending_audio_s: -1", "engine.max_pending_audio_s"),
     ("engine", "initial_capacity_audio_s_per_s: -0.5", "engine.initial_capacity_audio_s_per_s"),
     ("chunking", "chunk_frames: 0", "chunking.chunk_frames"),
@@ -368,6 +368,8 @@ MOVED = [
     ("talker.max_segment_chars", "300", "text.max_segment_chars"),
     ("talker.max_segment_phonemes", "400", "text.max_segment_phonemes"),
     ("talker.first_segment_chars", "80", "text.first_segment_chars"),
+    ("talker.intra_op_threads", "2", "piper.talker_intra_op_threads"),
+    ("vocoder.intra_op_threads", "2", "piper.vocoder_intra_op_threads"),
 ]
 
 

@@ -79,7 +79,7 @@ def settings() -> Settings:
 @pytest.fixture(scope="module")
 def backend(settings: Settings) -> PiperBackend:
     """The bundled voice, noise scales 0 (default graph cache: the cut is done once)."""
-    return PiperBackend(settings.piper, settings.talker, settings.vocoder)
+    return PiperBackend(settings.piper)
 
 
 @pytest.fixture(scope="module")

@@ -54,7 +54,7 @@ def settings() -> Settings:
 
 @pytest.fixture(scope="module")
 def server(settings: Settings) -> Iterator[LiveServer]:
-    backend = PiperBackend(settings.piper, settings.talker, settings.vocoder)
+    backend = PiperBackend(settings.piper)
     with live_server(settings, backend_factory=lambda: backend) as live:
         # One request first: the first run of the ONNX sessions is slower than the rest,
         # and the figures printed below are about the steady state.

@@ -52,7 +52,7 @@ from pipeline.backends.piper.voices import (
     discover_voices,
     load_voice_spec,
 )
-from pipeline.config import PiperConfig, TalkerConfig, VocoderConfig
+from pipeline.config import PiperConfig
 
 logger = logging.getLogger("playhead.piper")
 # Each flow chunk of a segment is this many times the one before: a few steps per sentence
@@ -112,15 +112,11 @@ class PiperBackend(Backend):
     def __init__(
         self,
         piper: PiperConfig | None = None,
-        talker: TalkerConfig | None = None,
-        vocoder: VocoderConfig | None = None,
         *,
         noise_scale: float | None = None,
         noise_w: float | None = None,
     ) -> None:
         piper = piper or PiperConfig()
-        talker = talker or TalkerConfig()
-        vocoder = vocoder or VocoderConfig()
         # keyword arguments override the config (tests pin noise to 0 this way)
         noise_scale = piper.noise_scale if noise_scale is None else noise_scale
         noise_w = piper.noise_w if noise_w is None else noise_w
@@ -149,7 +145,7 @@ class PiperBackend(Backend):
                     "voice %s in %s repeats a loaded voice id: skipped", spec.id, spec.model_path
                 )
                 continue
-            self._voices[spec.id] = load_voice(spec, piper, talker, vocoder)
+            self._voices[spec.id] = load_voice(spec, piper)
         self._default = specs[0].id
         default_voice = self._voices[self._default].voice
         self.sample_rate_hz = default_voice.sample_rate_hz

@@ -14,7 +14,7 @@ from pipeline.backends.piper.errors import VoiceLoadError
 from pipeline.backends.piper.graph_split import SplitGraphs, load_split
 from pipeline.backends.piper.vocoder_trim import TRIM_START, TRIM_STOP, Trim, read_trim
 from pipeline.backends.piper.voices import VoiceSpec
-from pipeline.config import PiperConfig, TalkerConfig, VocoderConfig
+from pipeline.config import PiperConfig
 
 logger = logging.getLogger("playhead.piper")
 
@@ -48,15 +48,13 @@ class VocodeAbort:
         self.options.terminate = True
 
 
-def load_voice(
-    spec: VoiceSpec, piper: PiperConfig, talker: TalkerConfig, vocoder: VocoderConfig
-) -> LoadedVoice:
+def load_voice(spec: VoiceSpec, piper: PiperConfig) -> LoadedVoice:
     """One voice's cut graphs (cached, cut again where the cache fails to load) as
     sessions, checked to fit together."""
     cache_dir = piper.cache_dir
     split = load_split(spec.model_path, cache_dir, spec.id)
     try:
-        sessions = _voice_sessions(split, piper, talker, vocoder)
+        sessions = _voice_sessions(split, piper)
     except Exception as error:  # ORT raises its own RuntimeError subclasses
         if not split.cached:
             raise VoiceLoadError(
@@ -66,10 +64,7 @@ def load_voice(
             "voice %s: cached cut graphs failed to load (%s); cutting again", spec.id, error
         )
         sessions = _voice_sessions(
-            load_split(spec.model_path, cache_dir, spec.id, refresh=True),
-            piper,
-            talker,
-            vocoder,
+            load_split(spec.model_path, cache_dir, spec.id, refresh=True), piper
         )
     encoder, flow, vocoder_session = sessions
     talker_outputs = (flow or encoder).get_outputs()
@@ -130,12 +125,13 @@ def _session(
 
 
 def _voice_sessions(
-    split: SplitGraphs, piper: PiperConfig, talker: TalkerConfig, vocoder: VocoderConfig
+    split: SplitGraphs, piper: PiperConfig
 ) -> tuple[ort.InferenceSession, ort.InferenceSession | None, ort.InferenceSession]:
-    """(encoder, flow, vocoder) sessions of one voice."""
-    threads = talker.intra_op_threads
+    """(encoder, flow, vocoder) sessions of one voice: the talker's two with
+    `piper.talker_intra_op_threads`, the vocoder's with `piper.vocoder_intra_op_threads`."""
+    threads = piper.talker_intra_op_threads
     return (
         _session(split.encoder, threads, piper),
         None if split.flow is None else _session(split.flow, threads, piper),
-        _session(split.vocoder, vocoder.intra_op_threads, piper),
+        _session(split.vocoder, piper.vocoder_intra_op_threads, piper),
     )
