@@ -9,7 +9,9 @@ the text as it is (only an empty value or `null`/`~` means None), so `api_key=12
 a string.
 
 Every problem raises SettingsError with one line naming the source (the file, the
-variable, `--set` or the flag) and the dotted field.
+variable, `--set` or the flag) and the dotted field. A field that moved to another section
+(`MOVED_FIELDS`) or was removed (`REMOVED_FIELDS`) is named as such, with its new place or
+what replaced it, rather than as an unknown field.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from pipeline.config import (
     EngineConfig,
     NormalizeConfig,
     TalkerConfig,
+    TextConfig,
     VocoderConfig,
 )
 from scheduling import AdmissionConfig, ChunkingConfig, ConfigError, SchedulingConfig
@@ -72,6 +75,24 @@ DEFAULT_CHUNKING = ChunkingConfig(
 
 class SettingsError(ValueError):
     """The settings are invalid; the message is one line naming the source and the field."""
+
+
+# Fields an older config may still name: where each is now (section.field) ...
+MOVED_FIELDS: dict[tuple[str, str], str] = {
+    # text segmentation is the text front end, not a talker decision
+    ("talker", "first_fragment_words"): "text.first_fragment_words",
+    ("talker", "max_segment_chars"): "text.max_segment_chars",
+    ("talker", "max_segment_phonemes"): "text.max_segment_phonemes",
+    ("talker", "first_segment_chars"): "text.first_segment_chars",
+    # ONNX Runtime threads per session: a Piper runtime setting, not an engine decision
+    ("talker", "intra_op_threads"): "piper.talker_intra_op_threads",
+    ("vocoder", "intra_op_threads"): "piper.vocoder_intra_op_threads",
+}
+# ... and those removed, with what to do instead
+REMOVED_FIELDS: dict[tuple[str, str], str] = {
+    ("chunking", "initial_chunk_frames"): "a ramp (chunking.ramp) sets the first chunks' sizes",
+    ("piper", "solo_threads"): "solo sessions are gone (slower under load; docs/voice-tuning.md)",
+}
 
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
@@ -182,6 +203,7 @@ def _backend_sections() -> dict[str, Any]:
 
 _CORE_SECTIONS: dict[str, Any] = {
     "talker": _section(TalkerConfig),
+    "text": _section(TextConfig),
     "normalize": _section(NormalizeConfig),
     "vocoder": _section(VocoderConfig),
     "engine": _section(EngineConfig),
@@ -302,6 +324,11 @@ class _Layers:
 
     def check_field(self, source: str, section: str, field: object) -> str:
         known = _field_types(section)
+        if isinstance(field, str) and field not in known:
+            if (moved := MOVED_FIELDS.get((section, field))) is not None:
+                raise SettingsError(f"{source}: {section}.{field} moved to {moved}")
+            if (removed := REMOVED_FIELDS.get((section, field))) is not None:
+                raise SettingsError(f"{source}: {section}.{field} was removed: {removed}")
         if not isinstance(field, str) or field not in known:
             raise SettingsError(
                 f"{source}: {section}.{field}: unknown field (known: {', '.join(known)})"

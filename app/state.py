@@ -140,6 +140,7 @@ class AppState:
                 admission=s.admission,
                 engine=s.engine,
                 talker=s.talker,
+                text=s.text,
                 vocoder=s.vocoder,
                 events=self.metrics,
             )

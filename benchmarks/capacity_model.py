@@ -56,6 +56,7 @@ async def _engine(settings: Settings, *, admission: bool) -> Engine:
         admission=dataclasses.replace(s.admission, enabled=admission),
         engine=s.engine,
         talker=s.talker,
+        text=s.text,
         vocoder=s.vocoder,
     )
     await engine.start()

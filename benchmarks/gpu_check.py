@@ -43,7 +43,7 @@ import yaml
 
 from benchmarks.player import STALL_TOLERANCE_S, Player, percentile
 from pipeline.backend import TalkRequest, VocodeItem
-from pipeline.config import CodecLMConfig, EngineConfig, TalkerConfig
+from pipeline.config import CodecLMConfig, EngineConfig, TalkerConfig, TextConfig
 from scheduling import AdmissionConfig, ChunkingConfig, SchedulingConfig
 
 CORPUS = Path(__file__).with_name("corpus.txt")
@@ -51,6 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SECTIONS = {
     "codec_lm": CodecLMConfig,
     "talker": TalkerConfig,
+    "text": TextConfig,
     "engine": EngineConfig,
     "scheduling": SchedulingConfig,
     "chunking": ChunkingConfig,
@@ -342,6 +343,7 @@ async def engine_checks(report, backend, sections, streams_list, duration_s, ram
             admission=AdmissionConfig(enabled=False),
             engine=sections["engine"],
             talker=talker,
+            text=sections["text"],
         )
         await engine.start()
         try:

@@ -106,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         *args.overrides,
     ]
     settings = load_settings(args.config, overrides)
-    backend = PiperBackend(settings.piper, settings.talker, settings.vocoder)
+    backend = PiperBackend(settings.piper)
     voice = backend.default_voice()
     rate_hz = backend.sample_rate_hz
     session = whole_model_session(backend.voice_spec(voice).model_path)

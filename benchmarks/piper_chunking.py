@@ -26,7 +26,7 @@ import numpy as np
 
 from pipeline.backend import TalkRequest, VocodeItem
 from pipeline.backends.piper import PiperBackend
-from pipeline.config import PiperConfig, TalkerConfig, VocoderConfig
+from pipeline.config import PiperConfig
 
 CHUNK_SIZES_FRAMES = (4, 8, 16, 32, 64, 128)
 CONTEXT_PAIRS = (
@@ -252,9 +252,7 @@ def main() -> None:
 
     load_started = time.perf_counter()
     backend = PiperBackend(
-        PiperConfig(),
-        TalkerConfig(intra_op_threads=1),
-        VocoderConfig(intra_op_threads=1),
+        PiperConfig(talker_intra_op_threads=1, vocoder_intra_op_threads=1),
         noise_scale=0.0,
         noise_w=0.0,
     )

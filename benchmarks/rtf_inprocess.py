@@ -81,6 +81,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
             admission=e.admission,
             engine=e.engine,
             talker=e.talker,
+            text=e.text,
             vocoder=e.vocoder,
         )
         await engines[ahead].start()

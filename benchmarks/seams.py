@@ -200,9 +200,7 @@ def default_sweep(
     """The sweep at a config's settings (configs/default.yaml: the deployed ones); `limit`:
     only the first sentences (0: all)."""
     settings = load_settings(config, overrides=list(overrides))
-    backend = PiperBackend(
-        settings.piper, settings.talker, settings.vocoder, noise_scale=0.0, noise_w=0.0
-    )
+    backend = PiperBackend(settings.piper, noise_scale=0.0, noise_w=0.0)
     sentences = sweep_sentences()
     try:
         return sweep(backend, settings.chunking, sentences[:limit] if limit else sentences)
@@ -224,9 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=0, help="only the first N sentences")
     args = parser.parse_args(argv)
     settings = load_settings(args.config, overrides=args.overrides)
-    backend = PiperBackend(
-        settings.piper, settings.talker, settings.vocoder, noise_scale=0.0, noise_w=0.0
-    )
+    backend = PiperBackend(settings.piper, noise_scale=0.0, noise_w=0.0)
     sentences = sweep_sentences()
     if args.limit:
         sentences = sentences[: args.limit]

@@ -43,7 +43,7 @@ from pipeline.backends.sim import SimBackend, vocoder_cost_s
 from pipeline.book import Wakes, build_book
 from pipeline.capacity import CapacityEstimate, pipeline_capacity
 from pipeline.channel import ReaderEvent
-from pipeline.config import EngineConfig, SimConfig, TalkerConfig, VocoderConfig
+from pipeline.config import EngineConfig, SimConfig, TalkerConfig, TextConfig, VocoderConfig
 from pipeline.events import NullEvents
 from pipeline.records import StreamRecord
 from pipeline.stream import Stream
@@ -78,6 +78,7 @@ class EngineSetup:
     sim: SimConfig
     engine: EngineConfig = field(default_factory=EngineConfig)
     vocoder: VocoderConfig = field(default_factory=VocoderConfig)
+    text: TextConfig = field(default_factory=TextConfig)
 
 
 class EventQueue(Protocol):
@@ -138,6 +139,7 @@ class Replica:
             chunking=setup.chunking,
             admission=setup.admission,
             talker=talker,
+            text=setup.text,
             vocoder=setup.vocoder,
             backend=self.backend,
             max_pending_audio_s=_NEVER_PARK_S,

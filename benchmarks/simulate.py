@@ -71,7 +71,7 @@ from benchmarks.player import (
 )
 from benchmarks.sim_replica import EngineSetup, Replica, Trace
 from pipeline.backends.sim import expected_frames, vocoder_cost_s
-from pipeline.config import EngineConfig, SimConfig, TalkerConfig
+from pipeline.config import EngineConfig, SimConfig, TalkerConfig, TextConfig
 from pipeline.stream import Stream
 from scheduling import AdmissionConfig, ChunkingConfig, Decision, SchedulingConfig
 from scheduling.routing import ReplicaLoad, rank_replicas
@@ -92,9 +92,8 @@ DEFAULT_SIM = SimConfig(
     vocoder_per_frame_ms=1.21875,
 )
 # busy_max_queued_s 0: the simulated stages do not share cores, so no talker pacing
-DEFAULT_TALKER = TalkerConfig(
-    batch=16, first_fragment_words=6, first_segment_chars=80, busy_max_queued_s=0
-)
+DEFAULT_TALKER = TalkerConfig(batch=16, busy_max_queued_s=0)
+DEFAULT_TEXT = TextConfig(first_fragment_words=6, first_segment_chars=80)
 DEFAULT_CHUNKING = ChunkingConfig(chunk_frames=8, ramp=(4,))
 DEFAULT_WINDOW = 16
 
@@ -114,6 +113,7 @@ class Scenario:
     admission: AdmissionConfig = field(default_factory=lambda: AdmissionConfig(enabled=False))
     sim: SimConfig = DEFAULT_SIM
     talker: TalkerConfig = DEFAULT_TALKER
+    text: TextConfig = DEFAULT_TEXT
     engine: EngineConfig = field(default_factory=EngineConfig)
     warmup_s: float = 20.0  # requests before this (virtual) time are not measured
     report_interval_s: float = 0.5  # slack router: how often replicas report
@@ -141,6 +141,7 @@ class Scenario:
             talker=self.talker,
             sim=self.sim,
             engine=self.engine,
+            text=self.text,
         )
 
 
@@ -151,9 +152,9 @@ class _Text:
     audio_s: float  # what the sim backend makes of it
 
 
-def prepare_texts(texts: Sequence[str], talker: TalkerConfig, sim: SimConfig) -> list[_Text]:
+def prepare_texts(texts: Sequence[str], options: TextConfig, sim: SimConfig) -> list[_Text]:
     frame_s = sim.samples_per_frame / sim.sample_rate_hz
-    return [_Text(t, len(t), expected_frames(t, talker=talker) * frame_s) for t in texts]
+    return [_Text(t, len(t), expected_frames(t, options=options) * frame_s) for t in texts]
 
 
 def mean_audio_s(texts: Sequence[_Text]) -> float:
@@ -258,7 +259,7 @@ Handler = Callable[[float, object], None]
 class _Simulation:
     def __init__(self, sc: Scenario, texts: Sequence[str]) -> None:
         self.sc = sc
-        self.texts = prepare_texts(texts, sc.talker, sc.sim)
+        self.texts = prepare_texts(texts, sc.text, sc.sim)
         self.rng = random.Random(sc.seed)
         self.now = 0.0
         self.heap: list[tuple[float, int, Handler, object]] = []
@@ -687,8 +688,8 @@ def policy_scenario(name: str, window: int, **kw: object) -> Scenario:
 
 
 def _corpus_mean_audio_s() -> float:
-    """Mean audio of a corpus text with the default talker and costs."""
-    return mean_audio_s(prepare_texts(load_corpus(), DEFAULT_TALKER, DEFAULT_SIM))
+    """Mean audio of a corpus text with the default text options and costs."""
+    return mean_audio_s(prepare_texts(load_corpus(), DEFAULT_TEXT, DEFAULT_SIM))
 
 
 def default_plan(quick: bool = False, window: int = DEFAULT_WINDOW) -> list[Scenario]:

@@ -19,7 +19,7 @@ from functools import partial
 
 from pipeline.admission import start_phase_chunks
 from pipeline.backend import AbortHandle, Backend, Voice
-from pipeline.config import TalkerConfig, VocoderConfig
+from pipeline.config import TalkerConfig, TextConfig, VocoderConfig
 from pipeline.events import EngineEvents, EngineStats
 from pipeline.load import Load
 from pipeline.records import StreamRecord
@@ -209,6 +209,7 @@ def build_book(
     chunking: ChunkingConfig,
     admission: AdmissionConfig,
     talker: TalkerConfig,
+    text: TextConfig,
     vocoder: VocoderConfig,
     backend: Backend,
     max_pending_audio_s: float,
@@ -223,7 +224,7 @@ def build_book(
         scheduler=PlaybackScheduler(scheduling),
         planner=ChunkPlanner(chunking),
         order=talker_order(talker, scheduling),
-        segmenter=partial(Segmenter, **segment_options(talker)),
+        segmenter=partial(Segmenter, **segment_options(text)),
         max_pending_audio_s=max_pending_audio_s,
         clock=clock,
         events=events,

@@ -40,7 +40,6 @@ class BackendConfig:
 
 @dataclass(frozen=True)
 class TalkerConfig:
-    intra_op_threads: int = 1  # ONNX Runtime threads inside the talker's one worker thread
     batch: int = 1  # most open segments stepped together in one talker step
     # a second lane (thread) for streams' first talker work while the first lane is busy,
     # where the backend's steps may run side by side (`capabilities.concurrent_talker_steps`)
@@ -52,15 +51,6 @@ class TalkerConfig:
     # streams have work), a stream with this much audio talked but not yet vocoded sits
     # out: more would take the cores from the chunks waiting (0: no cap)
     busy_max_queued_s: float = 2.0
-    # a first sentence longer than this is cut at its first clause end, wherever it falls
-    # (0: never; docs/text.md)
-    first_fragment_words: int = 13
-    max_segment_chars: int = 300  # sentences longer than this split at clause boundaries
-    # no segment has more estimated phonemes than this (pipeline/text.py's proxy)
-    max_segment_phonemes: int = 400
-    # with first_fragment_words > 0: a stream's first segment is at most this long, even
-    # one unbroken token, each next one twice the one before (0: no cap, no ramp)
-    first_segment_chars: int = 0
     # a segment opened while its stream has less than this much audio ahead (buffered in
     # the player plus talked, not yet vocoded), or none yet, is urgent (TalkRequest.urgent):
     # Piper then runs its flow in small first steps; otherwise over the whole segment at
@@ -76,19 +66,36 @@ class TalkerConfig:
     prepare_ahead_streams: int = 1
 
     def __post_init__(self) -> None:
-        check_int("intra_op_threads", self.intra_op_threads, 1)
         check_int("batch", self.batch, 1)
         check_bool("urgent_lane", self.urgent_lane)
         check_positive("high_water_s", self.high_water_s)
         check_bool("run_ahead", self.run_ahead)
         check_non_negative("busy_max_queued_s", self.busy_max_queued_s)
+        check_non_negative("urgent_slack_s", self.urgent_slack_s)
+        check_non_negative("alone_urgent_slack_s", self.alone_urgent_slack_s)
+        check_int("prepare_ahead_streams", self.prepare_ahead_streams, 0)
+
+
+@dataclass(frozen=True)
+class TextConfig:
+    """How a stream's text is cut into talker segments (pipeline/text.py, docs/text.md):
+    the text front end, read by `segment_options`."""
+
+    # a first sentence longer than this is cut at its first clause end, wherever it falls
+    # (0: never; docs/text.md)
+    first_fragment_words: int = 13
+    max_segment_chars: int = 300  # sentences longer than this split at clause boundaries
+    # no segment has more estimated phonemes than this (pipeline/text.py's proxy)
+    max_segment_phonemes: int = 400
+    # with first_fragment_words > 0: a stream's first segment is at most this long, even
+    # one unbroken token, each next one twice the one before (0: no cap, no ramp)
+    first_segment_chars: int = 0
+
+    def __post_init__(self) -> None:
         check_int("first_fragment_words", self.first_fragment_words, 0)
         check_int("max_segment_chars", self.max_segment_chars, 20)
         check_int("max_segment_phonemes", self.max_segment_phonemes, 20)
         check_int("first_segment_chars", self.first_segment_chars, 0)
-        check_non_negative("urgent_slack_s", self.urgent_slack_s)
-        check_non_negative("alone_urgent_slack_s", self.alone_urgent_slack_s)
-        check_int("prepare_ahead_streams", self.prepare_ahead_streams, 0)
 
 
 NORMALIZE_LANGUAGES = ("en",)  # languages with normalisation rules
@@ -119,7 +126,6 @@ class NormalizeConfig:
 
 @dataclass(frozen=True)
 class VocoderConfig:
-    intra_op_threads: int = 1  # ONNX Runtime threads inside each vocoder worker thread
     # vocoder turns decoded side by side, each in its own thread, where the backend's vocode
     # calls may overlap (`capabilities.concurrent_vocode_calls`: Piper; the sim and codec LM
     # run one)
@@ -136,7 +142,6 @@ class VocoderConfig:
     yield_slack_s: float = 1.0
 
     def __post_init__(self) -> None:
-        check_int("intra_op_threads", self.intra_op_threads, 1)
         check_int("workers", self.workers, 1)
         check_int("work_ahead_streams", self.work_ahead_streams, 0)
         check_non_negative("yield_slack_s", self.yield_slack_s)
@@ -211,10 +216,11 @@ class PiperConfig:
     # ONNX Runtime session options of every Piper graph (measured: docs/voice-tuning.md)
     ort_graph_optimization: str = "all"  # disable, basic, extended or all
     ort_cpu_arena: bool = True  # ORT's memory arena for intermediate tensors
-    ort_spinning: bool = True  # with intra_op_threads > 1: idle pool threads spin (else sleep)
-    # ONNX Runtime threads of an encoder or vocoder call that finds no other Piper call
-    # running (a lone stream: the other cores are idle); 1: no such sessions
-    solo_threads: int = 1
+    ort_spinning: bool = True  # with *_intra_op_threads > 1: idle pool threads spin (else sleep)
+    # ONNX Runtime threads inside the talker's worker thread (its encoder and flow sessions)
+    talker_intra_op_threads: int = 1
+    # ONNX Runtime threads inside each vocoder worker thread (its vocoder session)
+    vocoder_intra_op_threads: int = 1
     # The vocoder's stages after its first decode only a chunk's emitted frames and their
     # own reach, not the chunk's whole context (bit-identical audio; README)
     vocoder_trim: bool = True
@@ -231,7 +237,8 @@ class PiperConfig:
         check_choice("ort_graph_optimization", self.ort_graph_optimization, ORT_OPTIMIZATION_LEVELS)
         check_bool("ort_cpu_arena", self.ort_cpu_arena)
         check_bool("ort_spinning", self.ort_spinning)
-        check_int("solo_threads", self.solo_threads, 1)
+        check_int("talker_intra_op_threads", self.talker_intra_op_threads, 1)
+        check_int("vocoder_intra_op_threads", self.vocoder_intra_op_threads, 1)
         check_bool("vocoder_trim", self.vocoder_trim)
         if self.flow_max_chunk_frames < self.flow_first_chunk_frames:
             raise ConfigError(

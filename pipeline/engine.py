@@ -35,7 +35,7 @@ from pipeline.backend import Backend, Voice, backend_capabilities
 from pipeline.book import Wakes, build_book, vocoder_workers
 from pipeline.calibration import measure
 from pipeline.capacity import pipeline_capacity
-from pipeline.config import EngineConfig, TalkerConfig, VocoderConfig
+from pipeline.config import EngineConfig, TalkerConfig, TextConfig, VocoderConfig
 from pipeline.errors import NotReady, UnknownVoice
 from pipeline.events import EngineEvents, EngineStats, GuardedEvents, NullEvents
 from pipeline.executor import StageExecutor
@@ -58,6 +58,7 @@ log = logging.getLogger("playhead.engine")
 
 _DEFAULT_ENGINE = EngineConfig()
 _DEFAULT_TALKER = TalkerConfig()
+_DEFAULT_TEXT = TextConfig()
 _DEFAULT_VOCODER = VocoderConfig()
 
 
@@ -73,6 +74,7 @@ class Engine:
         admission: AdmissionConfig,
         engine: EngineConfig = _DEFAULT_ENGINE,
         talker: TalkerConfig = _DEFAULT_TALKER,
+        text: TextConfig = _DEFAULT_TEXT,
         vocoder: VocoderConfig = _DEFAULT_VOCODER,
         clock: Callable[[], float] = time.monotonic,
         events: EngineEvents | None = None,
@@ -89,6 +91,7 @@ class Engine:
         self._voices = backend.voices()
         self._scheduling = scheduling
         self._talker_config = talker
+        self._text_config = text
         self._vocoder_config = vocoder
         self._chunking = chunking
         self._supervisor: asyncio.Task[None] | None = None
@@ -127,6 +130,7 @@ class Engine:
             chunking=self._chunking,
             admission=self._admission_config,
             talker=talker,
+            text=self._text_config,
             vocoder=self._vocoder_config,
             backend=self._backend,
             max_pending_audio_s=engine.max_pending_audio_s,

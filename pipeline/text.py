@@ -34,7 +34,7 @@ import unicodedata
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pipeline.config import TalkerConfig
+    from pipeline.config import TextConfig
 
 MIN_REST_WORDS = 3  # the first fragment is not cut off when fewer words would remain
 _CLOSERS = "\"'”’»)\\]}"
@@ -332,13 +332,13 @@ class Segmenter:
         return out
 
 
-def segment_options(talker: TalkerConfig) -> dict[str, int]:
-    """The Segmenter's keyword arguments from the talker's config."""
+def segment_options(config: TextConfig) -> dict[str, int]:
+    """The Segmenter's keyword arguments from the `text` section."""
     return {
-        "first_fragment_words": talker.first_fragment_words,
-        "max_segment_chars": talker.max_segment_chars,
-        "max_segment_phonemes": talker.max_segment_phonemes,
-        "first_segment_chars": talker.first_segment_chars,
+        "first_fragment_words": config.first_fragment_words,
+        "max_segment_chars": config.max_segment_chars,
+        "max_segment_phonemes": config.max_segment_phonemes,
+        "first_segment_chars": config.first_segment_chars,
     }
 
 

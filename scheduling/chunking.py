@@ -27,7 +27,6 @@ MIN_FIRST_CHUNK_FRAMES = 4
 @dataclass(frozen=True)
 class ChunkingConfig:
     chunk_frames: int  # steady size: new frames per chunk once the ramp is over
-    initial_chunk_frames: int = 0  # chunk 0's size when > 0 (and no ramp); 0 = chunk_frames
     ramp: Sequence[int] = ()  # sizes of the first len(ramp) chunks; stored as a tuple
     left_context_frames: int = 0  # frames before a chunk decoded with it, then trimmed
     right_context_frames: int = 0  # lookahead frames decoded with a chunk, then trimmed
@@ -42,7 +41,6 @@ class ChunkingConfig:
 
     def __post_init__(self) -> None:
         check_int("chunk_frames", self.chunk_frames, 1)
-        check_int("initial_chunk_frames", self.initial_chunk_frames, 0)
         object.__setattr__(self, "ramp", check_int_list("ramp", self.ramp, 1))
         check_int("left_context_frames", self.left_context_frames, 0)
         check_int("right_context_frames", self.right_context_frames, 0)
@@ -60,8 +58,6 @@ class ChunkingConfig:
         `solo`: `solo_chunk_frames` instead of `chunk_frames` past the ramp."""
         if chunk_index < len(self.ramp):
             return self.ramp[chunk_index]
-        if chunk_index == 0 and self.initial_chunk_frames > 0:
-            return self.initial_chunk_frames
         if solo and self.solo_chunk_frames:
             return self.solo_chunk_frames
         return self.chunk_frames
@@ -86,7 +82,7 @@ def warn_if_first_chunk_too_short(
     if too_short:
         (logger or _log).warning(
             "first chunk of %d frames (< %d) under edf: the first buffer is too short to "
-            "cover the next decode; raise initial_chunk_frames or set a ramp",
+            "cover the next decode; raise chunk_frames or set a ramp",
             chunking.first_chunk_frames,
             MIN_FIRST_CHUNK_FRAMES,
         )

@@ -56,7 +56,7 @@ def sim_settings(*overrides: str) -> Settings:
 
 def expected_audio_s(settings: Settings, text: str, speed: float = 1.0) -> float:
     """What the sim backend produces for `text`: its frames times the frame duration."""
-    frames = SimBackend.expected_frames(text.strip(), speed, settings.talker)
+    frames = SimBackend.expected_frames(text.strip(), speed, settings.text)
     return frames * settings.sim.samples_per_frame / settings.sim.sample_rate_hz
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from app.settings import Settings, load_settings
-from pipeline.config import TalkerConfig
+from pipeline.config import TextConfig
 from pipeline.text import split_text
 
 TINY_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "codec-lm-tiny.yaml"
@@ -25,12 +25,12 @@ def tiny_settings(cache_dir: Path, *overrides: str) -> Settings:
     )
 
 
-def expected_frames(backend, text: str, talker: TalkerConfig, speed: float = 1.0) -> int:
+def expected_frames(backend, text: str, options: TextConfig, speed: float = 1.0) -> int:
     """Frames a random-weight model makes for `text`: its bound, summed over the segments
     (a random model does not end a segment by itself)."""
     segments = split_text(
         text,
-        first_fragment_words=talker.first_fragment_words,
-        max_segment_chars=talker.max_segment_chars,
+        first_fragment_words=options.first_fragment_words,
+        max_segment_chars=options.max_segment_chars,
     )
     return sum(backend.max_frames(segment, speed) for segment in segments)

@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.backend import Backend
 from pipeline.backends.sim import SimBackend
-from pipeline.config import EngineConfig, SimConfig, TalkerConfig, VocoderConfig
+from pipeline.config import EngineConfig, SimConfig, TalkerConfig, TextConfig, VocoderConfig
 from pipeline.engine import Engine, EngineEvents
 from pipeline.stream import Stream
 from scheduling import AdmissionConfig, ChunkingConfig, SchedulingConfig
@@ -24,7 +24,7 @@ FAST_SIM = SimConfig(
     vocoder_per_frame_ms=0.2,
 )
 TEST_CHUNKING = ChunkingConfig(
-    chunk_frames=8, initial_chunk_frames=4, left_context_frames=2, right_context_frames=2
+    chunk_frames=8, ramp=(4,), left_context_frames=2, right_context_frames=2
 )
 
 EngineFactory = Callable[..., Awaitable[Engine]]
@@ -57,6 +57,7 @@ async def make_engine() -> AsyncIterator[EngineFactory]:
         admission: AdmissionConfig | None = None,
         engine: EngineConfig | None = None,
         talker: TalkerConfig | None = None,
+        text: TextConfig | None = None,
         events: EngineEvents | None = None,
         vocoder: VocoderConfig | None = None,
     ) -> Engine:
@@ -69,6 +70,7 @@ async def make_engine() -> AsyncIterator[EngineFactory]:
             engine=engine or EngineConfig(calibration_calls=0),
             # no high-water wait by default: tests run far faster than real time
             talker=talker or TalkerConfig(high_water_s=3600.0),
+            text=text or TextConfig(),
             vocoder=vocoder or VocoderConfig(),
             events=events,
         )

@@ -51,7 +51,7 @@ def settings() -> Settings:
 
 @pytest.fixture(scope="module")
 def backend(settings: Settings) -> Iterator[PiperBackend]:
-    backend = PiperBackend(settings.piper, settings.talker, settings.vocoder)
+    backend = PiperBackend(settings.piper)
     yield backend
     backend.close()
 

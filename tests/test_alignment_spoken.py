@@ -13,7 +13,7 @@ from test_alignment import FRAME_S, TimedSim, check_alignment, read_checking
 
 from pipeline.alignment import Alignment, CharTiming
 from pipeline.backends.sim import frames_for_text
-from pipeline.config import TalkerConfig
+from pipeline.config import TalkerConfig, TextConfig
 from pipeline.normalize import StreamNormalizer, normalize_mapped, normalizer_for
 from pipeline.stream import Stream
 from pipeline.text import segment_options, split_text
@@ -81,7 +81,7 @@ async def test_each_spoken_character_gets_its_own_backend_time(
     stream = engine.submit(spoken, voice="sim")
     audio_s = await read_checking(stream)
     said = check_spoken(stream.alignment, str(spoken), audio_s)
-    segments = split_text(str(spoken), **segment_options(talker))
+    segments = split_text(str(spoken), **segment_options(TextConfig()))
     expected: list[float] = []
     offset = 0
     for segment in segments:

@@ -37,6 +37,7 @@ from app.server import create_app
 from app.streaming import ENCODER_THREAD_PREFIX
 from pipeline.backend import AbortHandle, TalkRequest, VocodeItem
 from pipeline.backends.sim import SimBackend, SimSegment, decode_sim_signal
+from pipeline.config import TextConfig
 
 SPEECH = "/v1/audio/speech"
 TEXT = "Hello there. This is Playhead, streaming every format to you."
@@ -98,7 +99,20 @@ def test_pcm_carries_every_sim_frame_once_in_order(server: LiveServer) -> None:
     )
     assert [index for _, index in frames] == list(range(len(frames)))
     assert len({tag for tag, _ in frames}) == 1
-    assert len(frames) == SimBackend.expected_frames(TEXT, 1.0, server.settings.talker)
+    assert len(frames) == SimBackend.expected_frames(TEXT, 1.0, server.settings.text)
+
+
+def test_the_served_engine_cuts_text_as_the_text_section_says() -> None:
+    """`text:` reaches the served engine: cut into short segments, the text makes another
+    number of sim frames than the default cut, and the stream carries that number."""
+    text = "One, two, three, four, five, six, seven, eight, nine, ten, eleven, twelve."
+    with live_server(sim_settings("text.max_segment_chars=20")) as live:
+        _, data, _ = _post_stream(live.base_url, speech_body(text, response_format="pcm"))
+        settings = live.settings
+    frames = decode_sim_signal(np.frombuffer(data, dtype="<i2"), settings.sim.samples_per_frame)
+    expected = SimBackend.expected_frames(text, 1.0, settings.text)  # 4 segments: 61 frames
+    assert expected != SimBackend.expected_frames(text, 1.0, TextConfig())  # 1 segment: 62
+    assert len(frames) == expected
 
 
 @pytest.mark.parametrize(("fmt", "rate_hz"), [("wav", 16000), ("flac", 44100), ("mp3", 48000)])
@@ -131,7 +145,7 @@ def test_sse_events_follow_openai(server: LiveServer, fmt: str) -> None:
     assert set(usage) == {"input_tokens", "output_tokens", "total_tokens"}
     assert all(type(v) is int for v in usage.values())
     assert usage["input_tokens"] == len(TEXT)  # characters
-    assert usage["output_tokens"] == SimBackend.expected_frames(TEXT, 1.0, server.settings.talker)
+    assert usage["output_tokens"] == SimBackend.expected_frames(TEXT, 1.0, server.settings.text)
     assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
 
 
@@ -194,7 +208,7 @@ def _gated_server(*overrides: str) -> tuple[LiveServer, GatedSimBackend]:
 
 
 def test_a_failure_after_the_first_byte_ends_the_stream() -> None:
-    live, backend = _gated_server("talker.first_fragment_words=0")
+    live, backend = _gated_server("text.first_fragment_words=0")
     try:
         text = "This first sentence is fine. FAIL comes next."
         body = speech_body(text, response_format="wav", stream_format="sse")

@@ -77,7 +77,7 @@ def settings() -> Settings:
 
 @pytest.fixture(scope="module")
 def server(settings: Settings) -> Iterator[LiveServer]:
-    backend = PiperBackend(settings.piper, settings.talker, settings.vocoder)
+    backend = PiperBackend(settings.piper)
     with live_server(settings, backend_factory=lambda: backend) as live:
         yield live
 

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from scheduling import Chunk, ChunkingConfig, ChunkPlanner
 
 
-def planner(chunk_frames=4, initial=0, ramp=(), left=0, right=0) -> ChunkPlanner:
-    return ChunkPlanner(ChunkingConfig(chunk_frames, initial, ramp, left, right))
+def planner(chunk_frames=4, ramp=(), left=0, right=0) -> ChunkPlanner:
+    return ChunkPlanner(ChunkingConfig(chunk_frames, ramp, left, right))
 
 
 def drain(p: ChunkPlanner, sid: str, available: int, segment_done: bool, stream_done: bool):
@@ -30,13 +30,11 @@ def spans(chunks):
     return [(c.start, c.stop) for c in chunks]
 
 
-def test_targets_follow_ramp_then_initial_then_steady():
-    config = ChunkingConfig(chunk_frames=10, initial_chunk_frames=3, ramp=[2, 4])
+def test_targets_follow_ramp_then_steady():
+    config = ChunkingConfig(chunk_frames=10, ramp=[2, 4])
     assert config.ramp == (2, 4)
     assert [config.target_frames(i) for i in range(4)] == [2, 4, 10, 10]
-    config = ChunkingConfig(chunk_frames=10, initial_chunk_frames=3)
-    assert [config.target_frames(i) for i in range(3)] == [3, 10, 10]
-    assert config.first_chunk_frames == 3
+    assert config.first_chunk_frames == 2
     assert ChunkingConfig(chunk_frames=10).first_chunk_frames == 10
 
 
@@ -61,7 +59,7 @@ def test_context_is_clipped_at_segment_start_and_to_what_is_available():
 
 
 def test_whole_segment_at_once_is_still_cut_into_target_sized_chunks():
-    p = planner(chunk_frames=5, initial=2, ramp=(1,), right=1)
+    p = planner(chunk_frames=5, ramp=(1,), right=1)
     chunks = drain(p, "s", 20, True, True)
     assert spans(chunks) == [(0, 1), (1, 6), (6, 11), (11, 16), (16, 20)]
     assert [c.segment_end for c in chunks] == [False, False, False, False, True]
@@ -246,7 +244,6 @@ def test_streams_are_independent():
 configs = st.builds(
     ChunkingConfig,
     chunk_frames=st.integers(1, 8),
-    initial_chunk_frames=st.integers(0, 6),
     ramp=st.lists(st.integers(1, 6), max_size=3),
     left_context_frames=st.integers(0, 4),
     right_context_frames=st.integers(0, 4),

@@ -59,7 +59,7 @@ def test_every_format_carries_the_frames_audio(server: LiveServer, fmt: str) -> 
     assert response.status_code == 200, data[:200]
     samples, rate_hz = decode(data, fmt)
     engine = server.app.state.playhead.require_engine()
-    frames = expected_frames(engine.backend, TEXT, server.settings.talker)
+    frames = expected_frames(engine.backend, TEXT, server.settings.text)
     extra_s = samples.size / rate_hz - frames * 0.08
     low, high = EXTRA_S_RANGE[fmt]
     assert low <= extra_s <= high, (fmt, extra_s)

@@ -57,7 +57,7 @@ def settings() -> Settings:
 
 @pytest.fixture(scope="module")
 def backend(settings: Settings) -> PiperBackend:
-    return PiperBackend(settings.piper, settings.talker, settings.vocoder)
+    return PiperBackend(settings.piper)
 
 
 @pytest.fixture(scope="module")

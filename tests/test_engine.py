@@ -386,7 +386,7 @@ async def test_events_stats_and_the_log_line(
     assert {"talker_call", "vocoder_turn", "capacity"} <= set(names)
     stats, state = events.calls[-1][1]
     assert isinstance(stats, StreamStats) and state is StreamState.DONE
-    # two sentences; the first (8 words) is not cut: talker.first_fragment_words is 13
+    # two sentences; the first (8 words) is not cut: text.first_fragment_words is 13
     assert stats.segments == 2 and stats.frames == expected_frames(TEXTS[0])
     assert stats.chunks >= 3 and stats.finished_at_s is not None
     (line,) = [r.getMessage() for r in caplog.records if r.name == "playhead.engine"]

@@ -21,7 +21,7 @@ from conftest import TEST_CHUNKING, EngineFactory, read_all, until
 from pipeline import Engine, StreamCancelled, StreamState
 from pipeline.backend import BackendCapabilities, TalkRequest, TalkStep
 from pipeline.backends.sim import SimBackend, SimSegment, decode_sim_signal, expected_frames
-from pipeline.config import EngineConfig, SimConfig, TalkerConfig
+from pipeline.config import EngineConfig, SimConfig, TalkerConfig, TextConfig
 from scheduling import AdmissionConfig, SchedulingConfig
 
 # A batched codec LM's shape: two frames per segment per step, one long segment per stream.
@@ -36,6 +36,7 @@ LONG = (
     "A single long sentence that keeps going with commas, semicolons and colons, "
     "so that its one segment takes many talker steps to finish"
 )
+NO_FRAGMENT = TextConfig(first_fragment_words=0)  # whole sentences: frames are predictable
 TEXTS = [LONG, "Short one, but not too short.", LONG + " again", "Another sentence, middling."]
 
 
@@ -66,7 +67,10 @@ async def test_joins_leaves_and_a_cancel_keep_every_other_frame_once_in_order(
 ) -> None:
     backend = _BatchRecordingSim(STEPPED)
     engine = await make_engine(
-        backend, window=2, talker=TalkerConfig(batch=4, high_water_s=3600.0, first_fragment_words=0)
+        backend,
+        window=2,
+        talker=TalkerConfig(batch=4, high_water_s=3600.0),
+        text=NO_FRAGMENT,
     )
     early = [engine.submit(text, voice="sim") for text in TEXTS[:2]]
     victim = engine.submit(LONG + " to be cut short", voice="sim")
@@ -87,9 +91,7 @@ async def test_joins_leaves_and_a_cancel_keep_every_other_frame_once_in_order(
     tags = set()
     for stream, text, pcm in zip(streams, texts, pcms, strict=True):
         stream_tags, indices = _frame_indices(pcm)
-        assert indices == list(
-            range(expected_frames(text, talker=TalkerConfig(first_fragment_words=0)))
-        )
+        assert indices == list(range(expected_frames(text, options=NO_FRAGMENT)))
         assert len(stream_tags) == 1 and stream.state is StreamState.DONE
         tags |= stream_tags
     assert len(tags) == 4
@@ -115,7 +117,10 @@ async def test_the_batch_is_capped_and_urgent_streams_step_first(
 ) -> None:
     backend = _BatchRecordingSim(STEPPED)
     engine = await make_engine(
-        backend, window=4, talker=TalkerConfig(batch=2, high_water_s=3600.0, first_fragment_words=0)
+        backend,
+        window=4,
+        talker=TalkerConfig(batch=2, high_water_s=3600.0),
+        text=NO_FRAGMENT,
     )
     streams = [engine.submit(LONG, voice="sim") for _ in range(5)]
     await asyncio.gather(*(read_all(s) for s in streams))
@@ -146,13 +151,14 @@ async def test_a_stream_above_the_high_water_mark_sits_out_and_keeps_its_segment
         scheduling=SchedulingConfig(policy="edf", active_stream_window=2),
         chunking=TEST_CHUNKING,
         admission=AdmissionConfig(enabled=False),
-        talker=TalkerConfig(batch=4, high_water_s=0.3, first_fragment_words=0, run_ahead=False),
+        talker=TalkerConfig(batch=4, high_water_s=0.3, run_ahead=False),
+        text=NO_FRAGMENT,
         clock=clock,
     )
     await engine.start()
     try:
         stream = engine.submit(LONG, voice="sim")  # ~110 frames: 2.2 s of audio
-        total = expected_frames(LONG, talker=TalkerConfig(first_fragment_words=0))
+        total = expected_frames(LONG, options=NO_FRAGMENT)
         chunks = aiter(stream.chunks())
         parts = [await anext(chunks)]
         # the talker holds back: what is vocoded and queued stays within mark + one step

@@ -12,7 +12,7 @@ import pytest
 
 from pipeline.backends.sim import SimBackend
 from pipeline.book import StreamBook, StreamRecord, Wakes
-from pipeline.config import SimConfig, TalkerConfig
+from pipeline.config import SimConfig, TextConfig
 from pipeline.events import NullEvents
 from pipeline.frames import Segment, StreamFrames
 from pipeline.text import Segmenter, segment_options
@@ -70,7 +70,7 @@ def _fake_clock_book(
     return StreamBook(
         scheduler=PlaybackScheduler(SchedulingConfig()),
         planner=ChunkPlanner(chunking),
-        segmenter=partial(Segmenter, **segment_options(TalkerConfig(first_fragment_words=0))),
+        segmenter=partial(Segmenter, **segment_options(TextConfig(first_fragment_words=0))),
         max_pending_audio_s=1e9,
         left_context_frames=0,
         first_chunk_s=0.1,

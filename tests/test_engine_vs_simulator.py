@@ -130,6 +130,7 @@ async def _drive(
         admission=setup.admission,
         engine=setup.engine,
         talker=setup.talker,
+        text=setup.text,
         clock=loop.time,
         events=events,
     )

@@ -120,7 +120,7 @@ def test_bound_tokens_is_fast_and_leaves_prose_alone():
 
 def test_the_first_segment_is_short():
     settings = load_settings(ROOT / "configs" / "default.yaml", [], environ={})
-    options = segment_options(settings.talker)
+    options = segment_options(settings.text)
     for text in (URL_SENTENCE, E_RUN):
         segments = split_text(en(text), **options)
         assert len(segments) == 1 and len(segments[0]) <= len(ORDINARY)

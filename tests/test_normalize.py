@@ -256,17 +256,17 @@ def test_the_knobs_load_from_yaml_env_and_set_with_errors_naming_the_field(tmp_p
     from app.settings import SettingsError, load_settings
 
     path = tmp_path / "c.yaml"
-    path.write_text("normalize:\n  enabled: false\ntalker:\n  first_segment_chars: 40\n")
+    path.write_text("normalize:\n  enabled: false\ntext:\n  first_segment_chars: 40\n")
     settings = load_settings(
         path,
-        ["talker.max_segment_phonemes=250"],
+        ["text.max_segment_phonemes=250"],
         environ={"PLAYHEAD_NORMALIZE__LANGUAGES": "[]"},
     )
     assert settings.normalize == NormalizeConfig(enabled=False, languages=())
-    assert settings.talker.first_segment_chars == 40
-    assert settings.talker.max_segment_phonemes == 250
+    assert settings.text.first_segment_chars == 40
+    assert settings.text.max_segment_phonemes == 250
     assert load_settings(None, environ={}).normalize == NormalizeConfig(True, ("en",))
     with pytest.raises(SettingsError, match=r"normalize.*languages.*'de'"):
         load_settings(None, ["normalize.languages=[de]"], environ={})
     with pytest.raises(SettingsError, match="max_segment_phonemes must be an integer >= 20"):
-        load_settings(None, ["talker.max_segment_phonemes=5"], environ={})
+        load_settings(None, ["text.max_segment_phonemes=5"], environ={})

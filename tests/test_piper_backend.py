@@ -300,6 +300,29 @@ def test_speech_is_intelligible_to_an_asr(backend: PiperBackend) -> None:
     assert errors / words <= 0.35
 
 
+def test_piper_sets_each_stages_onnx_runtime_threads(cache_dir: Path) -> None:
+    """piper.talker_intra_op_threads sizes the encoder and flow sessions,
+    piper.vocoder_intra_op_threads the vocoder's; the speech is the same (up to rounding)."""
+    threaded = PiperBackend(
+        PiperConfig(
+            cache_dir=str(cache_dir), talker_intra_op_threads=2, vocoder_intra_op_threads=3
+        ),
+        noise_scale=0.0,
+        noise_w=0.0,
+    )
+    loaded = threaded._voices[VOICE]
+    assert loaded.flow is not None
+    assert loaded.encoder.get_session_options().intra_op_num_threads == 2
+    assert loaded.flow.get_session_options().intra_op_num_threads == 2
+    assert loaded.vocoder.get_session_options().intra_op_num_threads == 3
+    plain = PiperBackend(PiperConfig(cache_dir=str(cache_dir)), noise_scale=0.0, noise_w=0.0)
+    assert plain._voices[VOICE].vocoder.get_session_options().intra_op_num_threads == 1
+    frames = talk(threaded, "Threads change the speed, not the speech.")
+    np.testing.assert_allclose(
+        frames, talk(plain, "Threads change the speed, not the speech."), atol=1e-4
+    )
+
+
 def test_talker_and_vocoder_threads_run_at_once(backend: PiperBackend) -> None:
     texts = ["One small step.", "Two roads diverged in a wood.", "Three blind mice."]
     frames = talk(backend, TEXT)
@@ -313,17 +336,6 @@ def test_talker_and_vocoder_threads_run_at_once(backend: PiperBackend) -> None:
             np.testing.assert_array_equal(got, want)
         for got, want in zip(vocoded.result(), expected_pcm, strict=True):
             np.testing.assert_array_equal(got, want)
-
-
-def test_solo_sessions_give_the_same_speech(backend: PiperBackend, cache_dir: Path) -> None:
-    """piper.solo_threads: a call running alone goes to a two-thread session; the frames
-    and the audio are those of the one-thread sessions (up to float rounding)."""
-    solo = PiperBackend(
-        PiperConfig(cache_dir=str(cache_dir), solo_threads=2), noise_scale=0.0, noise_w=0.0
-    )
-    frames = talk(solo, TEXT)
-    np.testing.assert_allclose(frames, talk(backend, TEXT), atol=1e-4)
-    np.testing.assert_allclose(decode_whole(solo, frames), decode_whole(backend, frames), atol=1e-5)
 
 
 ENGINE_TEXT = (

@@ -51,9 +51,7 @@ def test_the_sweep_has_200_sentences_of_varied_punctuation() -> None:
 @pytest.mark.slow
 def test_every_seam_of_a_sample_is_40_db_at_the_default_settings() -> None:
     settings = load_settings(ROOT / "configs" / "default.yaml", environ={})
-    backend = PiperBackend(
-        settings.piper, settings.talker, settings.vocoder, noise_scale=0.0, noise_w=0.0
-    )
+    backend = PiperBackend(settings.piper, noise_scale=0.0, noise_w=0.0)
     sample = sweep_sentences()[::20]  # 11 sentences across the corpus
     result = sweep(backend, settings.chunking, sample)
     assert result.seams > 50

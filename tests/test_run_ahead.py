@@ -26,7 +26,7 @@ from benchmarks.loadgen import load_corpus
 from benchmarks.simulate import Arrival, run_script
 from pipeline.backends.sim import SimBackend
 from pipeline.book import StreamBook, Wakes
-from pipeline.config import EngineConfig, SimConfig, TalkerConfig
+from pipeline.config import EngineConfig, SimConfig, TalkerConfig, TextConfig
 from pipeline.events import NullEvents
 from pipeline.talker import talker_order
 from pipeline.text import Segmenter, segment_options
@@ -182,7 +182,7 @@ def test_every_vocoder_worker_decoding_counts_as_busy_only_with_the_cap() -> Non
         book = StreamBook(
             scheduler=PlaybackScheduler(setup.scheduling),
             planner=ChunkPlanner(setup.chunking),
-            segmenter=partial(Segmenter, **segment_options(talker)),
+            segmenter=partial(Segmenter, **segment_options(TextConfig())),
             max_pending_audio_s=1e9,
             left_context_frames=setup.chunking.left_context_frames,
             first_chunk_s=0.1,

@@ -104,8 +104,6 @@ def test_scheduling_config_accepts_edges():
         ({"chunk_frames": 2.5}, "chunk_frames"),
         ({"chunk_frames": True}, "chunk_frames"),
         ({"chunk_frames": None}, "chunk_frames"),
-        ({"chunk_frames": 4, "initial_chunk_frames": -1}, "initial_chunk_frames"),
-        ({"chunk_frames": 4, "initial_chunk_frames": 1.0}, "initial_chunk_frames"),
         ({"chunk_frames": 4, "ramp": [0]}, r"ramp\[0\]"),
         ({"chunk_frames": 4, "ramp": (2, -1)}, r"ramp\[1\]"),
         ({"chunk_frames": 4, "ramp": [2, 1.5]}, r"ramp\[1\]"),
@@ -176,8 +174,6 @@ def test_admission_config_accepts_edges():
     ("policy", "chunking", "warns"),
     [
         ("edf", ChunkingConfig(chunk_frames=3), True),
-        ("edf", ChunkingConfig(chunk_frames=20, initial_chunk_frames=2), True),
-        ("edf", ChunkingConfig(chunk_frames=20, initial_chunk_frames=4), False),
         ("edf", ChunkingConfig(chunk_frames=4), False),
         ("edf", ChunkingConfig(chunk_frames=3, ramp=(1, 2)), False),  # a ramp is deliberate
         ("fifo", ChunkingConfig(chunk_frames=2), False),

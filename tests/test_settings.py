@@ -252,14 +252,13 @@ SECTION_RULES = [
     ("piper", "ort_graph_optimization: fast", "piper.ort_graph_optimization"),
     ("piper", "ort_cpu_arena: sometimes", "piper.ort_cpu_arena"),
     ("piper", "flow_context_frames: -1", "piper.flow_context_frames"),
-    ("piper", "solo_threads: 0", "piper.solo_threads"),
     ("talker", "prepare_ahead_streams: -1", "talker.prepare_ahead_streams"),
     ("piper", "vocoder_trim: maybe", "piper.vocoder_trim"),
     ("piper", "flow_first_chunk_frames: 600", "piper.flow_max_chunk_frames"),
-    ("talker", "intra_op_threads: 0", "talker.intra_op_threads"),
-    ("talker", "max_segment_chars: 10", "talker.max_segment_chars"),
+    ("piper", "talker_intra_op_threads: 0", "piper.talker_intra_op_threads"),
+    ("text", "max_segment_chars: 10", "text.max_segment_chars"),
     ("talker", "high_water_s: .nan", "talker.high_water_s"),
-    ("vocoder", "intra_op_threads: two", "vocoder.intra_op_threads"),
+    ("piper", "vocoder_intra_op_threads: two", "piper.vocoder_intra_op_threads"),
     ("engine", "max_pending_audio_s: -1", "engine.max_pending_audio_s"),
     ("engine", "initial_capacity_audio_s_per_s: -0.5", "engine.initial_capacity_audio_s_per_s"),
     ("chunking", "chunk_frames: 0", "chunking.chunk_frames"),
@@ -361,6 +360,43 @@ def test_resample_quality_error_lists_the_choices(tmp_path):
 def test_unknown_field_in_file(tmp_path, section):
     path = write(tmp_path, f"{section}:\n  bogus_ms: 1\n")
     assert error_of(path).startswith(f"{path}: {section}.bogus_ms: unknown field")
+
+
+# an older config's fields that moved: the error says where each is now
+MOVED = [
+    ("talker.first_fragment_words", "6", "text.first_fragment_words"),
+    ("talker.max_segment_chars", "300", "text.max_segment_chars"),
+    ("talker.max_segment_phonemes", "400", "text.max_segment_phonemes"),
+    ("talker.first_segment_chars", "80", "text.first_segment_chars"),
+    ("talker.intra_op_threads", "2", "piper.talker_intra_op_threads"),
+    ("vocoder.intra_op_threads", "2", "piper.vocoder_intra_op_threads"),
+]
+
+
+@pytest.mark.parametrize(("old", "value", "new"), MOVED)
+def test_a_moved_field_names_its_new_place_in_file_environment_and_set(tmp_path, old, value, new):
+    section, field = old.split(".")
+    path = write(tmp_path, f"{section}:\n  {field}: {value}\n")
+    assert error_of(path) == f"{path}: {old} moved to {new}"
+    variable = f"PLAYHEAD_{section.upper()}__{field.upper()}"
+    assert error_of(None, environ={variable: value}) == f"{variable}: {old} moved to {new}"
+    assert error_of(None, [f"{old}={value}"]) == f"--set: {old} moved to {new}"
+    # and at its new place it loads
+    new_section, new_field = new.split(".")
+    settings = load_settings(None, [f"{new}={value}"], environ={})
+    assert getattr(getattr(settings, new_section), new_field) == int(value)
+
+
+@pytest.mark.parametrize(
+    ("old", "instead"),
+    [("chunking.initial_chunk_frames", "chunking.ramp"), ("piper.solo_threads", "solo sessions")],
+)
+def test_a_removed_field_says_so(tmp_path, old, instead):
+    section, field = old.split(".")
+    path = write(tmp_path, f"{section}:\n  {field}: 1\n")
+    message = error_of(path)
+    assert message.startswith(f"{path}: {old} was removed: ")
+    assert instead in message
 
 
 # --- environment and --set ---------------------------------------------------------------

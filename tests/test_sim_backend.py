@@ -20,6 +20,7 @@ from pipeline.config import (
     BackendConfig,
     SimConfig,
     TalkerConfig,
+    TextConfig,
     VocoderConfig,
 )
 from pipeline.text import segment_options, split_text
@@ -46,11 +47,11 @@ def test_expected_frames_sums_the_engine_segments() -> None:
     text = "Hello there, this is a test of the sim voice. And a second sentence."
     segments = split_text(text, first_fragment_words=6)
     assert len(segments) == 3
-    assert expected_frames(text, 1.5, TalkerConfig(first_fragment_words=6)) == sum(
+    assert expected_frames(text, 1.5, TextConfig(first_fragment_words=6)) == sum(
         frames_for_text(s, 1.5) for s in segments
     )
     assert expected_frames(text) == sum(
-        frames_for_text(s) for s in split_text(text, **segment_options(TalkerConfig()))
+        frames_for_text(s) for s in split_text(text, **segment_options(TextConfig()))
     )
 
 

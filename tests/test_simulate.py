@@ -13,7 +13,7 @@ import pytest
 from benchmarks.loadgen import load_corpus
 from benchmarks.simulate import (
     DEFAULT_SIM,
-    DEFAULT_TALKER,
+    DEFAULT_TEXT,
     DEFAULT_WINDOW,
     Scenario,
     SimResult,
@@ -92,7 +92,7 @@ def test_admission_at_twice_capacity_keeps_accepted_streams_clean() -> None:
 
 
 def test_routers_over_four_replicas_at_capacity() -> None:
-    mean_s = mean_audio_s(prepare_texts(load_corpus(), DEFAULT_TALKER, DEFAULT_SIM))
+    mean_s = mean_audio_s(prepare_texts(load_corpus(), DEFAULT_TEXT, DEFAULT_SIM))
     results = {}
     for router in ("random", "least-loaded", "slack"):
         sc = Scenario(
@@ -136,7 +136,7 @@ def test_the_talker_costs_are_the_sim_backends() -> None:
 def test_a_client_that_hangs_up_frees_its_place_at_once() -> None:
     """Poisson arrivals over capacity, admission on: streams cut short leave the book (and
     the count admission uses) at once, so fewer later arrivals are turned away."""
-    rate = 1.4 * C / mean_audio_s(prepare_texts(load_corpus(), DEFAULT_TALKER, DEFAULT_SIM))
+    rate = 1.4 * C / mean_audio_s(prepare_texts(load_corpus(), DEFAULT_TEXT, DEFAULT_SIM))
 
     def scenario(hangup_share: float) -> Scenario:
         return Scenario(

@@ -98,7 +98,7 @@ def _settings(*overrides: str) -> Settings:
 @pytest.fixture(scope="module")
 def backend() -> PiperBackend:
     settings = _settings()
-    return PiperBackend(settings.piper, settings.talker, settings.vocoder)
+    return PiperBackend(settings.piper)
 
 
 class FinishedStreams:

@@ -262,7 +262,7 @@ async def test_a_lone_stream_gets_solo_chunks_and_the_same_pcm(
     the audio is complete, in order and bit-identical to plain chunks. Streams that run
     together get plain chunks."""
     sizes, solo = await _sizes(make_engine, LONE, SOLO_CHUNKING)
-    assert sizes[0] == TEST_CHUNKING.initial_chunk_frames
+    assert sizes[0] == TEST_CHUNKING.ramp[0]
     assert sizes.count(24) >= 3 and max(sizes) == 24, sizes
     plain_sizes, plain = await _sizes(make_engine, LONE, TEST_CHUNKING)
     assert max(plain_sizes) == TEST_CHUNKING.chunk_frames

@@ -79,7 +79,7 @@ def settings() -> Settings:
 @pytest.fixture(scope="module")
 def backend(settings: Settings) -> PiperBackend:
     """The bundled voice, noise scales 0 (default graph cache: the cut is done once)."""
-    return PiperBackend(settings.piper, settings.talker, settings.vocoder)
+    return PiperBackend(settings.piper)
 
 
 @pytest.fixture(scope="module")
@@ -171,8 +171,8 @@ def test_streamed_audio_is_within_30_db_of_whole_segment_synthesis(
     session = whole_model_session(backend.voice_spec(voice).model_path)
     segments = split_text(
         LONG_TEXT,
-        first_fragment_words=settings.talker.first_fragment_words,
-        max_segment_chars=settings.talker.max_segment_chars,
+        first_fragment_words=settings.text.first_fragment_words,
+        max_segment_chars=settings.text.max_segment_chars,
     )
     assert len(segments) == 3
     reference = np.concatenate(

@@ -54,7 +54,7 @@ def settings() -> Settings:
 
 @pytest.fixture(scope="module")
 def server(settings: Settings) -> Iterator[LiveServer]:
-    backend = PiperBackend(settings.piper, settings.talker, settings.vocoder)
+    backend = PiperBackend(settings.piper)
     with live_server(settings, backend_factory=lambda: backend) as live:
         # One request first: the first run of the ONNX sessions is slower than the rest,
         # and the figures printed below are about the steady state.
@@ -70,8 +70,8 @@ def _words(text: str) -> list[str]:
 def _first_fragment_piece(settings: Settings, pieces: list[str]) -> int:
     """Index of the piece after which the engine's segmenter releases the first fragment."""
     segmenter = Segmenter(
-        first_fragment_words=settings.talker.first_fragment_words,
-        max_segment_chars=settings.talker.max_segment_chars,
+        first_fragment_words=settings.text.first_fragment_words,
+        max_segment_chars=settings.text.max_segment_chars,
     )
     for index, piece in enumerate(pieces):
         if segmenter.push(piece):

@@ -34,7 +34,7 @@ from scheduling.errors import ConfigError
 def _piper(config: PiperConfig, context: BackendContext) -> Backend:
     from pipeline.backends.piper import PiperBackend  # heavy: ONNX Runtime, the voice
 
-    return PiperBackend(config, context.talker, context.vocoder)
+    return PiperBackend(config)
 
 
 def _sim(config: SimConfig, context: BackendContext) -> Backend:

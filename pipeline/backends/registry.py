@@ -33,8 +33,8 @@ _KIND = re.compile(r"[a-z][a-z0-9]*(_[a-z0-9]+)*")
 
 @dataclass(frozen=True)
 class BackendContext:
-    """The engine's sections a backend may read to size itself (Piper: its ONNX Runtime
-    threads per stage)."""
+    """The engine's sections a backend may read to size itself (no built-in backend reads
+    them: Piper's ONNX Runtime threads are its own section's)."""
 
     talker: TalkerConfig
     vocoder: VocoderConfig

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.backend import AbortHandle, Backend, TalkRequest, TalkStep, VocodeItem, Voice
-from pipeline.config import SimConfig, TalkerConfig
+from pipeline.config import SimConfig, TextConfig
 from pipeline.text import segment_options, split_text
 from scheduling.errors import ConfigError
 
@@ -56,10 +56,10 @@ def frames_for_text(text: str, speed: float = 1.0) -> int:
     return max(MIN_SEGMENT_FRAMES, math.ceil(len(text) / (CHARS_PER_FRAME * speed) - 1e-9))
 
 
-def expected_frames(text: str, speed: float = 1.0, talker: TalkerConfig | None = None) -> int:
-    """Frames a whole submitted text becomes: the sum over the engine's segments."""
-    talker = talker or TalkerConfig()
-    segments = split_text(text, **segment_options(talker))
+def expected_frames(text: str, speed: float = 1.0, options: TextConfig | None = None) -> int:
+    """Frames a whole submitted text becomes: the sum over the engine's segments (cut as
+    the `text` section `options` says; None: its defaults)."""
+    segments = split_text(text, **segment_options(options or TextConfig()))
     return sum(frames_for_text(segment, speed) for segment in segments)
 
 

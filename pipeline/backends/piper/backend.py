@@ -52,7 +52,7 @@ from pipeline.backends.piper.voices import (
     discover_voices,
     load_voice_spec,
 )
-from pipeline.config import PiperConfig, TalkerConfig, VocoderConfig
+from pipeline.config import PiperConfig
 
 logger = logging.getLogger("playhead.piper")
 # Each flow chunk of a segment is this many times the one before: a few steps per sentence
@@ -112,15 +112,11 @@ class PiperBackend(Backend):
     def __init__(
         self,
         piper: PiperConfig | None = None,
-        talker: TalkerConfig | None = None,
-        vocoder: VocoderConfig | None = None,
         *,
         noise_scale: float | None = None,
         noise_w: float | None = None,
     ) -> None:
         piper = piper or PiperConfig()
-        talker = talker or TalkerConfig()
-        vocoder = vocoder or VocoderConfig()
         # keyword arguments override the config (tests pin noise to 0 this way)
         noise_scale = piper.noise_scale if noise_scale is None else noise_scale
         noise_w = piper.noise_w if noise_w is None else noise_w
@@ -134,8 +130,6 @@ class PiperBackend(Backend):
         self._flow_max_chunk = piper.flow_max_chunk_frames
         self._vocoder_trim = piper.vocoder_trim
         self._phonemize_lock = threading.Lock()
-        self._calls_lock = threading.Lock()
-        self._calls = 0  # talker steps and vocoder calls running now
         # prepare_segment's work: (voice, text, speed) -> its phoneme ids and encoding
         self._prepared = PreparedSegments(self._prepare)
         self.prepared_used = 0  # segments opened with prepared work
@@ -151,7 +145,7 @@ class PiperBackend(Backend):
                     "voice %s in %s repeats a loaded voice id: skipped", spec.id, spec.model_path
                 )
                 continue
-            self._voices[spec.id] = load_voice(spec, piper, talker, vocoder)
+            self._voices[spec.id] = load_voice(spec, piper)
         self._default = specs[0].id
         default_voice = self._voices[self._default].voice
         self.sample_rate_hz = default_voice.sample_rate_hz
@@ -227,34 +221,16 @@ class PiperBackend(Backend):
             ids, phonemes, owners = text_to_phoneme_ids(loaded.spec, request.text)
         if not ids or loaded.flow is None:  # nothing to encode ahead: a one-call talker
             return Prepared(ids, None, None, phonemes, owners)
-        self._enter()
-        try:
-            prior, mask, durations = self._encode(loaded, ids, scales, run_options=abort.options)
-        finally:
-            self._leave()
+        prior, mask, durations = self._encode(loaded, ids, scales, run_options=abort.options)
         return Prepared(ids, prior, mask, phonemes, owners, durations)
 
     def step(self, segments: Sequence[PiperSegment]) -> list[TalkStep]:
         """The next chunk of each segment: float32 [frames, channels] (none for text with
         no phonemes). A voice whose flow is not cut off gives a whole segment per step.
         Segments run one after another."""
-        alone = self._enter()
-        try:
-            return [self._step_one(segment, alone) for segment in segments]
-        finally:
-            self._leave()
+        return [self._step_one(segment) for segment in segments]
 
-    def _enter(self) -> bool:
-        """Count a model call in; True when no other one is running."""
-        with self._calls_lock:
-            self._calls += 1
-            return self._calls == 1
-
-    def _leave(self) -> None:
-        with self._calls_lock:
-            self._calls -= 1
-
-    def _step_one(self, segment: PiperSegment, alone: bool = False) -> TalkStep:
+    def _step_one(self, segment: PiperSegment) -> TalkStep:
         loaded = self._get(segment.voice)
         if not segment.phoneme_ids:
             return TalkStep(np.zeros((0, loaded.channels), dtype=np.float32), done=True)
@@ -265,7 +241,7 @@ class PiperBackend(Backend):
             return TalkStep(frames, done=True, timing=self._timing(segment))
         if segment.prior is None:
             segment.prior, segment.mask, segment.durations = self._encode(
-                loaded, segment.phoneme_ids, segment.scales, alone
+                loaded, segment.phoneme_ids, segment.scales
             )
         total = segment.prior.shape[2]
         start = segment.position
@@ -300,16 +276,13 @@ class PiperBackend(Backend):
         loaded: LoadedVoice,
         phoneme_ids: Sequence[int],
         scales: tuple[float, float, float],
-        alone: bool = False,
         run_options: ort.RunOptions | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """The encoder over a whole segment: (z_p [1, channels, frames], mask [1, 1, frames],
         frames per phoneme id or None where the graph does not give them);
-        `alone`: no other model call is running (the solo session, if any, runs it);
         `run_options`: the call's (its terminate flag ends it early)."""
         ids = np.asarray(phoneme_ids, dtype=np.int64)[np.newaxis, :]
-        session = loaded.solo_encoder if alone and loaded.solo_encoder else loaded.encoder
-        prior, mask, frame_count, *timing = session.run(
+        prior, mask, frame_count, *timing = loaded.encoder.run(
             None,
             {
                 "input": ids,
@@ -351,20 +324,15 @@ class PiperBackend(Backend):
     ) -> list[np.ndarray]:
         """Items of one voice and equal length share one decoder call; where the voice's
         graph is trimmed (`vocoder_trim.py`, `piper.vocoder_trim`), its later stages decode
-        only the union of those items' emitted frames plus their reach. A call that finds
-        no other talker step or vocoder call running uses the voice's solo session
-        (`piper.solo_threads`), when there is one. `abort` (from `vocode_abort`): called,
+        only the union of those items' emitted frames plus their reach. `abort` (from
+        `vocode_abort`): called,
         it ends the call early (the engine does when every stream of the call is gone)."""
         if abort is not None and not isinstance(abort, VocodeAbort):
             raise TypeError("abort must be a handle from this backend's vocode_abort")
-        alone = self._enter()
-        try:
-            return self._vocode(items, alone, None if abort is None else abort.options)
-        finally:
-            self._leave()
+        return self._vocode(items, None if abort is None else abort.options)
 
     def _vocode(
-        self, items: Sequence[VocodeItem], alone: bool, run_options: ort.RunOptions | None
+        self, items: Sequence[VocodeItem], run_options: ort.RunOptions | None
     ) -> list[np.ndarray]:
         pcm: list[np.ndarray | None] = [None] * len(items)
         groups: dict[tuple[str, int], list[int]] = {}
@@ -391,7 +359,6 @@ class PiperBackend(Backend):
         for (voice_id, length), indices in groups.items():
             loaded = self._voices[voice_id]
             batch = np.stack([np.asarray(items[i].frames, dtype=np.float32).T for i in indices])
-            session = loaded.solo_vocoder if alone and loaded.solo_vocoder else loaded.vocoder
             feed: dict[str, np.ndarray] = {loaded.latent_name: batch}
             first = 0  # the first frame the output covers
             trim = loaded.trim
@@ -401,7 +368,7 @@ class PiperBackend(Backend):
                 first, last = trim_range(length, emits, trim, self._vocoder_trim)
                 feed[TRIM_START] = np.array([first * trim.samples_per_frame], np.int64)
                 feed[TRIM_STOP] = np.array([last * trim.samples_per_frame], np.int64)
-            (audio,) = session.run(None, feed, run_options)
+            (audio,) = loaded.vocoder.run(None, feed, run_options)
             audio = audio.reshape(len(indices), -1)
             hop = loaded.spec.samples_per_frame
             for row, index in enumerate(indices):

@@ -14,7 +14,7 @@ from pipeline.backends.piper.errors import VoiceLoadError
 from pipeline.backends.piper.graph_split import SplitGraphs, load_split
 from pipeline.backends.piper.vocoder_trim import TRIM_START, TRIM_STOP, Trim, read_trim
 from pipeline.backends.piper.voices import VoiceSpec
-from pipeline.config import PiperConfig, TalkerConfig, VocoderConfig
+from pipeline.config import PiperConfig
 
 logger = logging.getLogger("playhead.piper")
 
@@ -29,8 +29,6 @@ class LoadedVoice:
     encoder: ort.InferenceSession
     flow: ort.InferenceSession | None  # prior, mask -> latent; None: the encoder is the talker
     vocoder: ort.InferenceSession
-    solo_encoder: ort.InferenceSession | None  # more threads, for a call that runs alone
-    solo_vocoder: ort.InferenceSession | None
     latent_name: str  # the vocoder's input
     channels: int
     trim: Trim | None  # the vocoder graph's trim inputs (None: an untrimmed graph)
@@ -50,15 +48,13 @@ class VocodeAbort:
         self.options.terminate = True
 
 
-def load_voice(
-    spec: VoiceSpec, piper: PiperConfig, talker: TalkerConfig, vocoder: VocoderConfig
-) -> LoadedVoice:
+def load_voice(spec: VoiceSpec, piper: PiperConfig) -> LoadedVoice:
     """One voice's cut graphs (cached, cut again where the cache fails to load) as
     sessions, checked to fit together."""
     cache_dir = piper.cache_dir
     split = load_split(spec.model_path, cache_dir, spec.id)
     try:
-        sessions = _voice_sessions(split, piper, talker, vocoder)
+        sessions = _voice_sessions(split, piper)
     except Exception as error:  # ORT raises its own RuntimeError subclasses
         if not split.cached:
             raise VoiceLoadError(
@@ -68,12 +64,9 @@ def load_voice(
             "voice %s: cached cut graphs failed to load (%s); cutting again", spec.id, error
         )
         sessions = _voice_sessions(
-            load_split(spec.model_path, cache_dir, spec.id, refresh=True),
-            piper,
-            talker,
-            vocoder,
+            load_split(spec.model_path, cache_dir, spec.id, refresh=True), piper
         )
-    encoder, flow, vocoder_session, solo_encoder, solo_vocoder = sessions
+    encoder, flow, vocoder_session = sessions
     talker_outputs = (flow or encoder).get_outputs()
     latent = talker_outputs[0].name
     channels = talker_outputs[0].shape[1]
@@ -102,18 +95,7 @@ def load_voice(
         sample_rate_hz=spec.sample_rate_hz,
         samples_per_frame=spec.samples_per_frame,
     )
-    return LoadedVoice(
-        spec,
-        voice,
-        encoder,
-        flow,
-        vocoder_session,
-        solo_encoder,
-        solo_vocoder,
-        latent,
-        channels,
-        trim,
-    )
+    return LoadedVoice(spec, voice, encoder, flow, vocoder_session, latent, channels, trim)
 
 
 _OPTIMIZATION_LEVELS = {
@@ -125,7 +107,7 @@ _OPTIMIZATION_LEVELS = {
 
 
 def _session(
-    graph: Path | bytes, intra_op_threads: int, piper: PiperConfig, *, spinning: bool = True
+    graph: Path | bytes, intra_op_threads: int, piper: PiperConfig
 ) -> ort.InferenceSession:
     """One graph's session: `intra_op_threads` threads, nodes run one after another (a
     single inter-op thread: each stage is one worker thread), the `piper.ort_*` options."""
@@ -135,7 +117,7 @@ def _session(
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = _OPTIMIZATION_LEVELS[piper.ort_graph_optimization]
     options.enable_cpu_mem_arena = piper.ort_cpu_arena
-    if not (piper.ort_spinning and spinning):  # idle pool threads sleep, not spin
+    if not piper.ort_spinning:  # idle pool threads sleep, not spin
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.log_severity_level = 3  # errors only
     source = graph if isinstance(graph, bytes) else str(graph)
@@ -143,26 +125,13 @@ def _session(
 
 
 def _voice_sessions(
-    split: SplitGraphs, piper: PiperConfig, talker: TalkerConfig, vocoder: VocoderConfig
-) -> tuple[
-    ort.InferenceSession,
-    ort.InferenceSession | None,
-    ort.InferenceSession,
-    ort.InferenceSession | None,
-    ort.InferenceSession | None,
-]:
-    """(encoder, flow, vocoder, solo encoder, solo vocoder) sessions of one voice; the solo
-    ones (`piper.solo_threads` > 1) run a call that finds no other one running."""
-    threads = talker.intra_op_threads
-    solo_encoder = solo_vocoder = None
-    if piper.solo_threads > 1:
-        if split.flow is not None:
-            solo_encoder = _session(split.encoder, piper.solo_threads, piper, spinning=False)
-        solo_vocoder = _session(split.vocoder, piper.solo_threads, piper, spinning=False)
+    split: SplitGraphs, piper: PiperConfig
+) -> tuple[ort.InferenceSession, ort.InferenceSession | None, ort.InferenceSession]:
+    """(encoder, flow, vocoder) sessions of one voice: the talker's two with
+    `piper.talker_intra_op_threads`, the vocoder's with `piper.vocoder_intra_op_threads`."""
+    threads = piper.talker_intra_op_threads
     return (
         _session(split.encoder, threads, piper),
         None if split.flow is None else _session(split.flow, threads, piper),
-        _session(split.vocoder, vocoder.intra_op_threads, piper),
-        solo_encoder,
-        solo_vocoder,
+        _session(split.vocoder, piper.vocoder_intra_op_threads, piper),
     )
