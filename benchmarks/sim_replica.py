@@ -40,7 +40,7 @@ import numpy as np
 from pipeline.admission import new_stream_audio_s, start_chunk_audio_s
 from pipeline.backend import TalkRequest
 from pipeline.backends.sim import SimBackend, vocoder_cost_s
-from pipeline.book import Wakes, build_book
+from pipeline.book import Wakes, build_book, vocoder_workers
 from pipeline.capacity import CapacityEstimate, pipeline_capacity
 from pipeline.channel import ReaderEvent
 from pipeline.config import EngineConfig, SimConfig, TalkerConfig, TextConfig, VocoderConfig
@@ -48,7 +48,6 @@ from pipeline.events import NullEvents
 from pipeline.records import StreamRecord
 from pipeline.stream import Stream
 from pipeline.talker_core import TalkOutcome, TalkPlan, run_talk
-from pipeline.vocoder_core import VocodePlan
 from scheduling import (
     Admission,
     AdmissionConfig,
@@ -57,11 +56,6 @@ from scheduling import (
     LoadView,
     SchedulingConfig,
 )
-
-
-def _no_preparation(stream_id: str, request: TalkRequest, done: object) -> None:
-    """The sim backend prepares nothing (`capabilities.prepares_segments` is off)."""
-
 
 # Unread audio never reaches this: the simulated listener reads everything at once.
 _NEVER_PARK_S = 1e9
@@ -171,9 +165,11 @@ class Replica:
         self._talker_timer = 0
         # The vocoder loop: a turn in flight (or the loop running), an iteration queued,
         # woken since the loop's last pass began.
-        self._vocoder_busy = False
-        self._vocoder_due = False
-        self._vocoder_woken = False
+        # The vocoder's workers (the engine's count), the wake event, its waiters: at the
+        # start every worker waits, in order, on an event not set.
+        workers = vocoder_workers(setup.vocoder, self.backend)
+        self._vocoder_set = False
+        self._vocoder_waiting: list[object] = list(range(workers))
         self.talker_steps = 0
         self.vocoder_turns = 0
 
@@ -304,12 +300,14 @@ class Replica:
         core = self.book.talker
         self._talker_busy = True
         while True:
+            if core.drop_prepared_due(core.load()):
+                self.backend.drop_prepared()
             plan = core.schedule(now_s)
             if plan is None:
                 break
             if plan.stream_ids and self.trace is not None:
                 self.trace.talker_steps.append((now_s, plan.stream_ids))
-            outcome = run_talk(self.backend, plan, _no_preparation)
+            outcome = run_talk(self.backend, plan, self._watch_prepare)
             self.talker_steps += 1
             cost_s = self._take_spent()
             if cost_s > 0:
@@ -322,6 +320,14 @@ class Replica:
                 now_s + max(core.retry_in_s, 0.0), self._talker_timeout, self._talker_timer
             )
         self._reap(now_s)
+
+    def _watch_prepare(self, stream_id: str, request: TalkRequest, done: object) -> None:
+        """Talker._watch_prepare: the sim's preparations are done at once; their end is
+        booked from the next event (the engine's loop.call_soon_threadsafe)."""
+        index = request.segment_index
+        self._queue.push(
+            self._queue.now, lambda _s, _a: self.book.talker.prepare_ended(stream_id, index), None
+        )
 
     def _talked(self, now_s: float, arg: object) -> None:
         started_s, plan, outcome = arg  # type: ignore[misc]
@@ -339,53 +345,62 @@ class Replica:
         if outcome.stepped:
             self.talker_rate.record(started_s, now_s, audio_s)
 
-    # The vocoder: pipeline/vocoder.py's driver of the vocoder core, in virtual time.
+    # The vocoder: pipeline/vocoder.py's workers over the vocoder core, in virtual time.
+    #
+    # The engine's workers share one asyncio.Event: `set` resumes every worker waiting
+    # on it, in the order they began to wait, each in its own later callback; a worker
+    # clears the event before it asks the core for a plan, and with none waits again,
+    # at once resumed if the event was set meanwhile. Replayed here: `_vocoder_set` is
+    # the event, `_vocoder_waiting` the waiters in order.
 
     def _wake_vocoder(self) -> None:
-        self._vocoder_woken = True
-        if not self._vocoder_busy and not self._vocoder_due:
-            self._vocoder_due = True
-            self._queue.push(self._queue.now, self._vocoder_woken_up, None)
+        if self._vocoder_set:
+            return
+        self._vocoder_set = True
+        waiting, self._vocoder_waiting = self._vocoder_waiting, []
+        for worker in waiting:
+            self._queue.push(self._queue.now, self._vocoder_resumed, worker)
 
-    def _vocoder_woken_up(self, now_s: float, _: object) -> None:
-        self._vocoder_due = False
-        self._vocoder_loop(now_s)
+    def _vocoder_resumed(self, now_s: float, worker: object) -> None:
+        self._vocoder_loop(now_s, worker)
         self._reap(now_s)
 
-    def _vocoder_loop(self, now_s: float) -> None:
+    def _vocoder_loop(self, now_s: float, worker: object) -> None:
         core = self.book.vocoder
-        self._vocoder_busy = True
         while True:
-            self._vocoder_woken = False  # the engine clears its wake event here
+            self._vocoder_set = False  # the worker clears the event
             plan = core.schedule(now_s)
             if plan is not None:
                 break
-            if not self._vocoder_woken:  # else the engine's wait returns at once
-                self._vocoder_busy = False
+            if not self._vocoder_set:  # else the worker's wait returns at once
+                self._vocoder_waiting.append(worker)
                 return
         if self.trace is not None:
             self.trace.vocoder_turns.append((now_s, tuple(plan.stream_ids)))
         decoded = sum(chunk.context_stop - chunk.context_start for _, chunk in plan.batch)
         cost_s = vocoder_cost_s(self.setup.sim, decoded, len(plan.batch))
-        self._queue.push(now_s + cost_s, self._vocoded, plan)
+        self._queue.push(now_s + cost_s, self._vocoded, (worker, plan))
 
     def _vocoded(self, now_s: float, arg: object) -> None:
-        plan: VocodePlan = arg  # type: ignore[assignment]
+        worker, plan = arg  # type: ignore[misc]
         book = self.book
         samples_per_frame = self.voice.samples_per_frame
-        live = [(record, chunk) for record, chunk in plan.batch if book.table.is_live(record)]
+        # what each stream of the call has in flight, in order: a chunk decoded before an
+        # earlier one is held and leaves with it (the core sends them in this order)
+        taken = [(r, [e.chunk for e in r.in_flight], r.stream.stats.chunks) for r, _ in plan.batch]
         pcms = [self._zeros(chunk.frames * samples_per_frame) for _, chunk in plan.batch]
         audio_s = book.vocoder.update(plan, pcms, now_s)
-        for record, chunk in live:
+        for record, in_flight, chunks_before in taken:
             stream_id = record.stream.id
-            self._listener.audio(stream_id, now_s, chunk.frames * self._frame_s)
-            if self.trace is not None:
-                self.trace.chunks.setdefault(stream_id, []).append(chunk.frames)
+            for chunk in in_flight[: record.stream.stats.chunks - chunks_before]:
+                self._listener.audio(stream_id, now_s, chunk.frames * self._frame_s)
+                if self.trace is not None:
+                    self.trace.chunks.setdefault(stream_id, []).append(chunk.frames)
         self.vocoder_turns += 1
         self.vocoder_rate.record(plan.started_s, now_s, audio_s)
         self._wake_admission()  # Engine._turn_capacity: the capacity moved
         self._reap(now_s, [record for record, _ in plan.batch])
-        self._vocoder_loop(now_s)
+        self._vocoder_loop(now_s, worker)
         self._reap(now_s)
 
     def _zeros(self, samples: int) -> np.ndarray:

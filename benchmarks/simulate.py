@@ -565,6 +565,7 @@ class ScriptRun:
     trace: Trace
     stream_ids: list[str | None]  # per arrival; None when rejected
     virtual_s: float
+    replica: Replica | None = None  # the replica, as the run left it
 
 
 class _ScriptQueue:
@@ -613,6 +614,7 @@ def run_script(setup: EngineSetup, arrivals: Sequence[Arrival]) -> ScriptRun:
         queue.now = t
         handler(t, arg)
     run.virtual_s = queue.now
+    run.replica = replica
     return run
 
 

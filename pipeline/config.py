@@ -186,6 +186,10 @@ class SimConfig:
     vocoder_base_ms: float = 20.0  # fixed cost of one vocoder call
     vocoder_per_frame_ms: float = 2.0  # cost per decoded frame (context included)
     batched: bool = True  # True: one call's base cost covers the whole batch
+    # the sim backend's capabilities (pipeline/backend.py), off as for a codec LM; on, it
+    # models Piper's: vocode calls side by side (vocoder.workers), next segments prepared
+    concurrent_vocode_calls: bool = False
+    prepares_segments: bool = False
 
     def __post_init__(self) -> None:
         for name in ("sample_rate_hz", "samples_per_frame", "talker_frames_per_step"):
@@ -198,6 +202,8 @@ class SimConfig:
         ):
             check_non_negative(name, getattr(self, name))
         check_bool("batched", self.batched)
+        check_bool("concurrent_vocode_calls", self.concurrent_vocode_calls)
+        check_bool("prepares_segments", self.prepares_segments)
 
 
 @dataclass(frozen=True)

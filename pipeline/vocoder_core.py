@@ -104,6 +104,7 @@ class VocoderCore:
         self._even_tail = chunking.even_tail
         self.turns = 0  # vocode calls whose outcome was applied
         self.yields = 0  # schedules that held a worker back for a first audio
+        self.ahead_turns = 0  # plans of a chunk beside one in flight (work-ahead)
         table.on_forget(self._forget)
         table.on_unparked(self.frames_changed)
 
@@ -189,6 +190,7 @@ class VocoderCore:
             selected = select(now_s, ready, all_admitted=True)
         elif ahead := self.ahead_ids(load):
             selected = select(now_s, ahead, all_admitted=True)
+            self.ahead_turns += bool(selected)
         else:
             return None
         if not selected:  # fifo: the streams in its window have nothing ready

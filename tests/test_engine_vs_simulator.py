@@ -24,7 +24,7 @@ from benchmarks.loadgen import load_corpus
 from benchmarks.simulate import Arrival, run_script
 from benchmarks.virtual_time import SpentTime, VirtualStage, VirtualTimeLoop, virtual_stages
 from pipeline.backends.sim import SimBackend, decode_sim_signal
-from pipeline.config import EngineConfig, SimConfig, TalkerConfig
+from pipeline.config import EngineConfig, SimConfig, TalkerConfig, VocoderConfig
 from pipeline.engine import Engine
 from pipeline.errors import Rejected, StreamCancelled
 from pipeline.events import NullEvents
@@ -97,6 +97,9 @@ class Decisions:
     talker_steps: list[tuple[float, tuple[int, ...]]]
     vocoder_turns: list[tuple[float, tuple[int, ...]]]
     chunks: dict[int, list[int]] = field(default_factory=dict)
+    ahead_turns: int = 0  # vocode calls of a chunk beside one in flight (work-ahead)
+    yields: int = 0  # worker plans held back for a first audio
+    prepared_opens: int = 0  # segments opened from a preparation
 
 
 def _named(
@@ -187,18 +190,25 @@ async def _drive(
         _named(events.talker_steps, index),
         _named(events.vocoder_turns, index),
         chunks,
+        ahead_turns=engine.book.vocoder.ahead_turns,
+        yields=engine.book.vocoder.yields,
+        prepared_opens=backend.prepared_opens,
     )
 
 
 def run_simulator(setup: sim_replica.EngineSetup, arrivals: Sequence[Arrival]) -> Decisions:
     run = run_script(setup, arrivals)
     index = {stream_id: i for i, stream_id in enumerate(run.stream_ids) if stream_id is not None}
-    trace = run.trace
+    trace, replica = run.trace, run.replica
+    assert replica is not None
     return Decisions(
         [(t, ok, why if not ok else "ok") for t, ok, why in trace.admissions],
         _named(trace.talker_steps, index),
         _named(trace.vocoder_turns, index),
         {index[s]: sizes for s, sizes in trace.chunks.items()},
+        ahead_turns=replica.book.vocoder.ahead_turns,
+        yields=replica.book.vocoder.yields,
+        prepared_opens=replica.backend.prepared_opens,
     )
 
 
@@ -268,6 +278,61 @@ def test_a_simulator_with_another_talker_order_is_caught(
     # the first record to part is the talker steps or an admission that follows from them
     with pytest.raises(AssertionError, match=r"(talker_steps|admissions) differ"):
         assert_same(engine, run_simulator(SETUP, arrivals))
+
+
+# A lone request on a Piper-like sim backend: two vocoder workers (work-ahead, the even
+# tail, solo chunks, yielding to a first audio) and its next segment prepared.
+LONE = replace(
+    SETUP,
+    chunking=ChunkingConfig(
+        chunk_frames=6,
+        ramp=(3, 4),
+        left_context_frames=1,
+        right_context_frames=1,
+        solo_chunk_frames=12,
+        solo_slack_s=0.5,
+    ),
+    admission=AdmissionConfig(enabled=False),
+    talker=TalkerConfig(batch=2, high_water_s=3.0, urgent_slack_s=1.0, alone_urgent_slack_s=0.3),
+    vocoder=VocoderConfig(workers=2, yield_slack_s=0.5),
+    sim=replace(SETUP.sim, concurrent_vocode_calls=True, prepares_segments=True),
+)
+
+
+def lone_script(seed: int) -> list[Arrival]:
+    """Requests mostly alone (seconds apart), now and then a second one beside a playing
+    stream, and a client that leaves mid-stream."""
+    rng = random.Random(seed)
+    texts = [t for t in load_corpus() if len(t) > 120]
+    arrivals = []
+    at_s = 0.0
+    for index in range(8):
+        at_s += rng.uniform(0.2, 0.6) if index % 3 == 2 else rng.uniform(4.0, 8.0)
+        cancel_at_s = at_s + rng.uniform(0.4, 1.5) if index == 4 else None
+        arrivals.append(Arrival(at_s, rng.choice(texts), cancel_at_s))
+    return arrivals
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_a_lone_request_is_decided_alike(seed: int) -> None:
+    """Work-ahead over two workers, the even tail, solo chunks, the next segment
+    prepared, a yield to a newcomer's first audio, a cancel: the same decisions."""
+    arrivals = lone_script(seed)
+    engine = run_engine(LONE, arrivals)
+    simulator = run_simulator(LONE, arrivals)
+    assert_same(engine, simulator)
+    # the workload exercises what it is for: two chunks of one stream decoded at once
+    # (work-ahead), a solo chunk, the even tail's split of the last frames
+    assert engine.ahead_turns > 0, "no chunk was decoded beside another of its stream"
+    assert engine.yields > 0, "no worker yielded to a first audio"
+    assert (engine.ahead_turns, engine.yields, engine.prepared_opens) == (
+        simulator.ahead_turns,
+        simulator.yields,
+        simulator.prepared_opens,
+    )
+    sizes = [size for chunks in engine.chunks.values() for size in chunks]
+    assert LONE.chunking.solo_chunk_frames in sizes
+    assert engine.prepared_opens > 0
 
 
 def test_virtual_stages_overlap() -> None:

@@ -29,11 +29,20 @@ import itertools
 import math
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.backend import AbortHandle, Backend, TalkRequest, TalkStep, VocodeItem, Voice
+from pipeline.backend import (
+    AbortHandle,
+    Backend,
+    BackendCapabilities,
+    TalkRequest,
+    TalkStep,
+    VocodeItem,
+    Voice,
+)
 from pipeline.config import SimConfig, TextConfig
 from pipeline.text import segment_options, split_text
 from scheduling.errors import ConfigError
@@ -128,9 +137,11 @@ class SimSegment:
 
 
 class SimBackend(Backend):
-    """A backend whose costs are set, not measured; see the module doc. It has no
-    capability beyond the required calls (`Backend.capabilities`' default): one talker
-    thread, one vocoder worker, nothing prepared, no abort."""
+    """A backend whose costs are set, not measured; see the module doc. Its capabilities
+    are the config's: by default none beyond the required calls (one talker thread, one
+    vocoder worker, nothing prepared, no abort); `sim.concurrent_vocode_calls` and
+    `sim.prepares_segments` model Piper's (its vocode calls cost the same side by side:
+    the sim models no shared cores)."""
 
     name = "sim"
 
@@ -140,6 +151,13 @@ class SimBackend(Backend):
         self.config = config or SimConfig()
         self._sleep = sleep
         self.open_segments = 0  # opened and not closed yet
+        self.capabilities = BackendCapabilities(
+            concurrent_vocode_calls=self.config.concurrent_vocode_calls,
+            prepares_segments=self.config.prepares_segments,
+        )
+        # the prepared segment's frame count, by (stream tag, segment index)
+        self._prepared: dict[tuple[int, int], int] = {}
+        self.prepared_opens = 0  # segments opened from a preparation
         if self.config.samples_per_frame < _BLOCKS:
             raise ConfigError(
                 f"samples_per_frame must be >= {_BLOCKS} for the sim signal, "
@@ -171,11 +189,30 @@ class SimBackend(Backend):
     def open_segment(self, request: TalkRequest) -> SimSegment:
         self._check_voice(request.voice)
         self.open_segments += 1
+        remaining = self._prepared.pop((request.stream_tag, request.segment_index), None)
+        if remaining is None:
+            remaining = frames_for_text(request.text, request.speed)
+        else:
+            self.prepared_opens += 1
         return SimSegment(
-            tag=request.stream_tag,
-            next_index=request.first_frame_index,
-            remaining=frames_for_text(request.text, request.speed),
+            tag=request.stream_tag, next_index=request.first_frame_index, remaining=remaining
         )
+
+    def prepare_segment(self, request: TalkRequest) -> Future[object] | None:
+        """The segment's frame count, worked out now (done at once: the sim's preparation
+        costs nothing); `open_segment` of that segment takes it."""
+        if not self.config.prepares_segments:
+            return None
+        self._check_voice(request.voice)
+        key = (request.stream_tag, request.segment_index)
+        # one at a time, as Piper's helper thread: a newer preparation replaces the last
+        self._prepared = {key: frames_for_text(request.text, request.speed)}
+        done: Future[object] = Future()
+        done.set_result(None)
+        return done
+
+    def drop_prepared(self) -> None:
+        self._prepared.clear()
 
     def step(self, segments: Sequence[SimSegment]) -> list[TalkStep]:
         cfg = self.config
