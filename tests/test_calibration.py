@@ -94,7 +94,7 @@ async def test_a_calibration_whose_streams_all_end_first_stops_at_once(
         measured = await engine.calibrate()
     assert measured > 0
     assert engine.calibrations == 2
-    assert engine.book.turns_running == 0 and len(engine.book) == 0
+    assert engine.book.vocoder.turns_running == 0 and len(engine.book) == 0
 
 
 async def test_idle_engine_recalibrates_and_a_request_ends_it(make_engine: EngineFactory) -> None:

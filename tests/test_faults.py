@@ -197,7 +197,7 @@ async def test_ready_is_503_once_a_loop_dies() -> None:
         def broken() -> None:
             raise RuntimeError("a bug in the vocoder loop")
 
-        engine.book.refresh = broken  # the next vocoder turn dies
+        engine.book.vocoder.refresh = broken  # the next vocoder turn dies
         engine.vocoder.wake.set()
         for _ in range(200):
             if not engine.ready:

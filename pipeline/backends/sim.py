@@ -151,10 +151,11 @@ class SimBackend(Backend):
         self.config = config or SimConfig()
         self._sleep = sleep
         self.open_segments = 0  # opened and not closed yet
-        self.capabilities = BackendCapabilities(
-            concurrent_vocode_calls=self.config.concurrent_vocode_calls,
-            prepares_segments=self.config.prepares_segments,
-        )
+        if type(self).capabilities is SimBackend.capabilities:  # a subclass may declare its own
+            self.capabilities = BackendCapabilities(
+                concurrent_vocode_calls=self.config.concurrent_vocode_calls,
+                prepares_segments=self.config.prepares_segments,
+            )
         # the prepared segment's frame count, by (stream tag, segment index)
         self._prepared: dict[tuple[int, int], int] = {}
         self.prepared_opens = 0  # segments opened from a preparation
