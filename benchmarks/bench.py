@@ -137,11 +137,16 @@ def server_process(
     ready_path: str = "/ready",
     name: str = "server",
     timeout_s: float = 60.0,
+    tree: Path | None = None,
 ) -> Iterator[str]:
     """`command` as a subprocess serving on loopback `port`, its output in `log_path`;
-    yields its base URL once GET `ready_path` answers 200, then stops it (SIGINT, then kill)."""
+    yields its base URL once GET `ready_path` answers 200, then stops it (SIGINT, then kill).
+    `tree`: run it from that source tree (another checkout: old against new) instead."""
     log = log_path.open("w", encoding="utf-8")
-    proc = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    env = None if tree is None else {**os.environ, "PYTHONPATH": str(tree)}
+    proc = subprocess.Popen(
+        command, cwd=tree or ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout_s
@@ -167,14 +172,21 @@ def server_process(
 
 
 def serve(
-    config: Path, overrides: Sequence[str], log_path: Path, timeout_s: float = 60.0
+    config: Path,
+    overrides: Sequence[str],
+    log_path: Path,
+    timeout_s: float = 60.0,
+    tree: Path | None = None,
 ) -> contextlib.AbstractContextManager[str]:
-    """A `playhead serve` subprocess; yields its base URL once /ready answers 200."""
+    """A `playhead serve` subprocess; yields its base URL once /ready answers 200.
+    `tree`: the server runs that checkout's code (its own configs/ under the same name)."""
     port = free_port()
+    if tree is not None:
+        config = tree / Path(config).resolve().relative_to(ROOT)
     command = [sys.executable, "-m", "app", "serve", "--config", str(config), "--port", str(port)]
     for item in overrides:
         command += ["--set", item]
-    return server_process(command, port, log_path, timeout_s=timeout_s)
+    return server_process(command, port, log_path, timeout_s=timeout_s, tree=tree)
 
 
 def run_row(policy: Policy, result: LoadResult, capacity: float) -> dict[str, object]:

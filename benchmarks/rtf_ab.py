@@ -1,7 +1,7 @@
 """Single-request RTF and TTFA, A/B, interleaved request by request, beside piper's server.
 
-    python -m benchmarks.rtf_ab [--rounds 4] [--a vocoder.work_ahead_streams=0]
-                                [--b vocoder.work_ahead_streams=1] [--no-peer]
+    python -m benchmarks.rtf_ab [--rounds 4] [--a alone.work_ahead=false]
+                                [--b alone.work_ahead=true] [--no-peer] [--a-tree DIR]
 
 Two Playhead servers (configs/default.yaml plus the --a and --b settings; idle
 recalibration off, so that neither calibrates while the other is measured) and
@@ -16,6 +16,9 @@ clock, as benchmarks/voice.py). Prints p50 per server and the per-text paired ra
 request when it has heard the last, as benchmarks/voice.py's N sweep) against A, B, B, A
 (`--load-duration` s each after a 2 s warm-up), and one saturated loop of the largest N
 (next request at the last byte: throughput, as C) against A, B, B, A.
+
+`--a-tree DIR`: server A runs the code of another checkout (say `git worktree add
+/tmp/old <commit>`): old against new, interleaved in the same minutes.
 """
 
 from __future__ import annotations
@@ -183,6 +186,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--b", action="append", default=[], help="B's --set (repeatable)")
     parser.add_argument("--no-peer", action="store_true")
     parser.add_argument(
+        "--a-tree", default=None, help="A runs this checkout's code (old against new)"
+    )
+    parser.add_argument(
         "--settle", type=float, default=SETTLE_S, help="quiet after each request, seconds"
     )
     parser.add_argument("--logs", default="/tmp/rtf_ab")
@@ -192,9 +198,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logs = Path(args.logs)
     logs.mkdir(parents=True, exist_ok=True)
+    a_tree = None if args.a_tree is None else Path(args.a_tree).resolve()
     with contextlib.ExitStack() as stack:
         urls = {
-            "a": stack.enter_context(serve(CONFIG, [*BASE, *args.a], logs / "a.log")),
+            "a": stack.enter_context(serve(CONFIG, [*BASE, *args.a], logs / "a.log", tree=a_tree)),
             "b": stack.enter_context(serve(CONFIG, [*BASE, *args.b], logs / "b.log")),
         }
         peer = None
@@ -205,6 +212,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.load:
             result["load"] = _load(urls, number_list(args.load, int), args.load_duration)
     result["a"], result["b"] = args.a, args.b
+    if a_tree is not None:
+        result["a_tree"] = str(a_tree)
     summary = {k: v for k, v in result.items() if k != "samples"}
     print(json.dumps(summary, indent=2))
     if args.json:
