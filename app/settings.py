@@ -37,6 +37,7 @@ from app.ws.config import WebSocketConfig
 from app.wyoming.config import WyomingConfig
 from pipeline.backends import backend_entries, backend_entry
 from pipeline.config import (
+    AloneConfig,
     BackendConfig,
     EngineConfig,
     NormalizeConfig,
@@ -67,9 +68,6 @@ DEFAULT_CHUNKING = ChunkingConfig(
     ramp=(8, 16, 32),
     left_context_frames=8,
     right_context_frames=8,
-    solo_chunk_frames=128,
-    solo_slack_s=1.0,
-    even_tail=True,
 )
 
 
@@ -87,11 +85,21 @@ MOVED_FIELDS: dict[tuple[str, str], str] = {
     # ONNX Runtime threads per session: a Piper runtime setting, not an engine decision
     ("talker", "intra_op_threads"): "piper.talker_intra_op_threads",
     ("vocoder", "intra_op_threads"): "piper.vocoder_intra_op_threads",
+    # what the engine does for a stream alone: one section, one definition (pipeline/load.py)
+    ("vocoder", "work_ahead_streams"): "alone.work_ahead (true or false)",
+    ("talker", "prepare_ahead_streams"): "alone.prepare_next (true or false)",
+    ("talker", "alone_urgent_slack_s"): "alone.urgent_slack_s",
+    ("chunking", "even_tail"): "alone.even_tail",
 }
 # ... and those removed, with what to do instead
 REMOVED_FIELDS: dict[tuple[str, str], str] = {
     ("chunking", "initial_chunk_frames"): "a ramp (chunking.ramp) sets the first chunks' sizes",
     ("piper", "solo_threads"): "solo sessions are gone (slower under load; docs/voice-tuning.md)",
+    ("chunking", "solo_chunk_frames"): "solo chunks measured neutral (docs/voice-tuning.md)",
+    ("chunking", "solo_slack_s"): "solo chunks measured neutral (docs/voice-tuning.md)",
+    ("engine", "initial_capacity_audio_s_per_s"): (
+        "the start-up calibration measures the capacity (engine.calibration_calls)"
+    ),
 }
 
 
@@ -206,6 +214,7 @@ _CORE_SECTIONS: dict[str, Any] = {
     "text": _section(TextConfig),
     "normalize": _section(NormalizeConfig),
     "vocoder": _section(VocoderConfig),
+    "alone": _section(AloneConfig),
     "engine": _section(EngineConfig),
     "scheduling": _section(SchedulingConfig),
     "chunking": _section(ChunkingConfig, lambda: DEFAULT_CHUNKING),

@@ -142,6 +142,7 @@ class AppState:
                 talker=s.talker,
                 text=s.text,
                 vocoder=s.vocoder,
+                alone=s.alone,
                 events=self.metrics,
             )
             await engine.start()

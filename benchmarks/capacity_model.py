@@ -58,6 +58,7 @@ async def _engine(settings: Settings, *, admission: bool) -> Engine:
         talker=s.talker,
         text=s.text,
         vocoder=s.vocoder,
+        alone=s.alone,
     )
     await engine.start()
     return engine

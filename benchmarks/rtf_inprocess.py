@@ -4,7 +4,7 @@
         [--set section.field=value ...] [--a ...] [--b ...]
 
 One Piper backend (configs/default.yaml plus --set; no calibration, no admission), two
-engines over it: A (default `vocoder.work_ahead_streams=0`) and B (the config's own),
+engines over it: A (default `alone.work_ahead=false`) and B (the config's own),
 each with --set plus its own --a / --b settings (engine-side sections only: the backend
 is shared). Each round sends every text to both
 engines, one request at a time, read as fast as possible (the order alternates by round):
@@ -72,7 +72,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     backend = build_backend(s.backend, s.backend_config(), talker=s.talker, vocoder=s.vocoder)
     voice = backend.voices()[0]
     engines: dict[bool, Engine] = {}
-    for ahead, extra in ((False, args.a or ["vocoder.work_ahead_streams=0"]), (True, args.b)):
+    for ahead, extra in ((False, args.a or ["alone.work_ahead=false"]), (True, args.b)):
         e = load_settings(CONFIG, [*base, *extra])
         engines[ahead] = Engine(
             backend,
@@ -83,6 +83,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
             talker=e.talker,
             text=e.text,
             vocoder=e.vocoder,
+            alone=e.alone,
         )
         await engines[ahead].start()
     texts = {

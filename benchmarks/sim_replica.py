@@ -43,7 +43,14 @@ from pipeline.backends.sim import SimBackend, vocoder_cost_s
 from pipeline.book import Wakes, build_book, vocoder_workers
 from pipeline.capacity import CapacityEstimate, pipeline_capacity
 from pipeline.channel import ReaderEvent
-from pipeline.config import EngineConfig, SimConfig, TalkerConfig, TextConfig, VocoderConfig
+from pipeline.config import (
+    AloneConfig,
+    EngineConfig,
+    SimConfig,
+    TalkerConfig,
+    TextConfig,
+    VocoderConfig,
+)
 from pipeline.events import NullEvents
 from pipeline.records import StreamRecord
 from pipeline.stream import Stream
@@ -72,6 +79,7 @@ class EngineSetup:
     sim: SimConfig
     engine: EngineConfig = field(default_factory=EngineConfig)
     vocoder: VocoderConfig = field(default_factory=VocoderConfig)
+    alone: AloneConfig = field(default_factory=AloneConfig)
     text: TextConfig = field(default_factory=TextConfig)
 
 
@@ -135,6 +143,7 @@ class Replica:
             talker=talker,
             text=setup.text,
             vocoder=setup.vocoder,
+            alone=setup.alone,
             backend=self.backend,
             max_pending_audio_s=_NEVER_PARK_S,
             clock=self._now,
@@ -146,12 +155,8 @@ class Replica:
         self.voice = self.backend.voices()[0]
         self._frame_s = self.voice.samples_per_frame / self.voice.sample_rate_hz
         self.admission = Admission(setup.admission)
-        self.talker_rate = CapacityEstimate(
-            engine.capacity_window_s, engine.initial_capacity_audio_s_per_s
-        )
-        self.vocoder_rate = CapacityEstimate(
-            engine.capacity_window_s, engine.initial_capacity_audio_s_per_s
-        )
+        self.talker_rate = CapacityEstimate(engine.capacity_window_s)
+        self.vocoder_rate = CapacityEstimate(engine.capacity_window_s)
         self._start_chunk_s = start_chunk_audio_s(setup.chunking, self.voice)
         # queued requests: ticket -> (text, told when granted or refused)
         self._waiting: dict[object, tuple[str, Callable[[Stream | Decision], None]]] = {}

@@ -36,7 +36,7 @@ when it builds its stages:
   request with the same text, voice and speed then takes that work. Meanwhile the stream
   counts as talking (no chunk of it is decoded ahead on a second vocoder worker). The
   engine calls it from the talker thread, only while few streams have work
-  (`talker.prepare_ahead_streams`), and never relies on it: a prepared segment never
+  (`alone.prepare_next`), and never relies on it: a prepared segment never
   opened changes nothing but the time. With it goes
   `drop_prepared()`, which the engine calls from the event loop (it must only set flags)
   once more streams have work: the backend gives up the work not yet taken, so that no

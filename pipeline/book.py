@@ -19,7 +19,7 @@ from functools import partial
 
 from pipeline.admission import start_phase_chunks
 from pipeline.backend import AbortHandle, Backend, Voice
-from pipeline.config import TalkerConfig, TextConfig, VocoderConfig
+from pipeline.config import AloneConfig, TalkerConfig, TextConfig, VocoderConfig
 from pipeline.events import EngineEvents, EngineStats
 from pipeline.load import Load
 from pipeline.records import StreamRecord
@@ -67,6 +67,7 @@ class StreamBook:
         start_phase_chunks: int = 0,
         vocoder_workers: int = 1,
         work_ahead: bool = True,
+        even_tail: bool = True,
         yield_slack_s: float = 0.0,
         prepares: bool = False,
         urgent_slack_s: float = float("inf"),
@@ -100,6 +101,7 @@ class StreamBook:
             clock=clock,
             workers=vocoder_workers,
             work_ahead=work_ahead,
+            even_tail=even_tail,
             yield_slack_s=yield_slack_s,
             new_abort=new_abort,
         )
@@ -158,8 +160,6 @@ class StreamBook:
     def add_stream(self, voice: Voice, *, speed: float, now_s: float) -> Stream:
         """A newly admitted stream, with no text yet."""
         record = self.table.add_stream(voice, speed=speed, now_s=now_s)
-        if len(self.table) == 2:
-            self.vocoder.alone_changed()  # the other stream is no longer alone
         return record.stream
 
     def add_text(self, stream_id: str, text: str, *, final: bool, flush: bool = False) -> None:
@@ -190,7 +190,6 @@ class StreamBook:
         if record is not None and self.scheduler.horizon_s(stream_id) is not None:
             self.scheduler.ack_playback(stream_id, played_s, now_s)
             self.talker.playback_moved(record)
-            self.vocoder.playback_moved(record)
 
     def cancel(self, stream_id: str) -> None:
         """End a stream now (caller, client gone, engine stop); frees every trace."""
@@ -211,6 +210,7 @@ def build_book(
     talker: TalkerConfig,
     text: TextConfig,
     vocoder: VocoderConfig,
+    alone: AloneConfig,
     backend: Backend,
     max_pending_audio_s: float,
     clock: Callable[[], float],
@@ -232,11 +232,12 @@ def build_book(
         # tracked where admission counts a start's extra cost
         start_phase_chunks=start_phase_chunks(admission),
         vocoder_workers=vocoder_workers(vocoder, backend),
-        work_ahead=vocoder.work_ahead_streams > 0,
+        work_ahead=alone.work_ahead,
+        even_tail=alone.even_tail,
         yield_slack_s=vocoder.yield_slack_s,
-        prepares=capabilities.prepares_segments and talker.prepare_ahead_streams > 0,
+        prepares=capabilities.prepares_segments and alone.prepare_next,
         urgent_slack_s=talker.urgent_slack_s,
-        alone_urgent_slack_s=talker.alone_urgent_slack_s,
+        alone_urgent_slack_s=alone.urgent_slack_s,
         new_abort=backend.vocode_abort if capabilities.aborts_vocode else None,
     )
 

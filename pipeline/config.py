@@ -55,15 +55,8 @@ class TalkerConfig:
     # the player plus talked, not yet vocoded), or none yet, is urgent (TalkRequest.urgent):
     # Piper then runs its flow in small first steps; otherwise over the whole segment at
     # once (up to piper.flow_max_chunk_frames), which costs less per frame (no flow context)
+    # (a stream alone: alone.urgent_slack_s)
     urgent_slack_s: float = 1.0
-    # ... while the stream is the only one with work left: the machine then has nothing
-    # else to do, so a segment's whole flow and its first chunk take tens of ms, not the
-    # hundreds a loaded server may take (a lone request's next sentence runs its flow whole)
-    alone_urgent_slack_s: float = 0.3
-    # while at most this many streams have work left, a stream's next text segment is
-    # prepared (backend.prepare_segment: Piper's phonemiser and encoder, on a helper
-    # thread) while the talker steps the one before it (0: never)
-    prepare_ahead_streams: int = 1
 
     def __post_init__(self) -> None:
         check_int("batch", self.batch, 1)
@@ -72,8 +65,32 @@ class TalkerConfig:
         check_bool("run_ahead", self.run_ahead)
         check_non_negative("busy_max_queued_s", self.busy_max_queued_s)
         check_non_negative("urgent_slack_s", self.urgent_slack_s)
-        check_non_negative("alone_urgent_slack_s", self.alone_urgent_slack_s)
-        check_int("prepare_ahead_streams", self.prepare_ahead_streams, 0)
+
+
+@dataclass(frozen=True)
+class AloneConfig:
+    """What the engine does for a stream alone: no other stream has work left (the one
+    definition, pipeline/load.py). Each is measured against its removal
+    (docs/voice-tuning.md, "A stream alone")."""
+
+    # a vocoder worker that finds no stream ready decodes the lone stream's next chunk
+    # beside the one in flight (more than one worker: Piper); chunks still leave in order
+    work_ahead: bool = True
+    # its last frames, its text all talked, are cut evenly over the workers
+    even_tail: bool = True
+    # its next text segment is prepared (backend.prepare_segment: Piper's phonemiser and
+    # encoder, on a helper thread) while the talker steps the one before it
+    prepare_next: bool = True
+    # its next segment is urgent below this much audio ahead (talker.urgent_slack_s for
+    # the others): the machine has nothing else to do, so a segment's whole flow and its
+    # first chunk take tens of ms, and a lone request's next sentence runs its flow whole
+    urgent_slack_s: float = 0.3
+
+    def __post_init__(self) -> None:
+        check_bool("work_ahead", self.work_ahead)
+        check_bool("even_tail", self.even_tail)
+        check_bool("prepare_next", self.prepare_next)
+        check_non_negative("urgent_slack_s", self.urgent_slack_s)
 
 
 @dataclass(frozen=True)
@@ -130,11 +147,6 @@ class VocoderConfig:
     # calls may overlap (`capabilities.concurrent_vocode_calls`: Piper; the sim and codec LM
     # run one)
     workers: int = 2
-    # a worker that finds no stream ready decodes the next chunk of a stream already being
-    # decoded (its frames exist: the talker runs ahead), so a lone request uses every worker,
-    # while at most this many streams have work left (more: the talker needs the other core);
-    # chunks still leave in order (0: one chunk of a stream at a time)
-    work_ahead_streams: int = 1
     # while a stream's first audio is being made (its first talker step, its first chunk's
     # decode), a worker whose most urgent streams all have at least this much audio
     # buffered waits for it, leaving the core to it (more than one worker: Piper).
@@ -143,7 +155,6 @@ class VocoderConfig:
 
     def __post_init__(self) -> None:
         check_int("workers", self.workers, 1)
-        check_int("work_ahead_streams", self.work_ahead_streams, 0)
         check_non_negative("yield_slack_s", self.yield_slack_s)
 
 
@@ -151,8 +162,6 @@ class VocoderConfig:
 class EngineConfig:
     max_pending_audio_s: float = 10.0  # audio a client has not read yet; beyond it the stream parks
     capacity_window_s: float = 5.0  # moving-average window of the capacity estimate
-    # assumed before anything was measured (0 = unknown: admit until measured)
-    initial_capacity_audio_s_per_s: float = 0.0
     # start-up calibration: both stages run internal streams until the vocoder made this
     # many calls, before the engine reports ready (0: no calibration)
     calibration_calls: int = 12
@@ -167,7 +176,6 @@ class EngineConfig:
     def __post_init__(self) -> None:
         check_positive("max_pending_audio_s", self.max_pending_audio_s)
         check_positive("capacity_window_s", self.capacity_window_s)
-        check_non_negative("initial_capacity_audio_s_per_s", self.initial_capacity_audio_s_per_s)
         check_int("calibration_calls", self.calibration_calls, 0)
         check_positive("calibration_max_s", self.calibration_max_s)
         check_non_negative("recalibrate_idle_s", self.recalibrate_idle_s)

@@ -35,7 +35,7 @@ from pipeline.backend import Backend, Voice, backend_capabilities
 from pipeline.book import Wakes, build_book, vocoder_workers
 from pipeline.calibration import measure
 from pipeline.capacity import pipeline_capacity
-from pipeline.config import EngineConfig, TalkerConfig, TextConfig, VocoderConfig
+from pipeline.config import AloneConfig, EngineConfig, TalkerConfig, TextConfig, VocoderConfig
 from pipeline.errors import NotReady, UnknownVoice
 from pipeline.events import EngineEvents, EngineStats, GuardedEvents, NullEvents
 from pipeline.executor import StageExecutor
@@ -60,6 +60,7 @@ _DEFAULT_ENGINE = EngineConfig()
 _DEFAULT_TALKER = TalkerConfig()
 _DEFAULT_TEXT = TextConfig()
 _DEFAULT_VOCODER = VocoderConfig()
+_DEFAULT_ALONE = AloneConfig()
 
 
 class Engine:
@@ -76,6 +77,7 @@ class Engine:
         talker: TalkerConfig = _DEFAULT_TALKER,
         text: TextConfig = _DEFAULT_TEXT,
         vocoder: VocoderConfig = _DEFAULT_VOCODER,
+        alone: AloneConfig = _DEFAULT_ALONE,
         clock: Callable[[], float] = time.monotonic,
         events: EngineEvents | None = None,
     ) -> None:
@@ -93,6 +95,7 @@ class Engine:
         self._talker_config = talker
         self._text_config = text
         self._vocoder_config = vocoder
+        self._alone_config = alone
         self._chunking = chunking
         self._supervisor: asyncio.Task[None] | None = None
         self._stopping = False
@@ -132,6 +135,7 @@ class Engine:
             talker=talker,
             text=self._text_config,
             vocoder=self._vocoder_config,
+            alone=self._alone_config,
             backend=self._backend,
             max_pending_audio_s=engine.max_pending_audio_s,
             clock=self._clock,
@@ -147,7 +151,6 @@ class Engine:
             clock=self._clock,
             events=self._events,
             capacity_window_s=engine.capacity_window_s,
-            initial_capacity_audio_s_per_s=engine.initial_capacity_audio_s_per_s,
             urgent_stage=self.urgent_stage,
         )
         self.vocoder = Vocoder(
@@ -157,7 +160,6 @@ class Engine:
             clock=self._clock,
             events=self._events,
             capacity_window_s=engine.capacity_window_s,
-            initial_capacity_audio_s_per_s=engine.initial_capacity_audio_s_per_s,
             capacity=self._turn_capacity,
             extra_stages=self.extra_vocoder_stages,
         )

@@ -8,7 +8,7 @@ docs/engine.md, "A stream alone"):
 - the vocoder's workers decode a lone stream's next chunks side by side (work-ahead),
   and its last frames are cut evenly over them (the even tail);
 - the talker has the backend prepare its next sentence while it steps the current one;
-- its next segment is urgent only below `talker.alone_urgent_slack_s` of audio ahead;
+- its next segment is urgent only below `alone.urgent_slack_s` of audio ahead;
 - the talker runs ahead of it beside a busy vocoder (all its work is due, none is another
   stream's).
 """

@@ -43,7 +43,6 @@ class Talker:
         clock: Callable[[], float],
         events: EngineEvents,
         capacity_window_s: float,
-        initial_capacity_audio_s_per_s: float = 0.0,
         urgent_stage: StageExecutor | None = None,
     ) -> None:
         self._core = core
@@ -53,7 +52,7 @@ class Talker:
         self._clock = clock
         self._events = events
         self.wake = asyncio.Event()
-        self.rate = CapacityEstimate(capacity_window_s, initial_capacity_audio_s_per_s)
+        self.rate = CapacityEstimate(capacity_window_s)
         self.urgent_steps = 0  # talker calls run by the second lane
         self.idle_waits = 0  # times the loop found nothing to do and waited
         self.lanes_busy = 0  # talker calls running now

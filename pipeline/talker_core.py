@@ -18,7 +18,7 @@ Each plan:
    frames waiting for it sits out (the paced order);
 2. the chosen streams without an open segment get their next text segment opened (its
    request urgent while its stream has less than `talker.urgent_slack_s` of audio ahead,
-   `talker.alone_urgent_slack_s` for a stream alone: pipeline/load.py);
+   `alone.urgent_slack_s` for a stream alone: pipeline/load.py);
 3. a stream alone whose segment is opened has its next one prepared by the backend
    (`capabilities.prepares_segments`) while this one is stepped;
 4. segments of streams that ended are closed first (orphans).

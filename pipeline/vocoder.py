@@ -37,7 +37,6 @@ class Vocoder:
         clock: Callable[[], float],
         events: EngineEvents,
         capacity_window_s: float,
-        initial_capacity_audio_s_per_s: float = 0.0,
         capacity: Callable[[float], float] | None = None,
         extra_stages: Sequence[StageExecutor] = (),
     ) -> None:
@@ -51,9 +50,7 @@ class Vocoder:
         self._clock = clock
         self._events = events
         self.wake = asyncio.Event()
-        self.rate = CapacityEstimate(
-            capacity_window_s, initial_capacity_audio_s_per_s, workers=len(self._stages)
-        )
+        self.rate = CapacityEstimate(capacity_window_s, workers=len(self._stages))
         self.idle_waits = 0  # times a worker found nothing to do and waited
 
     @property

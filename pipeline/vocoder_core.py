@@ -17,9 +17,8 @@ The core keeps two sets incrementally, so that no turn scans every stream:
   (the talker then has the other core, and its frames are what the stream needs next).
   A worker takes one only when no stream is ready (work-conserving). A stream's chunks
   leave strictly in order: one decoded before an earlier one is held on its record
-  until that one is emitted. A stream alone with `chunking.solo_slack_s` of audio
-  buffered is planned wider chunks (`chunking.solo_chunk_frames`); once its text is all
-  talked its last frames are cut evenly over the workers (`chunking.even_tail`).
+  until that one is emitted. Once its text is all talked, its last frames are cut evenly
+  over the workers (`alone.even_tail`).
 
 Yielding to a first audio (`vocoder.yield_slack_s`, more than one worker): while a
 talker call or a vocode call that makes some stream's first audio runs, a worker whose
@@ -69,6 +68,7 @@ class VocoderCore:
         clock: Callable[[], float],
         workers: int = 1,
         work_ahead: bool = True,
+        even_tail: bool = True,
         yield_slack_s: float = 0.0,
         new_abort: Callable[[], AbortHandle] | None = None,
     ) -> None:
@@ -94,14 +94,7 @@ class VocoderCore:
         self._turns = 0  # vocode calls running now
         self.first_audio_work = 0  # talker or vocode calls making a first audio, running
         self._yielded = False  # a worker waits for them to end
-        chunking = planner.config
-        # solo chunks: a stream alone with this much audio buffered; None: off
-        self._solo_slack_s: float | None = (
-            chunking.solo_slack_s
-            if chunking.solo_chunk_frames > chunking.chunk_frames and self._max_in_flight > 1
-            else None
-        )
-        self._even_tail = chunking.even_tail
+        self._even_tail = even_tail
         self.turns = 0  # vocode calls whose outcome was applied
         self.yields = 0  # schedules that held a worker back for a first audio
         self.ahead_turns = 0  # plans of a chunk beside one in flight (work-ahead)
@@ -279,15 +272,12 @@ class VocoderCore:
             return None
         done = segment.done
         stream_done = done and record.talked_all and frames.is_last(segment)
-        alone = self._work_ahead(load)
-        solo = False
-        if alone and self._solo_slack_s is not None:
-            slack_s = self._scheduler.slack_s(stream_id, self._clock())
-            solo = slack_s is not None and slack_s >= self._solo_slack_s
         # a lone stream's last frames are cut evenly over the workers that decode them
-        split = self._max_in_flight if stream_done and self._even_tail and alone else 1
+        split = 1
+        if stream_done and self._even_tail and self._work_ahead(load):
+            split = self._max_in_flight
         return self.planner.next_chunk(
-            stream_id, segment.available_frames, done, stream_done, solo, split
+            stream_id, segment.available_frames, done, stream_done, split
         )
 
     # The outcome.
@@ -410,18 +400,6 @@ class VocoderCore:
         if self._ahead and any(stream_id in self._ahead for stream_id in stream_ids):
             self._wake()
 
-    def playback_moved(self, record: StreamRecord) -> None:
-        """An ack moved the stream's horizon: a solo chunk may (not) fit now."""
-        if self._solo_slack_s is not None:
-            self._mark_dirty(record)
-
-    def alone_changed(self) -> None:
-        """A stream came or went and that changed whether a stream is alone: re-plan the
-        streams, whose chunk sizes depend on it (solo chunks)."""
-        if self._solo_slack_s is not None:
-            for record in self._table.records.values():
-                self._mark_dirty(record)
-
     def first_audio_started(self) -> None:
         self.first_audio_work += 1
 
@@ -446,8 +424,6 @@ class VocoderCore:
                 entry.abort()
         record.in_flight.clear()
         self.planner.forget(stream_id)
-        if len(self._table) == 1:
-            self.alone_changed()  # the stream left is alone now
         self._wake()  # under fifo its slot is free now
 
 

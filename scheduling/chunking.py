@@ -12,10 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from scheduling.errors import ConfigError
 from scheduling.policies import PolicyName
 from scheduling.scheduler import SchedulingConfig
-from scheduling.validation import check_bool, check_int, check_int_list, check_non_negative
+from scheduling.validation import check_int, check_int_list
 
 _log = logging.getLogger(__name__)
 
@@ -30,36 +29,17 @@ class ChunkingConfig:
     ramp: Sequence[int] = ()  # sizes of the first len(ramp) chunks; stored as a tuple
     left_context_frames: int = 0  # frames before a chunk decoded with it, then trimmed
     right_context_frames: int = 0  # lookahead frames decoded with a chunk, then trimmed
-    # steady size of a chunk planned with next_chunk(solo=True); 0 = chunk_frames. The
-    # engine asks for one for a stream alone on the vocoder with `solo_slack_s` or more
-    # of audio buffered: fewer context frames decoded per second of audio.
-    solo_chunk_frames: int = 0
-    solo_slack_s: float = 1.0
-    # the engine asks next_chunk(split=workers) for a stream alone on several vocoder
-    # workers once its text is all talked: its last chunks are cut evenly over them
-    even_tail: bool = False
 
     def __post_init__(self) -> None:
         check_int("chunk_frames", self.chunk_frames, 1)
         object.__setattr__(self, "ramp", check_int_list("ramp", self.ramp, 1))
         check_int("left_context_frames", self.left_context_frames, 0)
         check_int("right_context_frames", self.right_context_frames, 0)
-        check_int("solo_chunk_frames", self.solo_chunk_frames, 0)
-        if 0 < self.solo_chunk_frames < self.chunk_frames:
-            raise ConfigError(
-                f"solo_chunk_frames must be 0 or >= chunk_frames ({self.chunk_frames}), "
-                f"got {self.solo_chunk_frames}"
-            )
-        check_non_negative("solo_slack_s", self.solo_slack_s)
-        check_bool("even_tail", self.even_tail)
 
-    def target_frames(self, chunk_index: int, solo: bool = False) -> int:
-        """New frames chunk `chunk_index` of a stream aims for (counted across segments);
-        `solo`: `solo_chunk_frames` instead of `chunk_frames` past the ramp."""
+    def target_frames(self, chunk_index: int) -> int:
+        """New frames chunk `chunk_index` of a stream aims for (counted across segments)."""
         if chunk_index < len(self.ramp):
             return self.ramp[chunk_index]
-        if solo and self.solo_chunk_frames:
-            return self.solo_chunk_frames
         return self.chunk_frames
 
     @property
@@ -197,17 +177,13 @@ class ChunkPlanner:
         available_frames: int,
         segment_done: bool,
         stream_done: bool,
-        solo: bool = False,
         split: int = 1,
     ) -> Chunk | None:
         """The next chunk of the current segment, or None while it must wait.
 
         `available_frames` counts the current segment's frames so far; `segment_done` says
         no more will come for it, `stream_done` that it is the stream's last segment.
-        `solo`: a steady chunk aims for `solo_chunk_frames` (when set) instead of
-        `chunk_frames` while the segment has at least that plus `chunk_frames` unsent (so
-        that a chunk is left for a second worker: the segment's tail is cut plain); the
-        ramp is unchanged. `split` > 1: the stream's chunks decode that many at a time (a
+        `split` > 1: the stream's chunks decode that many at a time (a
         lone stream on that many vocoder workers); once its last segment is all talked, the
         frames it has left past the ramp (and the first chunk) are cut into chunks of
         near-equal size, as many as plain chunks would be rounded down to a multiple of
@@ -228,9 +204,7 @@ class ChunkPlanner:
             )
         config = self._config
         unsent = available_frames - sent
-        if solo:
-            solo = unsent >= config.solo_chunk_frames + config.chunk_frames
-        target = config.target_frames(progress.planned_chunks, solo)
+        target = config.target_frames(progress.planned_chunks)
         if (
             split > 1
             and not progress.tail_chunks

@@ -10,7 +10,14 @@ import pytest
 
 from pipeline.backend import Backend
 from pipeline.backends.sim import SimBackend
-from pipeline.config import EngineConfig, SimConfig, TalkerConfig, TextConfig, VocoderConfig
+from pipeline.config import (
+    AloneConfig,
+    EngineConfig,
+    SimConfig,
+    TalkerConfig,
+    TextConfig,
+    VocoderConfig,
+)
 from pipeline.engine import Engine, EngineEvents
 from pipeline.stream import Stream
 from scheduling import AdmissionConfig, ChunkingConfig, SchedulingConfig
@@ -60,6 +67,7 @@ async def make_engine() -> AsyncIterator[EngineFactory]:
         text: TextConfig | None = None,
         events: EngineEvents | None = None,
         vocoder: VocoderConfig | None = None,
+        alone: AloneConfig | None = None,
     ) -> Engine:
         built = Engine(
             backend or SimBackend(FAST_SIM),
@@ -72,6 +80,7 @@ async def make_engine() -> AsyncIterator[EngineFactory]:
             talker=talker or TalkerConfig(high_water_s=3600.0),
             text=text or TextConfig(),
             vocoder=vocoder or VocoderConfig(),
+            alone=alone or AloneConfig(),
             events=events,
         )
         await built.start()

@@ -39,7 +39,7 @@ from pipeline.backends import (
     unregister,
 )
 from pipeline.backends.sim import SimBackend, SimSegment, decode_sim_signal, expected_frames
-from pipeline.config import BackendConfig, SimConfig, TalkerConfig, VocoderConfig
+from pipeline.config import AloneConfig, BackendConfig, SimConfig, TalkerConfig, VocoderConfig
 from scheduling.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -154,10 +154,9 @@ async def _serve(
     engine = await make_engine(
         backend,
         window=1,
-        vocoder=VocoderConfig(workers=2, work_ahead_streams=1),
-        talker=TalkerConfig(
-            high_water_s=3600.0, batch=8, urgent_lane=True, prepare_ahead_streams=1
-        ),
+        vocoder=VocoderConfig(workers=2),
+        alone=AloneConfig(work_ahead=True, prepare_next=True),
+        talker=TalkerConfig(high_water_s=3600.0, batch=8, urgent_lane=True),
     )
     streams = [engine.submit(text, voice="sim") for text in texts]
     pcms = await asyncio.gather(*(read_all(stream) for stream in streams))
@@ -198,7 +197,7 @@ async def test_vocoder_workers_only_where_vocode_calls_may_overlap(
 async def test_segments_are_prepared_only_where_claimed(
     tiny: BackendEntry, make_engine: EngineFactory, on: bool
 ) -> None:
-    """talker.prepare_ahead_streams 1, a lone stream of three sentences: its next segment
+    """alone.prepare_next, a lone stream of three sentences: its next segment
     is handed to prepare_segment only where the backend claims prepares_segments."""
     backend, engine = await _serve(make_engine, ("prepares_segments",) if on else (), [TEXT])
     if on:

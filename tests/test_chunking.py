@@ -103,31 +103,6 @@ def test_ramp_counts_chunks_across_segments_not_per_segment():
     assert spans(drain(p, "s", 12, True, True)) == [(0, 4), (4, 12)]  # chunks 2 and 3
 
 
-def test_a_solo_chunk_aims_for_solo_chunk_frames_past_the_ramp():
-    """next_chunk(solo=True): the steady target is solo_chunk_frames while the segment
-    has that plus a plain chunk unsent (a chunk left for a second worker); the ramp, the
-    context and the wait for lookahead are as for any chunk."""
-    config = ChunkingConfig(chunk_frames=4, ramp=(2,), right_context_frames=1, solo_chunk_frames=10)
-    assert [config.target_frames(i, solo=True) for i in range(3)] == [2, 10, 10]
-    assert [config.target_frames(i) for i in range(3)] == [2, 4, 4]
-    p = ChunkPlanner(config)
-    first = p.next_chunk("s", 30, False, False, solo=True)
-    assert first == Chunk(0, 2, 0, 3, 0, False, False)  # the ramp's first chunk
-    p.commit("s", first)
-    # 13 unsent: under 10 + 4, so a plain chunk
-    assert p.next_chunk("s", 15, False, False, solo=True) == Chunk(2, 6, 2, 7, 0, False, False)
-    solo = p.next_chunk("s", 16, False, False, solo=True)  # 14 unsent
-    assert solo == Chunk(2, 12, 2, 13, 0, False, False)
-    plain = p.next_chunk("s", 16, False, False)  # asked again, not solo: a plain chunk
-    assert plain == Chunk(2, 6, 2, 7, 0, False, False)
-    p.take("s", p.next_chunk("s", 16, False, False, solo=True))  # the solo chunk again
-    # the segment's tail, 4 frames after the solo chunk and done: plain
-    assert p.next_chunk("s", 16, True, True, solo=True) == Chunk(12, 16, 12, 16, 0, True, True)
-    # solo_chunk_frames 0: solo changes nothing
-    off = ChunkPlanner(ChunkingConfig(chunk_frames=4))
-    assert off.next_chunk("s", 30, False, False, solo=True) == Chunk(0, 4, 0, 4, 0, False, False)
-
-
 def test_a_split_cuts_the_last_segment_evenly_over_the_workers():
     """next_chunk(split=2), once the stream's last segment is done and past the ramp: as
     many chunks as plain ones would be, rounded down to a multiple of 2, of near-equal

@@ -24,7 +24,7 @@ from benchmarks.loadgen import load_corpus
 from benchmarks.simulate import Arrival, run_script
 from benchmarks.virtual_time import SpentTime, VirtualStage, VirtualTimeLoop, virtual_stages
 from pipeline.backends.sim import SimBackend, decode_sim_signal
-from pipeline.config import EngineConfig, SimConfig, TalkerConfig, VocoderConfig
+from pipeline.config import AloneConfig, EngineConfig, SimConfig, TalkerConfig, VocoderConfig
 from pipeline.engine import Engine
 from pipeline.errors import Rejected, StreamCancelled
 from pipeline.events import NullEvents
@@ -134,6 +134,8 @@ async def _drive(
         engine=setup.engine,
         talker=setup.talker,
         text=setup.text,
+        vocoder=setup.vocoder,
+        alone=setup.alone,
         clock=loop.time,
         events=events,
     )
@@ -281,7 +283,7 @@ def test_a_simulator_with_another_talker_order_is_caught(
 
 
 # A lone request on a Piper-like sim backend: two vocoder workers (work-ahead, the even
-# tail, solo chunks, yielding to a first audio) and its next segment prepared.
+# tail, yielding to a first audio) and its next segment prepared.
 LONE = replace(
     SETUP,
     chunking=ChunkingConfig(
@@ -289,11 +291,10 @@ LONE = replace(
         ramp=(3, 4),
         left_context_frames=1,
         right_context_frames=1,
-        solo_chunk_frames=12,
-        solo_slack_s=0.5,
     ),
     admission=AdmissionConfig(enabled=False),
-    talker=TalkerConfig(batch=2, high_water_s=3.0, urgent_slack_s=1.0, alone_urgent_slack_s=0.3),
+    talker=TalkerConfig(batch=2, high_water_s=3.0, urgent_slack_s=1.0),
+    alone=AloneConfig(urgent_slack_s=0.3),
     vocoder=VocoderConfig(workers=2, yield_slack_s=0.5),
     sim=replace(SETUP.sim, concurrent_vocode_calls=True, prepares_segments=True),
 )
@@ -315,14 +316,14 @@ def lone_script(seed: int) -> list[Arrival]:
 
 @pytest.mark.parametrize("seed", [3, 4])
 def test_a_lone_request_is_decided_alike(seed: int) -> None:
-    """Work-ahead over two workers, the even tail, solo chunks, the next segment
+    """Work-ahead over two workers, the even tail, the next segment
     prepared, a yield to a newcomer's first audio, a cancel: the same decisions."""
     arrivals = lone_script(seed)
     engine = run_engine(LONE, arrivals)
     simulator = run_simulator(LONE, arrivals)
     assert_same(engine, simulator)
     # the workload exercises what it is for: two chunks of one stream decoded at once
-    # (work-ahead), a solo chunk, the even tail's split of the last frames
+    # (work-ahead), a worker yielding, a segment prepared
     assert engine.ahead_turns > 0, "no chunk was decoded beside another of its stream"
     assert engine.yields > 0, "no worker yielded to a first audio"
     assert (engine.ahead_turns, engine.yields, engine.prepared_opens) == (
@@ -330,8 +331,6 @@ def test_a_lone_request_is_decided_alike(seed: int) -> None:
         simulator.yields,
         simulator.prepared_opens,
     )
-    sizes = [size for chunks in engine.chunks.values() for size in chunks]
-    assert LONE.chunking.solo_chunk_frames in sizes
     assert engine.prepared_opens > 0
 
 

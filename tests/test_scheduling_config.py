@@ -114,12 +114,6 @@ def test_scheduling_config_accepts_edges():
         ({"chunk_frames": 4, "left_context_frames": 0.5}, "left_context_frames"),
         ({"chunk_frames": 4, "right_context_frames": -1}, "right_context_frames"),
         ({"chunk_frames": 4, "right_context_frames": False}, "right_context_frames"),
-        ({"chunk_frames": 4, "solo_chunk_frames": -1}, "solo_chunk_frames"),
-        ({"chunk_frames": 4, "solo_chunk_frames": 3}, "solo_chunk_frames"),  # < chunk_frames
-        ({"chunk_frames": 4, "solo_chunk_frames": 8.0}, "solo_chunk_frames"),
-        ({"chunk_frames": 4, "solo_slack_s": -0.5}, "solo_slack_s"),
-        ({"chunk_frames": 4, "solo_slack_s": math.inf}, "solo_slack_s"),
-        ({"chunk_frames": 4, "solo_slack_s": None}, "solo_slack_s"),
     ],
 )
 def test_chunking_config_rejects(kwargs, field):

@@ -85,9 +85,6 @@ def test_default_yaml_loads_as_the_piper_deployment():
         ramp=(8, 16, 32),
         left_context_frames=8,
         right_context_frames=8,
-        solo_chunk_frames=128,
-        solo_slack_s=1.0,
-        even_tail=True,
     )
     assert settings.chunking == DEFAULT_CHUNKING
     assert settings.admission.enabled is True
@@ -252,7 +249,8 @@ SECTION_RULES = [
     ("piper", "ort_graph_optimization: fast", "piper.ort_graph_optimization"),
     ("piper", "ort_cpu_arena: sometimes", "piper.ort_cpu_arena"),
     ("piper", "flow_context_frames: -1", "piper.flow_context_frames"),
-    ("talker", "prepare_ahead_streams: -1", "talker.prepare_ahead_streams"),
+    ("alone", "prepare_next: maybe", "alone.prepare_next"),
+    ("alone", "urgent_slack_s: -1", "alone.urgent_slack_s"),
     ("piper", "vocoder_trim: maybe", "piper.vocoder_trim"),
     ("piper", "flow_first_chunk_frames: 600", "piper.flow_max_chunk_frames"),
     ("piper", "talker_intra_op_threads: 0", "piper.talker_intra_op_threads"),
@@ -260,7 +258,6 @@ SECTION_RULES = [
     ("talker", "high_water_s: .nan", "talker.high_water_s"),
     ("piper", "vocoder_intra_op_threads: two", "piper.vocoder_intra_op_threads"),
     ("engine", "max_pending_audio_s: -1", "engine.max_pending_audio_s"),
-    ("engine", "initial_capacity_audio_s_per_s: -0.5", "engine.initial_capacity_audio_s_per_s"),
     ("chunking", "chunk_frames: 0", "chunking.chunk_frames"),
     ("chunking", "chunk_frames: lots", "chunking.chunk_frames"),
     ("chunking", "ramp: [8, x]", "chunking.ramp[1]"),

@@ -59,9 +59,8 @@ LONG_TEXT = (
 def settings() -> Settings:
     """Noise scales 0, and the two choices that follow the stream's timing pinned, so that
     the same request gives the same bytes: every segment urgent (its flow in the same
-    chunks whenever it is opened) and no solo chunks (a lone stream's steady chunks would
-    widen once its player has a second buffered, a moment that moves with the machine's
-    load). Both change the audio only within float noise of the whole flow and decode."""
+    chunks whenever it is opened), which changes the audio only within float noise of the
+    whole flow."""
     return load_settings(
         ROOT / "configs" / "default.yaml",
         [
@@ -69,8 +68,7 @@ def settings() -> Settings:
             "piper.noise_scale=0",
             "piper.noise_w=0",
             "talker.urgent_slack_s=1000000.0",
-            "talker.alone_urgent_slack_s=1000000.0",
-            "chunking.solo_chunk_frames=0",
+            "alone.urgent_slack_s=1000000.0",
         ],
         environ={},
     )
