@@ -367,6 +367,10 @@ MOVED = [
     ("talker.first_segment_chars", "80", "text.first_segment_chars"),
     ("talker.intra_op_threads", "2", "piper.talker_intra_op_threads"),
     ("vocoder.intra_op_threads", "2", "piper.vocoder_intra_op_threads"),
+    ("vocoder.work_ahead_streams", "1", "alone.work_ahead (true or false)"),
+    ("talker.prepare_ahead_streams", "1", "alone.prepare_next (true or false)"),
+    ("talker.alone_urgent_slack_s", "0.5", "alone.urgent_slack_s"),
+    ("chunking.even_tail", "false", "alone.even_tail"),
 ]
 
 
@@ -378,15 +382,22 @@ def test_a_moved_field_names_its_new_place_in_file_environment_and_set(tmp_path,
     variable = f"PLAYHEAD_{section.upper()}__{field.upper()}"
     assert error_of(None, environ={variable: value}) == f"{variable}: {old} moved to {new}"
     assert error_of(None, [f"{old}={value}"]) == f"--set: {old} moved to {new}"
-    # and at its new place it loads
-    new_section, new_field = new.split(".")
-    settings = load_settings(None, [f"{new}={value}"], environ={})
-    assert getattr(getattr(settings, new_section), new_field) == int(value)
+    # and at its new place it loads (a count that became a switch: as true)
+    new_section, new_field = new.split(" ")[0].split(".")
+    loaded = "true" if new.endswith("(true or false)") else value
+    settings = load_settings(None, [f"{new_section}.{new_field}={loaded}"], environ={})
+    assert getattr(getattr(settings, new_section), new_field) == yaml.safe_load(loaded)
 
 
 @pytest.mark.parametrize(
     ("old", "instead"),
-    [("chunking.initial_chunk_frames", "chunking.ramp"), ("piper.solo_threads", "solo sessions")],
+    [
+        ("chunking.initial_chunk_frames", "chunking.ramp"),
+        ("piper.solo_threads", "solo sessions"),
+        ("chunking.solo_chunk_frames", "neutral"),
+        ("chunking.solo_slack_s", "neutral"),
+        ("engine.initial_capacity_audio_s_per_s", "calibration"),
+    ],
 )
 def test_a_removed_field_says_so(tmp_path, old, instead):
     section, field = old.split(".")
