@@ -33,6 +33,7 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -155,7 +156,6 @@ class TalkerCore:
         first_chunk_s: float,
         events: EngineEvents,
         wake: Callable[[], None],
-        clock: Callable[[], float],
         prepares: bool = False,
         urgent_slack_s: float = float("inf"),
         alone_urgent_slack_s: float | None = None,
@@ -170,7 +170,6 @@ class TalkerCore:
         self._paced_order = order.paced()
         self._events = events
         self._wake = wake
-        self._clock = clock
         self._prepares = prepares
         self._urgent_slack_s = urgent_slack_s
         self._alone_urgent_slack_s = (
@@ -254,7 +253,7 @@ class TalkerCore:
             if record.talking is not None:
                 batch.append(record.talking)
                 continue
-            batch.append(self.open_segment(record, load))
+            batch.append(self.open_segment(record, load, now_s))
             if self._prepares and load.alone and record.text:
                 # its next sentence is encoded on the core its first chunks leave idle
                 request = record.talk_request(record.text[0], record.next_segment, urgent=False)
@@ -271,7 +270,7 @@ class TalkerCore:
             self._events.talker_step(step_ids)
         return TalkPlan(step_ids, batch, orphans, prepare, first)
 
-    def open_segment(self, record: StreamRecord, load: Load) -> OpenSegment:
+    def open_segment(self, record: StreamRecord, load: Load, now_s: float) -> OpenSegment:
         """The talker takes the stream's next text segment."""
         text = record.text.popleft()
         # a preparation of this segment ends here for the core, whatever its own end: the
@@ -279,18 +278,18 @@ class TalkerCore:
         record.preparing = None
         index = record.next_segment
         record.next_segment += 1
-        request = record.talk_request(text, index, urgent=self._urgent(record, load))
+        request = record.talk_request(text, index, urgent=self._urgent(record, load, now_s))
         opened = OpenSegment(record, record.frames.open_segment(index), request)
         record.talking = opened
         if record.stream.state is StreamState.QUEUED:
             record.stream.state = StreamState.TALKING
         return opened
 
-    def _urgent(self, record: StreamRecord, load: Load) -> bool:
+    def _urgent(self, record: StreamRecord, load: Load, now_s: float) -> bool:
         """The stream's player needs its next frames soon: no audio made yet, or less than
         the urgent slack of audio ahead of it (in the player, and talked not yet vocoded:
         before its first audio is sent, only the latter)."""
-        slack_s = self._scheduler.slack_s(record.stream.id, self._clock())
+        slack_s = self._scheduler.slack_s(record.stream.id, now_s)
         queued_s = record.queued_audio_s
         if slack_s is None:  # no audio sent yet: urgent unless the talker made some already
             if queued_s <= 0.0:
@@ -467,7 +466,7 @@ class TalkerCore:
                 self._orphan(opened)  # else its call's update hands it over
 
 
-class VocoderSide:
+class VocoderSide(Protocol):
     """What the talker core asks of the vocoder core (pipeline/vocoder_core.py)."""
 
     def idle(self, load: Load, pace_on_full_workers: bool) -> bool: ...

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, KeysView
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -65,7 +66,6 @@ class VocoderCore:
         left_context_frames: int,
         events: EngineEvents,
         wake: Callable[[], None],
-        clock: Callable[[], float],
         workers: int = 1,
         work_ahead: bool = True,
         even_tail: bool = True,
@@ -81,7 +81,6 @@ class VocoderCore:
         self._left_context_frames = left_context_frames
         self._events = events
         self._wake = wake
-        self._clock = clock
         self._workers = max(1, workers)
         self._max_in_flight = self._workers if work_ahead else 1
         self._yield_slack_s = yield_slack_s if self._workers > 1 else 0.0
@@ -366,9 +365,10 @@ class VocoderCore:
         """The chunk left (or, empty, needed no decode): advance the planner, free frames."""
         stream_id = record.stream.id
         self.planner.commit(stream_id, chunk)
+        # its chunk ahead, if any, is planned again from here (refresh)
+        self._ahead.pop(stream_id, None)
         if not record.in_flight:
             self._vocoding.discard(stream_id)
-            self._ahead.pop(stream_id, None)
         frames = record.frames
         frames.emitted(chunk.stop - chunk.start, free_before=chunk.stop - self._left_context_frames)
         record.chunk = None
@@ -424,10 +424,14 @@ class VocoderCore:
                 entry.abort()
         record.in_flight.clear()
         self.planner.forget(stream_id)
+        if self._max_in_flight > 1 and len(self._table) == 1:
+            # the stream left is alone now: its next chunk may be decoded ahead
+            for other in self._table.records.values():
+                self._mark_dirty(other)
         self._wake()  # under fifo its slot is free now
 
 
-class TalkerSide:
+class TalkerSide(Protocol):
     """What the vocoder core tells the talker core (pipeline/talker_core.py)."""
 
     def vocoder_progressed(self) -> None: ...
@@ -435,7 +439,9 @@ class TalkerSide:
     def audio_sent(self, record: StreamRecord, first: bool) -> None: ...
 
 
-class _NoTalker(TalkerSide):
+class _NoTalker:
+    """Until the book connects the talker core."""
+
     def vocoder_progressed(self) -> None:
         return None
 
