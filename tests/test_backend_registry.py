@@ -202,9 +202,9 @@ async def test_segments_are_prepared_only_where_claimed(
     is handed to prepare_segment only where the backend claims prepares_segments."""
     backend, engine = await _serve(make_engine, ("prepares_segments",) if on else (), [TEXT])
     if on:
-        assert backend.prepares > 0 and engine.talker.prepares == backend.prepares
+        assert backend.prepares > 0 and engine.book.talker.prepares == backend.prepares
     else:
-        assert backend.prepares == 0 and backend.drops == 0 and engine.talker.prepares == 0
+        assert backend.prepares == 0 and backend.drops == 0 and engine.book.talker.prepares == 0
 
 
 @pytest.mark.parametrize("on", [False, True])
