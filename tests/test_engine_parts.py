@@ -5,7 +5,7 @@ solo chunks, chunks ahead of a lone stream)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from functools import partial
 from typing import Any
@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pipeline.backend import TalkRequest
-from pipeline.backends.sim import SimBackend
+from pipeline.backend import TalkRequest, TalkStep
+from pipeline.backends.sim import SimBackend, SimSegment
 from pipeline.book import StreamBook, Wakes
 from pipeline.config import SimConfig, TalkerConfig, TextConfig
 from pipeline.events import NullEvents
@@ -323,10 +323,26 @@ def test_a_stream_alone_with_a_second_buffered_is_planned_solo_chunks() -> None:
     assert alone.frames.emitted_frames == 35
 
 
+class _PausingSim(SimBackend):
+    """The sim backend at no cost whose next `pauses` steps make no frames (a step may
+    hold none: `TalkStep.frames`)."""
+
+    def __init__(self, config: SimConfig) -> None:
+        super().__init__(config, sleep=lambda _s: None)
+        self.pauses = 0
+
+    def step(self, segments: Sequence[SimSegment]) -> list[TalkStep]:
+        if self.pauses:
+            self.pauses -= 1
+            return [TalkStep(np.empty((0, 2), dtype=np.int64), False) for _ in segments]
+        return super().step(segments)
+
+
 def test_no_chunk_ahead_of_a_lone_stream_while_its_talker_step_runs() -> None:
     """A lone stream whose chunk is being decoded offers its next chunk (`ahead_ids`) to a
-    second worker only while no talker call steps it; the call's end wakes the vocoder,
-    whose free worker then takes it."""
+    second worker only while no talker call steps it; the call's end wakes the vocoder
+    (once: this step made no frames, so nothing else does), whose free worker then takes
+    it."""
     vocoder_wakes: list[None] = []
     book = _fake_clock_book(
         [100.0],
@@ -334,7 +350,7 @@ def test_no_chunk_ahead_of_a_lone_stream_while_its_talker_step_runs() -> None:
         lambda: vocoder_wakes.append(None),
         vocoder_workers=2,
     )
-    backend = _sim(12)
+    backend = _PausingSim(SimConfig(talker_frames_per_step=12))
     voice = backend.voices()[0]
     stream = book.add_stream(voice, speed=1.0, now_s=100.0)
     book.add_text(stream.id, "one two three four five six seven eight nine ten", final=True)
@@ -353,18 +369,23 @@ def test_no_chunk_ahead_of_a_lone_stream_while_its_talker_step_runs() -> None:
     assert talking is not None and talking.stream_ids == (stream.id,)
     assert stream.id not in vocoder.ahead_ids(book.load())
     assert vocoder.schedule(100.0) is None  # the free worker takes nothing
+    backend.pauses = 1
     outcome = run_talk(backend, talking, _prepared_nothing)
+    assert len(outcome.results[0].frames) == 0
     vocoder_wakes.clear()
     book.talker.update(talking, outcome, 100.0)
-    assert vocoder_wakes  # the call's end woke the vocoder
+    assert len(vocoder_wakes) == 1  # the call's end woke the vocoder
     ahead = vocoder.schedule(100.0)
     assert _one(ahead, record) == 4  # the chunk after the one in flight: two in flight now
-    assert ahead is not None and ahead.batch[0][1].start == second.batch[0][1].stop
+    assert second is not None and ahead is not None
+    assert ahead.batch[0][1].start == second.batch[0][1].stop
     assert len(record.in_flight) == 2
     _vocode(book, backend, ahead, 100.0)  # decoded first: held until the one before it
     assert record.frames.emitted_frames == 4
     _vocode(book, backend, second, 100.0)
     assert record.frames.emitted_frames == 12 and not record.in_flight
+    _talk(book, backend, 100.0)  # its steps make frames again
+    assert record.frames.produced_frames == 24
 
 
 class _PreparingSim(SimBackend):
@@ -449,3 +470,48 @@ def test_no_chunk_ahead_of_a_lone_stream_while_its_next_segment_is_prepared() ->
     assert plan.prepare == [] and record.preparing is None
     backend.preparations[3].set_result(None)
     assert record.preparing is None
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="pipeline/vocoder_core.py _commit clears record.chunk but keeps the stream in the "
+    "ahead set while chunks of it are still in flight; refresh skips re-planning it while "
+    "the stream is not alone, so once it is alone again ahead_ids offers it with no chunk "
+    "(and VocoderCore.schedule fails its assert)",
+)
+def test_a_stream_offered_ahead_has_its_chunk_after_another_stream_came_and_went() -> None:
+    """Three workers: a lone stream has two chunks in flight and its third planned ahead;
+    another stream arrives (not alone: no chunk ahead), one of the first stream's chunks
+    is sent, the other stream is cancelled (alone again). A stream offered ahead then has
+    its chunk planned, and the stream's audio all leaves, in order."""
+    book = _fake_clock_book([100.0], ChunkingConfig(chunk_frames=4), vocoder_workers=3)
+    backend = _sim(40)
+    voice = backend.voices()[0]
+    stream = book.add_stream(voice, speed=1.0, now_s=100.0)
+    book.add_text(stream.id, "one two three four five six seven eight nine ten", final=True)
+    record = book.record(stream.id)
+    assert record is not None
+    _talk(book, backend, 100.0)  # all 40 frames
+    vocoder = book.vocoder
+    first = vocoder.schedule(100.0)
+    _vocode(book, backend, first, 100.0)  # its first audio, decoded alone
+    turns = [vocoder.schedule(100.0), vocoder.schedule(100.0)]  # two workers, side by side
+    assert [_one(turn, record) for turn in turns] == [4, 4]
+    vocoder.refresh(book.load())
+    assert stream.id in vocoder.ahead_ids(book.load())  # a third worker may take the next
+    other = book.add_stream(voice, speed=1.0, now_s=100.0)
+    assert not vocoder.ahead_ids(book.load())
+    _vocode(book, backend, turns[0], 100.0)
+    vocoder.refresh(book.load())
+    book.cancel(other.id)
+    vocoder.refresh(book.load())
+    # offered ahead only with its chunk planned
+    assert stream.id not in vocoder.ahead_ids(book.load()) or record.chunk is not None
+    _vocode(book, backend, turns[1], 100.0)
+    while (plan := vocoder.schedule(100.0)) is not None:
+        _vocode(book, backend, plan, 100.0)
+    assert book.record(stream.id) is None  # all sent
+    assert stream.stats.audio_s == pytest.approx(
+        40 * voice.samples_per_frame / voice.sample_rate_hz
+    )

@@ -488,3 +488,43 @@ async def test_a_worker_with_a_buffered_stream_waits_for_a_first_audio(
     _check(pcms[1], TEXTS[0])
     assert engine.book.vocoder.first_audio_work == 0
     assert len(engine.book) == 0
+
+
+async def test_no_chunk_ahead_while_another_stream_has_work_and_nothing_ready(
+    make_engine: EngineFactory,
+) -> None:
+    """Work-ahead is for a stream alone, and alone means no other stream has work, not
+    merely none with a chunk ready: stream 1, all talked, gets chunks ahead while alone;
+    once stream 2 arrives and its first talker step is held (no chunk of it is ready),
+    the workers go on with stream 1's chunks one at a time. Every frame still arrives."""
+    backend = HeldTalkSim(SLOW_VOCODER, held_tag=2)
+    engine = await make_engine(
+        backend,
+        window=1,
+        # no yielding to stream 2's first audio: the workers go on with stream 1
+        vocoder=VocoderConfig(workers=2, yield_slack_s=0.0),
+        talker=TalkerConfig(high_water_s=3600.0, batch=1, urgent_lane=False),
+    )
+    takes = _watch_takes(engine)
+    long_text = " ".join(TEXTS * 2)
+    playing = engine.submit(long_text, voice="sim")  # tag 1
+    reader = asyncio.create_task(read_all(playing))
+
+    def talked_all() -> bool:
+        record = engine.book.record(playing.id)
+        return record is not None and record.talked_all
+
+    await until(lambda: talked_all() and any(take[0] == 1 for take in takes))  # ahead alone
+    second = engine.submit(TEXTS[0], voice="sim")  # tag 2: held
+    await until(lambda: backend.holding == 1)
+    await asyncio.sleep(0.01)  # a turn in flight when it came ends
+    before = len(takes)
+    await asyncio.sleep(0.05)
+    during = takes[before:]
+    assert during, "stream 1 goes on"
+    assert all(take[0] == 0 and take[2] == 2 for take in during), during
+    backend.release.set()
+    pcms = await asyncio.gather(reader, read_all(second))
+    _check(pcms[0], long_text)
+    _check(pcms[1], TEXTS[0])
+    assert len(engine.book) == 0
