@@ -146,7 +146,9 @@ async def test_two_workers_decode_side_by_side(make_engine: EngineFactory) -> No
 async def test_a_second_chunk_of_a_stream_only_when_no_other_stream_is_ready(
     make_engine: EngineFactory,
 ) -> None:
-    """One long stream among short ones: alone at the end, it gets both workers."""
+    """One long stream among short ones: alone at the end, it gets both workers. (A
+    work_ahead_streams above 1 changes nothing now: only a stream alone works ahead, so no
+    other stream can be ready then; the test pins that the larger value is still safe.)"""
     texts = [LONE[0], *TEXTS[:5]]
     _, _, takes = await _run(make_engine, workers=2, texts=texts, work_ahead_streams=len(texts))
     assert any(take[0] == 1 for take in takes)  # it happened
@@ -480,7 +482,8 @@ async def test_a_worker_with_a_buffered_stream_waits_for_a_first_audio(
     await asyncio.sleep(0.1)
     assert (len(takes) == before) is waits
     assert (engine.vocoder.yields > 0) is waits
-    # counted while on (the core counts with one worker too: it yields only with more)
+    # counted whether or not workers yield (the core always counts; it yields only with
+    # yield_slack_s and more than one worker)
     assert engine.book.vocoder.first_audio_work == 1
     backend.release.set()
     pcms = await asyncio.gather(reader, read_all(second))
