@@ -23,8 +23,8 @@ from pipeline.backend import (
 from pipeline.backends.piper import PiperBackend, UnknownPiperVoice, bundled_model_path
 from pipeline.backends.piper.backend import FLOW_GROWTH, PiperSegment
 from pipeline.backends.piper.prepared import PREPARED_MAX
-from pipeline.book import StreamRecord
 from pipeline.config import PiperConfig, TalkerConfig, VocoderConfig
+from pipeline.vocoder_core import VocodePlan
 from scheduling import Chunk, ChunkingConfig, ChunkPlanner
 from tests.asr import transcribe, word_error_rate
 
@@ -360,15 +360,17 @@ async def _engine_pcm(
         vocoder=VocoderConfig(workers=workers, work_ahead_streams=work_ahead_streams),
         talker=TalkerConfig(high_water_s=3600.0, urgent_slack_s=1e9, alone_urgent_slack_s=1e9),
     )
-    book, ahead = engine.book, 0
-    start_vocoding = book.start_vocoding
+    core, ahead = engine.book.vocoder, 0
+    schedule = core.schedule
 
-    def watched(record: StreamRecord) -> None:
+    def watched(now_s: float) -> VocodePlan | None:
         nonlocal ahead
-        ahead += bool(record.in_flight)
-        start_vocoding(record)
+        plan = schedule(now_s)
+        for record, _ in plan.batch if plan is not None else ():
+            ahead += len(record.in_flight) > 1  # taken beside a chunk of it in flight
+        return plan
 
-    book.start_vocoding = watched  # type: ignore[method-assign]
+    core.schedule = watched  # type: ignore[method-assign]
     stream = engine.submit(ENGINE_TEXT, voice=VOICE)
     pcm = await read_all(stream)
     assert engine.traces(stream.id) == [] and len(engine.book) == 0
@@ -553,9 +555,9 @@ async def _prepared_stream(
     # last three is prepared while the one before it is talked. Whether the helper thread
     # had started one when the talker opened it depends on the OS (one it had not, the
     # talker does itself): that it is then taken is the backend tests' matter.
-    assert engine.talker.prepares == (3 if prepare_ahead_streams else 0)
-    assert backend.prepare_calls - calls == engine.talker.prepares
-    assert backend.prepared_used - used <= engine.talker.prepares
+    assert engine.book.talker.prepares == (3 if prepare_ahead_streams else 0)
+    assert backend.prepare_calls - calls == engine.book.talker.prepares
+    assert backend.prepared_used - used <= engine.book.talker.prepares
     return pcm
 
 
@@ -580,7 +582,7 @@ async def test_no_segment_is_prepared_while_more_streams_have_work(
     streams = [engine.submit(ENGINE_TEXT, voice=VOICE) for _ in range(2)]
     for stream in streams:
         assert (await read_all(stream)).size > 0
-    assert engine.talker.prepares == 0
+    assert engine.book.talker.prepares == 0
 
 
 async def test_a_second_stream_drops_what_is_prepared_for_the_first(
@@ -591,7 +593,7 @@ async def test_a_second_stream_drops_what_is_prepared_for_the_first(
     core while a talker lane waits for it). Both streams still get all their audio."""
     engine = await make_engine(backend, window=1)
     first = engine.submit(ENGINE_TEXT, voice=VOICE)
-    while engine.talker.prepares == 0:
+    while engine.book.talker.prepares == 0:
         await asyncio.sleep(0.001)
     second = engine.submit(ENGINE_TEXT, voice=VOICE)
     pcms = [await read_all(first), await read_all(second)]

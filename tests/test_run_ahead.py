@@ -10,14 +10,19 @@ what holds here holds for the engine's decisions:
   and the vocoder has no chunk waiting: under overload nobody runs ahead;
 - while the vocoder is busy, a stream with `talker.busy_max_queued_s` of frames waiting
   for it gets no step (broken on purpose, without the cap: the test fails); with the cap,
-  every worker decoding counts as busy, and a turn's end wakes the talker (broken on
-  purpose, either rule: the book-level test fails).
+  every worker decoding counts as busy, and a worker that ends its turn with nothing to
+  take wakes the talker (broken on purpose, either rule: the book-level test fails).
+
+The replica's talker decisions are watched at the talker core's `plan` (what its
+`schedule` calls), next to the book the replica built (`build_book`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
+from typing import Any
 
 import pytest
 
@@ -28,7 +33,8 @@ from pipeline.backends.sim import SimBackend
 from pipeline.book import StreamBook, Wakes
 from pipeline.config import EngineConfig, SimConfig, TalkerConfig, TextConfig
 from pipeline.events import NullEvents
-from pipeline.talker import talker_order
+from pipeline.load import Load
+from pipeline.talker_core import TalkerCore, run_talk, talker_order
 from pipeline.text import Segmenter, segment_options
 from scheduling import (
     AdmissionConfig,
@@ -36,7 +42,6 @@ from scheduling import (
     ChunkPlanner,
     PlaybackScheduler,
     SchedulingConfig,
-    TalkerOrderConfig,
     TalkerPlan,
     talker_key,
 )
@@ -67,6 +72,36 @@ def _long_text(chars: int = 4096) -> str:
             break
         text = f"{text} {line}".strip()
     return text
+
+
+# what a watched plan sees: the replica's book, the time, the load; its plan
+Watch = Callable[[StreamBook, float, Load, Callable[[], TalkerPlan]], TalkerPlan]
+
+
+def _watch_plans(monkeypatch: pytest.MonkeyPatch, watch: Watch) -> None:
+    """Every talker plan of the replicas run next goes through `watch(book, now_s, load,
+    plan)`, which calls `plan()` for the core's own decision and returns it."""
+    books: list[StreamBook] = []
+    build_book = sim_replica.build_book
+
+    def built(**options: Any) -> StreamBook:
+        book = build_book(**options)
+        books.append(book)
+        return book
+
+    core_plan = TalkerCore.plan
+
+    def watched(core: TalkerCore, now_s: float, load: Load) -> TalkerPlan:
+        (book,) = [book for book in books if book.talker is core]
+        return watch(book, now_s, load, lambda: core_plan(core, now_s, load))
+
+    monkeypatch.setattr(sim_replica, "build_book", built)
+    monkeypatch.setattr(TalkerCore, "plan", watched)
+
+
+def _vocoder_idle(book: StreamBook, load: Load) -> bool:
+    """The vocoder would leave a core idle, as the talker core asks it."""
+    return book.vocoder.idle(load, book.talker.order.busy_max_queued_s is not None)
 
 
 def _idle_run(run_ahead: bool) -> tuple[float, float]:
@@ -101,14 +136,18 @@ def test_under_overload_streams_under_the_mark_always_step_first(
     the vocoder had nothing waiting."""
     plans = {"run_ahead": 0, "paced": 0}
 
-    def checked(book: StreamBook, now_s: float, order: TalkerOrderConfig) -> TalkerPlan:
-        vocoder_idle = book._vocoder_idle()
-        plan = book.plan_talker(now_s, order)
-        candidates = {c.stream_id: c for c in book.talker_candidates()}
+    def checked(
+        book: StreamBook, now_s: float, load: Load, plan_talker: Callable[[], TalkerPlan]
+    ) -> TalkerPlan:
+        vocoder_idle = _vocoder_idle(book, load)
+        plan = plan_talker()
+        order = book.talker.order
+        candidates = {c.stream_id: c for c in book.talker.candidates()}  # parked ones out
+        records = book.table.records
         under = [
             sid
             for sid, c in candidates.items()
-            if talker_key(c, now_s, order) is not None and not book._busy(sid)
+            if talker_key(c, now_s, order) is not None and not records[sid].stepping
         ]
         above = [sid for sid in plan.step_ids if talker_key(candidates[sid], now_s, order) is None]
         if above:
@@ -119,7 +158,7 @@ def test_under_overload_streams_under_the_mark_always_step_first(
             plans["paced"] += 1
         return plan
 
-    monkeypatch.setattr(sim_replica, "plan_talker", checked)
+    _watch_plans(monkeypatch, checked)
     texts = load_corpus()
     # an overload (18 streams at once, ~2 x C), then one more every 1.5 s for a minute:
     # under the overload nobody runs ahead; as it drains, steps run ahead between arrivals
@@ -137,10 +176,12 @@ def _queued_when_stepped_busy(
     stream stepped while the vocoder was busy had, the most any stream had at any plan)."""
     seen = {"stepped_busy": 0.0, "any": 0.0}
 
-    def checked(book: StreamBook, now_s: float, order: TalkerOrderConfig) -> TalkerPlan:
-        busy = not book._vocoder_idle()
-        plan = book.plan_talker(now_s, order)
-        queued = {c.stream_id: c.queued_audio_s for c in book.talker_candidates()}
+    def checked(
+        book: StreamBook, now_s: float, load: Load, plan_talker: Callable[[], TalkerPlan]
+    ) -> TalkerPlan:
+        busy = not _vocoder_idle(book, load)
+        plan = plan_talker()
+        queued = {c.stream_id: c.queued_audio_s for c in book.talker.candidates()}
         if queued:
             seen["any"] = max(seen["any"], *queued.values())
         if busy:
@@ -148,7 +189,7 @@ def _queued_when_stepped_busy(
                 seen["stepped_busy"] = max(seen["stepped_busy"], queued[stream_id])
         return plan
 
-    monkeypatch.setattr(sim_replica, "plan_talker", checked)
+    _watch_plans(monkeypatch, checked)
     texts = load_corpus()
     setup = replace(SETUP, talker=replace(SETUP.talker, busy_max_queued_s=busy_max_queued_s))
     run_script(setup, [Arrival(0.0, texts[i % len(texts)]) for i in range(18)])
@@ -172,52 +213,58 @@ def test_a_busy_vocoder_holds_back_streams_with_frames_waiting(
 def test_every_vocoder_worker_decoding_counts_as_busy_only_with_the_cap() -> None:
     """Two workers, both decoding, no chunk waiting: with `busy_max_queued_s` the vocoder
     is busy, so streams with more frames waiting than the cap sit out (and nobody runs
-    ahead); a worker's turn ending frees a core and wakes the talker to run ahead. With
-    the cap at 0 only a chunk waiting counts as busy (the old rule)."""
+    ahead); a worker whose turn ends and who finds no chunk to take frees a core and wakes
+    the talker to run ahead. With the cap at 0 only a chunk waiting counts as busy (the
+    old rule). One stream per vocoder turn (K 1: each worker decodes one); chunks past
+    the first are 64 frames: after its first chunk a stream's 44 frames left make no chunk
+    yet, so the turn's end leaves nothing waiting."""
 
     def run(busy_max_queued_s: float) -> list[tuple[str, ...]]:
         talker = TalkerConfig(batch=2, busy_max_queued_s=busy_max_queued_s)
-        setup = replace(SETUP, talker=talker)
-        wakes = {"talker": 0}
+        setup = replace(
+            SETUP, talker=talker, scheduling=replace(SETUP.scheduling, active_stream_window=1)
+        )
+        talker_wakes: list[int] = []  # the vocoder turns running at each talker wake
+        books: list[StreamBook] = []
         book = StreamBook(
             scheduler=PlaybackScheduler(setup.scheduling),
-            planner=ChunkPlanner(setup.chunking),
+            planner=ChunkPlanner(ChunkingConfig(chunk_frames=64, ramp=(6,))),
+            order=talker_order(talker, setup.scheduling),
             segmenter=partial(Segmenter, **segment_options(TextConfig())),
             max_pending_audio_s=1e9,
-            left_context_frames=setup.chunking.left_context_frames,
-            first_chunk_s=0.1,
             clock=lambda: 100.0,
             events=NullEvents(),
             wakes=Wakes(
-                talker=lambda: wakes.__setitem__("talker", wakes["talker"] + 1),
+                talker=lambda: talker_wakes.append(books[0].vocoder.turns_running),
                 vocoder=lambda: None,
             ),
-            max_in_flight=1,
-            work_ahead_streams=1,
             vocoder_workers=2,
         )
-        backend = SimBackend(replace(SIM, talker_frames_per_step=50))
+        books.append(book)
+        backend = SimBackend(replace(SIM, talker_frames_per_step=50), sleep=lambda _s: None)
         voice = backend.voices()[0]
-        order = talker_order(talker, setup.scheduling)
-        records = []
         for _ in range(2):  # two streams, each 4 s of frames made (50 x 80 ms), more text
             stream = book.add_stream(voice, speed=1.0, now_s=100.0)
             book.add_text(stream.id, "word " * 200 + ". " + "more " * 200, final=True)
-            record = book.record(stream.id)
-            assert record is not None
-            opened = book.open_segment(record)
-            step = backend.step([backend.open_segment(opened.request)])[0]
-            book.talked(opened, step.frames, step.done)
-            records.append(record)
-        book.refresh()
-        for record in records:  # both workers take a chunk: none is left waiting
-            book.turn_started()
-            book.start_vocoding(record)
-        plans = [book.plan_talker(100.0, order).step_ids]
-        woken = wakes["talker"]
-        book.turn_ended()  # one worker is free
-        plans.append(book.plan_talker(100.0, order).step_ids)
-        assert busy_max_queued_s == 0 or wakes["talker"] > woken  # the freed core woke it
+        talk = book.talker.schedule(100.0)
+        assert talk is not None and len(talk.stream_ids) == 2
+        outcome = run_talk(backend, talk, lambda *_: None)
+        book.talker.update(talk, outcome, 100.0)
+        assert [len(step.frames) for step in outcome.results] == [50, 50]
+        vocoder = book.vocoder
+        # both workers take a chunk: none is left waiting
+        turns = [vocoder.schedule(100.0), vocoder.schedule(100.0)]
+        assert [len(turn.batch) for turn in turns if turn is not None] == [1, 1]
+        assert vocoder.turns_running == 2 and not vocoder.ready_ids
+        plans = [book.talker.plan(100.0, book.load()).step_ids]
+        woken = len(talker_wakes)
+        turn = turns[0]
+        assert turn is not None
+        vocoder.update(turn, backend.vocode(turn.items), 100.0)  # one worker's turn ends
+        assert vocoder.schedule(100.0) is None  # ... and it finds nothing to take
+        plans.append(book.talker.plan(100.0, book.load()).step_ids)
+        # the freed core woke the talker
+        assert busy_max_queued_s == 0 or any(t < 2 for t in talker_wakes[woken:])
         return plans
 
     busy, freed = run(2.0)

@@ -1,6 +1,6 @@
 """Several vocoder workers (`vocoder.workers`): turns run side by side; one stream's
-chunks run side by side only while no other stream has a chunk ready and few streams have
-work (`work_ahead_streams`); and every frame still arrives once, in order.
+chunks run side by side only while it is alone (no other stream has work: pipeline/load.py;
+`work_ahead_streams` > 0 turns this on); and every frame still arrives once, in order.
 
 The backend is the sim backend told that its vocode calls may overlap (as Piper's may);
 it notes which streams each call decodes while the call runs.
@@ -20,11 +20,11 @@ from conftest import FAST_SIM, TEST_CHUNKING, EngineFactory, read_all, until
 
 from pipeline.backend import AbortHandle, BackendCapabilities, VocodeItem
 from pipeline.backends.sim import SimBackend, decode_sim_signal, expected_frames
-from pipeline.book import StreamRecord
 from pipeline.config import SimConfig, TalkerConfig, VocoderConfig
 from pipeline.engine import Engine
 from pipeline.errors import StreamCancelled
 from pipeline.stream import StreamState
+from pipeline.vocoder_core import VocodePlan
 from scheduling import ChunkingConfig
 
 TEXTS = [
@@ -88,17 +88,24 @@ LONE = [" ".join(TEXTS[:4])]
 
 def _watch_takes(engine: Engine) -> list[tuple[int, int, int]]:
     """(chunks of the stream already in flight, other streams ready, streams with work)
-    at every take."""
+    at every take: every chunk of a plan the vocoder core hands a worker."""
     book = engine.book
+    core = book.vocoder
     takes: list[tuple[int, int, int]] = []
-    start_vocoding = book.start_vocoding
+    schedule = core.schedule
 
-    def watched(record: StreamRecord) -> None:
-        others = [stream_id for stream_id in book.ready_ids if stream_id != record.stream.id]
-        takes.append((len(record.in_flight), len(others), len(book)))
-        start_vocoding(record)
+    def watched(now_s: float) -> VocodePlan | None:
+        plan = schedule(now_s)
+        if plan is not None:
+            taken = set(plan.stream_ids)
+            # ready_ids leaves out the streams a worker decodes: those just taken too
+            others = [stream_id for stream_id in core.ready_ids if stream_id not in taken]
+            for record, _ in plan.batch:
+                # the plan's chunk is in flight already: those before it
+                takes.append((len(record.in_flight) - 1, len(others), len(book)))
+        return plan
 
-    book.start_vocoding = watched  # type: ignore[method-assign]
+    core.schedule = watched  # type: ignore[method-assign]
     return takes
 
 
@@ -139,7 +146,9 @@ async def test_two_workers_decode_side_by_side(make_engine: EngineFactory) -> No
 async def test_a_second_chunk_of_a_stream_only_when_no_other_stream_is_ready(
     make_engine: EngineFactory,
 ) -> None:
-    """One long stream among short ones: alone at the end, it gets both workers."""
+    """One long stream among short ones: alone at the end, it gets both workers. (A
+    work_ahead_streams above 1 changes nothing now: only a stream alone works ahead, so no
+    other stream can be ready then; the test pins that the larger value is still safe.)"""
     texts = [LONE[0], *TEXTS[:5]]
     _, _, takes = await _run(make_engine, workers=2, texts=texts, work_ahead_streams=len(texts))
     assert any(take[0] == 1 for take in takes)  # it happened
@@ -194,16 +203,18 @@ async def _ahead_takes(make_engine: EngineFactory) -> tuple[list[bool], np.ndarr
         vocoder=VocoderConfig(workers=2, work_ahead_streams=1),
         talker=TalkerConfig(high_water_s=3600.0, batch=8),
     )
-    book = engine.book
+    core = engine.book.vocoder
     stepping: list[bool] = []
-    start_vocoding = book.start_vocoding
+    schedule = core.schedule
 
-    def watched(record: StreamRecord) -> None:
-        if record.in_flight:
-            stepping.append(record.talking is not None and record.talking.in_flight)
-        start_vocoding(record)
+    def watched(now_s: float) -> VocodePlan | None:
+        plan = schedule(now_s)
+        for record, _ in plan.batch if plan is not None else ():
+            if len(record.in_flight) > 1:  # a chunk taken beside one in flight
+                stepping.append(record.stepping)
+        return plan
 
-    book.start_vocoding = watched  # type: ignore[method-assign]
+    core.schedule = watched  # type: ignore[method-assign]
     (pcm,) = await asyncio.gather(read_all(engine.submit(LONE[0], voice="sim")))
     _check(pcm, LONE[0])
     return stepping, pcm
@@ -471,10 +482,52 @@ async def test_a_worker_with_a_buffered_stream_waits_for_a_first_audio(
     await asyncio.sleep(0.1)
     assert (len(takes) == before) is waits
     assert (engine.vocoder.yields > 0) is waits
-    assert engine.book.first_audio_work == (1 if yield_slack_s else 0)  # counted when on
+    # counted whether or not workers yield (the core always counts; it yields only with
+    # yield_slack_s and more than one worker)
+    assert engine.book.vocoder.first_audio_work == 1
     backend.release.set()
     pcms = await asyncio.gather(reader, read_all(second))
     _check(pcms[0], long_text)
     _check(pcms[1], TEXTS[0])
-    assert engine.book.first_audio_work == 0
+    assert engine.book.vocoder.first_audio_work == 0
+    assert len(engine.book) == 0
+
+
+async def test_no_chunk_ahead_while_another_stream_has_work_and_nothing_ready(
+    make_engine: EngineFactory,
+) -> None:
+    """Work-ahead is for a stream alone, and alone means no other stream has work, not
+    merely none with a chunk ready: stream 1, all talked, gets chunks ahead while alone;
+    once stream 2 arrives and its first talker step is held (no chunk of it is ready),
+    the workers go on with stream 1's chunks one at a time. Every frame still arrives."""
+    backend = HeldTalkSim(SLOW_VOCODER, held_tag=2)
+    engine = await make_engine(
+        backend,
+        window=1,
+        # no yielding to stream 2's first audio: the workers go on with stream 1
+        vocoder=VocoderConfig(workers=2, yield_slack_s=0.0),
+        talker=TalkerConfig(high_water_s=3600.0, batch=1, urgent_lane=False),
+    )
+    takes = _watch_takes(engine)
+    long_text = " ".join(TEXTS * 2)
+    playing = engine.submit(long_text, voice="sim")  # tag 1
+    reader = asyncio.create_task(read_all(playing))
+
+    def talked_all() -> bool:
+        record = engine.book.record(playing.id)
+        return record is not None and record.talked_all
+
+    await until(lambda: talked_all() and any(take[0] == 1 for take in takes))  # ahead alone
+    second = engine.submit(TEXTS[0], voice="sim")  # tag 2: held
+    await until(lambda: backend.holding == 1)
+    await asyncio.sleep(0.01)  # a turn in flight when it came ends
+    before = len(takes)
+    await asyncio.sleep(0.05)
+    during = takes[before:]
+    assert during, "stream 1 goes on"
+    assert all(take[0] == 0 and take[2] == 2 for take in during), during
+    backend.release.set()
+    pcms = await asyncio.gather(reader, read_all(second))
+    _check(pcms[0], long_text)
+    _check(pcms[1], TEXTS[0])
     assert len(engine.book) == 0
