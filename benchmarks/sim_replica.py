@@ -1,28 +1,29 @@
 """One engine replica in virtual time, for the discrete-event simulator.
 
-The replica holds the engine's own StreamBook (pipeline/book.py) and the sim backend
-(pipeline/backends/sim.py), so every state transition and every decision is the
-engine's code:
+The replica is a second driver of the engine's own cores: the book `build_book` makes
+for the engine from the same configuration (pipeline/book.py: the stream table, the
+talker core, the vocoder core) over the sim backend (pipeline/backends/sim.py). Every
+decision is the engine's code, none is copied here:
 
-- talker order: the book's plan_talker (scheduling.TalkerQueue), with the
-  TalkerOrderConfig the engine builds (pipeline.talker.talker_order);
-- the talker's segments: the book's open_segment/talked/orphans, and the sim backend's
-  open_segment/step/close_segment (frames per step, segment ends);
-- vocoder selection: the book's refresh and ready set, PlaybackScheduler.select;
-- chunk planning: the book's ChunkPlanner, emit and commit;
+- the talker: `TalkerCore.schedule` / `run_talk` / `update` (the order, the segments
+  opened and closed, preparations, the drop of prepared work when a stream is no longer
+  alone);
+- the vocoder: `VocoderCore.schedule` / `update` (selection, work-ahead, the even tail,
+  yielding to a first audio, chunks sent in order), over the engine's count of workers;
 - admission: scheduling.Admission, the engine's policy and its one fair queue, fed the
-  book's owed work (`StreamBook.loads`) and the capacity model of pipeline/capacity.py
+  table's owed work (`StreamTable.loads`) and the capacity model of pipeline/capacity.py
   fed per model call as the engine's stages feed it; a queued request is granted when a
   stream leaves its start phase or ends, or after a vocoder turn (as the engine's
   AdmissionFront), and refused at admission.queue_max_wait_s.
 
-What the replica adds is what asyncio and the stage threads do in the engine: the
-Talker's and the Vocoder's loops (pipeline/talker.py, pipeline/vocoder.py) as event
-handlers, each stage busy for the cost the sim backend spends (its `sleep`, captured
-here), the two stages overlapping in virtual time. A stage woken while idle runs at the
-same virtual instant, after the events already due then (as a task woken by an
-asyncio.Event runs after the callbacks already queued); a stage ends its call and plans
-its next one in the same handler (as the engine's loop continues without yielding).
+What the replica adds is what asyncio and the stage threads do in the engine
+(pipeline/talker.py, pipeline/vocoder.py): the loops as event handlers, each call busy for
+the cost the sim backend spends (its `sleep`, captured here), the stages and the vocoder
+workers overlapping in virtual time. A loop woken while idle runs at the same virtual
+instant, after the events already due then (as a task woken by an asyncio.Event runs
+after the callbacks already queued); a loop ends its call and plans its next one in the
+same handler (as the engine's loop continues without yielding).
+tests/test_engine_vs_simulator.py holds the two drivers to the same decisions.
 
 A listener reads its audio at once here (the load generator does), so no stream parks:
 the channel's cap is set out of reach and the PCM handed to the book is a shared block of
@@ -156,7 +157,10 @@ class Replica:
         self._frame_s = self.voice.samples_per_frame / self.voice.sample_rate_hz
         self.admission = Admission(setup.admission)
         self.talker_rate = CapacityEstimate(engine.capacity_window_s)
-        self.vocoder_rate = CapacityEstimate(engine.capacity_window_s)
+        # the workers' count, as the engine's Vocoder: their calls overlap
+        self.vocoder_rate = CapacityEstimate(
+            engine.capacity_window_s, workers=vocoder_workers(setup.vocoder, self.backend)
+        )
         self._start_chunk_s = start_chunk_audio_s(setup.chunking, self.voice)
         # queued requests: ticket -> (text, told when granted or refused)
         self._waiting: dict[object, tuple[str, Callable[[Stream | Decision], None]]] = {}

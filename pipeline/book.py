@@ -173,6 +173,8 @@ class StreamBook:
         record.text_closed = final
         record.text.extend(segments)
         record.text_chars += len(text)
+        if record.text:
+            self.table.text_added(record)
         self.talker.text_added(record)
         if final:
             if record.talked_all:

@@ -3,10 +3,12 @@
     submit -> text segments -> [Talker: step-wise, batched, deadline-ordered] -> codec frames
            -> [Vocoder: PlaybackScheduler picks K ready streams] -> PCM -> Stream.chunks()
 
-- pipeline/book.py: the StreamBook owns every stream's state and transitions;
-- pipeline/talker.py: the Talker loop (the book's scheduling.TalkerQueue picks the batch);
-- pipeline/vocoder.py: the Vocoder loop (PlaybackScheduler.select picks the K chunks);
-- pipeline/channel.py: a stream's audio, a send half (the book's) and a receive half
+- pipeline/book.py: the StreamBook, the engine's state: the stream table
+  (pipeline/table.py) and the two stage cores, plain code that decides
+  (pipeline/talker_core.py, pipeline/vocoder_core.py: schedule -> plan, update);
+- pipeline/talker.py: the talker's driver (runs the talker core's plans in its thread);
+- pipeline/vocoder.py: the vocoder's driver (one loop per worker, a thread each);
+- pipeline/channel.py: a stream's audio, a send half (the table's) and a receive half
   (the caller's Stream).
 
 The Engine admits streams (pipeline/admission.py: scheduling.Admission against the

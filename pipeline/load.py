@@ -3,7 +3,7 @@
 A stage core builds it once per turn (`StreamTable.load()`) and hands it to what it
 decides in that turn. The one definition of a stream being alone lives here: a stream is
 alone when no other stream has work left. What the engine does differently then (see
-docs/engine.md, "A stream alone"):
+docs/architecture.md, "A stream alone"):
 
 - the vocoder's workers decode a lone stream's next chunks side by side (work-ahead),
   and its last frames are cut evenly over them (the even tail);
@@ -20,11 +20,13 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class Load:
-    """How many streams have work left (talker or vocoder work, their audio not all sent)."""
+    """How many streams have work left (talker or vocoder work, their audio not all sent;
+    a live-text stream that sent all it had and waits for its client's next text has
+    none until that text comes)."""
 
     working: int
 
     @property
     def alone(self) -> bool:
-        """At most one stream has work: the machine is its alone."""
+        """At most one stream has work: the machine is its own."""
         return self.working <= 1

@@ -71,6 +71,9 @@ class StreamTable:
         self._inbox: deque[tuple[str, ReaderEvent]] = deque()
         self._start_phase_chunks = start_phase_chunks
         self._starting: dict[str, None] = {}  # in their start phase
+        # live-text streams that sent all they had and wait for their client's next text
+        # (no work now: they do not count against a stream being alone)
+        self._idle: set[str] = set()
         self._submitted = 0
         self._talked_chars = 0
         self._talked_audio_s = 0.0  # at speed 1
@@ -112,7 +115,7 @@ class StreamTable:
         return self._records.get(record.stream.id) is record
 
     def load(self) -> Load:
-        return Load(len(self._records))
+        return Load(len(self._records) - len(self._idle))
 
     @property
     def starting(self) -> bool:
@@ -213,13 +216,21 @@ class StreamTable:
         self._talked_chars += chars
         self._talked_audio_s += audio_s_at_speed_1
 
+    def text_added(self, record: StreamRecord) -> None:
+        """The stream has text to talk: it has work again."""
+        self._idle.discard(record.stream.id)
+
     def chunk_sent(self, record: StreamRecord) -> None:
-        """The stream sent a chunk: it may have left its start phase (its
-        start_phase_chunks-th chunk, or a live-text stream that sent all it had)."""
+        """The stream sent a chunk: a live-text stream may now wait for its client's text
+        (idle), and it may have left its start phase (its start_phase_chunks-th chunk, or
+        a live-text stream that sent all it had)."""
         stream_id = record.stream.id
+        waits = record.waits_for_text
+        if waits:
+            self._idle.add(stream_id)
         if stream_id not in self._starting:
             return
-        if record.stream.stats.chunks >= self._start_phase_chunks or record.waits_for_text:
+        if record.stream.stats.chunks >= self._start_phase_chunks or waits:
             del self._starting[stream_id]
             self._start_freed()
 
@@ -296,6 +307,7 @@ class StreamTable:
         stream_id = record.stream.id
         del self._records[stream_id]
         self._starting.pop(stream_id, None)
+        self._idle.discard(stream_id)
         for forget in self._forget:
             forget(record)
         record.text.clear()

@@ -144,9 +144,9 @@ class Talker:
             done.add_done_callback(ended)
 
     def _drop_prepared(self) -> None:
-        """More streams have work: the backend gives up what it prepares (its helper thread
-        runs at a low priority and could wait long for a core while a talker lane waits for
-        it). Not a model call: it sets a flag and returns."""
+        """The stream is no longer alone: the backend gives up what it prepares (its helper
+        thread would take a core from the stage threads). Not a model call: it sets a flag
+        and returns."""
         self.prepare_drops += 1
         try:
             self._backend.drop_prepared()

@@ -1,7 +1,7 @@
 """The engine's pure parts: segment frame queues, and the stream book on a fake clock,
 driven as the engine's stage drivers drive it: the talker core's and the vocoder core's
 `schedule` / `update` around real sim backend calls (a segment's urgency, the even tail,
-solo chunks, chunks ahead of a lone stream)."""
+chunks ahead of a lone stream)."""
 
 from __future__ import annotations
 
@@ -198,7 +198,7 @@ def test_before_its_first_audio_a_stream_is_urgent_by_the_audio_talked(
 
 @pytest.mark.parametrize("others", [0, 1])
 def test_a_stream_alone_is_urgent_only_closer_to_its_player(others: int) -> None:
-    """talker.alone_urgent_slack_s (0.3 s here) replaces urgent_slack_s (1 s) while the
+    """alone.urgent_slack_s (0.3 s here) replaces urgent_slack_s (1 s) while the
     stream is the only one with work left: at 0.8 s ahead (0.4 s in the player, 0.4 s
     talked) its next segment is not urgent alone, and is with another stream waiting
     (the call takes both: talker.batch 2)."""
@@ -229,7 +229,7 @@ def test_a_stream_alone_is_urgent_only_closer_to_its_player(others: int) -> None
 
 @pytest.mark.parametrize("even_tail", [True, False])
 def test_a_lone_stream_all_talked_is_cut_evenly_over_the_workers(even_tail: bool) -> None:
-    """chunking.even_tail: a stream alone on two vocoder workers (work-ahead applies)
+    """alone.even_tail: a stream alone on two vocoder workers (work-ahead applies)
     whose text is all talked has its frames past the first chunk cut into an even number
     of chunks of near-equal size, not plain chunks of 6 and a short last one; with
     another stream waiting, or the option off, plain chunks."""
@@ -238,7 +238,7 @@ def test_a_lone_stream_all_talked_is_cut_evenly_over_the_workers(even_tail: bool
     def chunk_sizes(others: int) -> list[int]:
         voice = backend.voices()[0]
         book = _fake_clock_book(
-            [100.0], ChunkingConfig(chunk_frames=6, even_tail=even_tail), vocoder_workers=2
+            [100.0], ChunkingConfig(chunk_frames=6), vocoder_workers=2, even_tail=even_tail
         )
         stream = book.add_stream(voice, speed=1.0, now_s=100.0)
         book.add_text(stream.id, "one two three four five six seven eight nine", final=True)
@@ -262,65 +262,6 @@ def test_a_lone_stream_all_talked_is_cut_evenly_over_the_workers(even_tail: bool
     # the first chunk as planned (first audio), then 31 frames in 6 chunks
     assert chunk_sizes(0) == ([6, 6, 5, 5, 5, 5, 5] if even_tail else plain)
     assert chunk_sizes(1) == plain
-
-
-def test_a_stream_alone_with_a_second_buffered_is_planned_solo_chunks() -> None:
-    """chunking.solo_chunk_frames: a stream alone on the vocoder (work-ahead applies:
-    two workers) whose player has solo_slack_s (1 s) or more buffered is planned wider
-    chunks; a second stream's arrival re-plans it plain, and its end lets the first have
-    them again. 80 ms frames, plain chunks of 5 (0.4 s). What the vocoder plans is read
-    after a `refresh` (the plan a worker would take), what it sends is a worker's call."""
-    now = [100.0]
-    backend = _sim(1000)  # a segment per step
-    voice = backend.voices()[0]
-    book = _fake_clock_book(
-        now, ChunkingConfig(chunk_frames=5, solo_chunk_frames=10), vocoder_workers=2
-    )
-
-    def new_stream() -> StreamRecord:
-        stream = book.add_stream(voice, speed=1.0, now_s=now[0])
-        text = "one two three four five six seven eight nine ten " * 4
-        book.add_text(stream.id, text, final=True)
-        record = book.record(stream.id)
-        assert record is not None
-        plan, outcome = _talk(book, backend, now[0])
-        assert plan.stream_ids == (stream.id,)
-        (step,) = outcome.results
-        assert len(step.frames) >= 60 and step.done
-        return record
-
-    def planned(record: StreamRecord) -> int:
-        book.vocoder.refresh(book.load())
-        assert record.chunk is not None
-        return record.chunk.frames
-
-    def send(record: StreamRecord) -> int:
-        plan = book.vocoder.schedule(now[0])
-        frames = _one(plan, record)
-        _vocode(book, backend, plan, now[0])
-        return frames
-
-    alone = new_stream()
-    sizes = []
-    for _ in range(3):  # 0.4, 0.8, 1.2 s buffered after each
-        sizes.append(planned(alone))
-        assert send(alone) == sizes[-1]
-    assert sizes == [5, 5, 5]  # no audio yet, then under 1 s buffered
-    assert planned(alone) == 10  # 1.2 s buffered
-    book.ack_playback(alone.stream.id, 0.3, 100.0)  # the client played 0.3 s already
-    assert planned(alone) == 5  # 0.9 s buffered
-    book.ack_playback(alone.stream.id, 0.0, 100.0)
-    assert planned(alone) == 10
-    now[0] = 100.3  # time passes: 0.9 s buffered at the next plan
-    assert send(alone) == 10  # the 10 frames planned at 100.0
-    assert planned(alone) == 10  # 1.2 - 0.3 + 0.8 = 1.7 s buffered
-    other = new_stream()
-    assert planned(alone) == 5  # not alone: re-planned plain at once
-    assert planned(other) == 5
-    book.cancel(other.stream.id)
-    assert planned(alone) == 10  # alone again
-    assert send(alone) == 10
-    assert alone.frames.emitted_frames == 35
 
 
 class _PausingSim(SimBackend):
@@ -403,7 +344,7 @@ class _PreparingSim(SimBackend):
 
 def test_no_chunk_ahead_of_a_lone_stream_while_its_next_segment_is_prepared() -> None:
     """The backend prepares a lone stream's next segment (its encoder on a helper thread;
-    `prepares`: talker.prepare_ahead_streams) from the talker call that opens the one
+    `prepares`: alone.prepare_next) from the talker call that opens the one
     before: meanwhile the stream counts as talking, no chunk of it is offered ahead, so the
     helper has the idle core; the preparation's end wakes the vocoder. The talker itself
     may still step the stream meanwhile (the preparation is not a step). A preparation
@@ -472,14 +413,6 @@ def test_no_chunk_ahead_of_a_lone_stream_while_its_next_segment_is_prepared() ->
     assert record.preparing is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="pipeline/vocoder_core.py _commit clears record.chunk but keeps the stream in the "
-    "ahead set while chunks of it are still in flight; refresh skips re-planning it while "
-    "the stream is not alone, so once it is alone again ahead_ids offers it with no chunk "
-    "(and VocoderCore.schedule fails its assert)",
-)
 def test_a_stream_offered_ahead_has_its_chunk_after_another_stream_came_and_went() -> None:
     """Three workers: a lone stream has two chunks in flight and its third planned ahead;
     another stream arrives (not alone: no chunk ahead), one of the first stream's chunks
@@ -515,3 +448,24 @@ def test_a_stream_offered_ahead_has_its_chunk_after_another_stream_came_and_went
     assert stream.stats.audio_s == pytest.approx(
         40 * voice.samples_per_frame / voice.sample_rate_hz
     )
+
+
+def test_a_live_text_stream_waiting_for_its_text_leaves_another_alone() -> None:
+    """A live-text stream (a voice agent's socket) that sent all it had has no work until
+    its next text: a request beside it is alone (work-ahead, preparation...); once the
+    text comes, neither is."""
+    book = _fake_clock_book([100.0], ChunkingConfig(chunk_frames=4), vocoder_workers=2)
+    backend = _sim(1000)  # a segment per step
+    voice = backend.voices()[0]
+    live = book.add_stream(voice, speed=1.0, now_s=100.0)
+    book.add_text(live.id, "Hello there.", final=False, flush=True)
+    _talk(book, backend, 100.0)
+    while (plan := book.vocoder.schedule(100.0)) is not None:
+        _vocode(book, backend, plan, 100.0)
+    record = book.record(live.id)
+    assert record is not None and record.waits_for_text  # all it had was sent
+    other = book.add_stream(voice, speed=1.0, now_s=100.0)
+    book.add_text(other.id, "one two three four five six seven eight nine", final=True)
+    assert book.load().alone  # the socket waits: the request has the machine
+    book.add_text(live.id, "And more.", final=False, flush=True)
+    assert not book.load().alone

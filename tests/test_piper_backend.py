@@ -23,7 +23,7 @@ from pipeline.backend import (
 from pipeline.backends.piper import PiperBackend, UnknownPiperVoice, bundled_model_path
 from pipeline.backends.piper.backend import FLOW_GROWTH, PiperSegment
 from pipeline.backends.piper.prepared import PREPARED_MAX
-from pipeline.config import PiperConfig, TalkerConfig, VocoderConfig
+from pipeline.config import AloneConfig, PiperConfig, TalkerConfig, VocoderConfig
 from pipeline.vocoder_core import VocodePlan
 from scheduling import Chunk, ChunkingConfig, ChunkPlanner
 from tests.asr import transcribe, word_error_rate
@@ -346,7 +346,7 @@ ENGINE_TEXT = (
 
 
 async def _engine_pcm(
-    make_engine: EngineFactory, backend: PiperBackend, *, workers: int, work_ahead_streams: int
+    make_engine: EngineFactory, backend: PiperBackend, *, workers: int, work_ahead: bool
 ) -> tuple[np.ndarray, int]:
     """One lone stream through the engine: its PCM, and the chunks taken while another
     chunk of it was in flight. Every segment urgent (its flow in chunks), so that the
@@ -357,8 +357,10 @@ async def _engine_pcm(
         chunking=ChunkingConfig(
             chunk_frames=64, ramp=(8, 16, 32), left_context_frames=8, right_context_frames=8
         ),
-        vocoder=VocoderConfig(workers=workers, work_ahead_streams=work_ahead_streams),
-        talker=TalkerConfig(high_water_s=3600.0, urgent_slack_s=1e9, alone_urgent_slack_s=1e9),
+        vocoder=VocoderConfig(workers=workers),
+        # chunks cut the same either way: no even tail (it needs work-ahead)
+        alone=AloneConfig(work_ahead=work_ahead, even_tail=False, urgent_slack_s=1e9),
+        talker=TalkerConfig(high_water_s=3600.0, urgent_slack_s=1e9),
     )
     core, ahead = engine.book.vocoder, 0
     schedule = core.schedule
@@ -382,8 +384,8 @@ async def test_a_lone_stream_decoded_two_chunks_at_once_is_bit_identical(
 ) -> None:
     """Two vocoder workers decode a lone stream's consecutive chunks at once; its PCM is
     complete, in order and the same, sample for sample, as one chunk at a time."""
-    ahead_pcm, ahead = await _engine_pcm(make_engine, backend, workers=2, work_ahead_streams=1)
-    one_pcm, none = await _engine_pcm(make_engine, backend, workers=2, work_ahead_streams=0)
+    ahead_pcm, ahead = await _engine_pcm(make_engine, backend, workers=2, work_ahead=True)
+    one_pcm, none = await _engine_pcm(make_engine, backend, workers=2, work_ahead=False)
     assert ahead > 0 and none == 0
     assert ahead_pcm.size == one_pcm.size > 0
     assert np.array_equal(ahead_pcm, one_pcm)
@@ -427,11 +429,10 @@ class _UrgencyRecordingPiper(PiperBackend):
 async def _lone_stream(
     make_engine: EngineFactory, backend: PiperBackend, text: str, urgent_slack_s: float
 ) -> np.ndarray:
-    """`urgent_slack_s` for the stream alone too (talker.alone_urgent_slack_s)."""
-    talker = TalkerConfig(
-        high_water_s=3600.0, urgent_slack_s=urgent_slack_s, alone_urgent_slack_s=urgent_slack_s
-    )
-    engine = await make_engine(backend, window=1, talker=talker)
+    """`urgent_slack_s` for the stream alone too (alone.urgent_slack_s)."""
+    talker = TalkerConfig(high_water_s=3600.0, urgent_slack_s=urgent_slack_s)
+    alone = AloneConfig(urgent_slack_s=urgent_slack_s)
+    engine = await make_engine(backend, window=1, talker=talker, alone=alone)
     return await read_all(engine.submit(text, voice=VOICE))
 
 
@@ -537,17 +538,13 @@ def test_only_the_latest_prepared_segments_are_kept(backend: PiperBackend) -> No
 
 
 async def _prepared_stream(
-    make_engine: EngineFactory, backend: PiperBackend, prepare_ahead_streams: int
+    make_engine: EngineFactory, backend: PiperBackend, prepare_next: bool
 ) -> np.ndarray:
     engine = await make_engine(
         backend,
         window=1,
-        talker=TalkerConfig(
-            high_water_s=3600.0,
-            urgent_slack_s=1e9,
-            alone_urgent_slack_s=1e9,
-            prepare_ahead_streams=prepare_ahead_streams,
-        ),
+        talker=TalkerConfig(high_water_s=3600.0, urgent_slack_s=1e9),
+        alone=AloneConfig(urgent_slack_s=1e9, prepare_next=prepare_next),
     )
     calls, used = backend.prepare_calls, backend.prepared_used
     pcm = await read_all(engine.submit(ENGINE_TEXT, voice=VOICE))
@@ -555,7 +552,7 @@ async def _prepared_stream(
     # last three is prepared while the one before it is talked. Whether the helper thread
     # had started one when the talker opened it depends on the OS (one it had not, the
     # talker does itself): that it is then taken is the backend tests' matter.
-    assert engine.book.talker.prepares == (3 if prepare_ahead_streams else 0)
+    assert engine.book.talker.prepares == (3 if prepare_next else 0)
     assert backend.prepare_calls - calls == engine.book.talker.prepares
     assert backend.prepared_used - used <= engine.book.talker.prepares
     return pcm
@@ -564,11 +561,11 @@ async def _prepared_stream(
 async def test_a_lone_streams_next_segments_are_prepared_and_sound_the_same(
     make_engine: EngineFactory, backend: PiperBackend
 ) -> None:
-    """talker.prepare_ahead_streams (1): while a lone stream's talker steps one segment,
+    """alone.prepare_next: while a lone stream's talker steps one segment,
     its next one is phonemised and encoded on the backend's helper thread, and the talker
     takes that work when it opens it. The audio is the same as without it."""
-    prepared = await _prepared_stream(make_engine, backend, 1)
-    plain = await _prepared_stream(make_engine, backend, 0)
+    prepared = await _prepared_stream(make_engine, backend, True)
+    plain = await _prepared_stream(make_engine, backend, False)
     assert prepared.size == plain.size > 0
     assert snr_db(plain, prepared) >= 60.0
 
@@ -576,8 +573,8 @@ async def test_a_lone_streams_next_segments_are_prepared_and_sound_the_same(
 async def test_no_segment_is_prepared_while_more_streams_have_work(
     make_engine: EngineFactory, backend: PiperBackend
 ) -> None:
-    """Two streams submitted together: more than prepare_ahead_streams (1) have work, so
-    nothing is prepared (a helper thread would take CPU from the stage threads)."""
+    """Two streams submitted together: neither is alone, so nothing is prepared (a
+    helper thread would take CPU from the stage threads)."""
     engine = await make_engine(backend, window=1)
     streams = [engine.submit(ENGINE_TEXT, voice=VOICE) for _ in range(2)]
     for stream in streams:

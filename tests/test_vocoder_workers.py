@@ -1,6 +1,6 @@
 """Several vocoder workers (`vocoder.workers`): turns run side by side; one stream's
 chunks run side by side only while it is alone (no other stream has work: pipeline/load.py;
-`work_ahead_streams` > 0 turns this on); and every frame still arrives once, in order.
+`alone.work_ahead` turns this on); and every frame still arrives once, in order.
 
 The backend is the sim backend told that its vocode calls may overlap (as Piper's may);
 it notes which streams each call decodes while the call runs.
@@ -9,23 +9,21 @@ it notes which streams each call decodes while the call runs.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import math
 import threading
 from collections.abc import Sequence
 
 import numpy as np
 import pytest
-from conftest import FAST_SIM, TEST_CHUNKING, EngineFactory, read_all, until
+from conftest import FAST_SIM, EngineFactory, read_all, until
 
 from pipeline.backend import AbortHandle, BackendCapabilities, VocodeItem
 from pipeline.backends.sim import SimBackend, decode_sim_signal, expected_frames
-from pipeline.config import SimConfig, TalkerConfig, VocoderConfig
+from pipeline.config import AloneConfig, SimConfig, TalkerConfig, VocoderConfig
 from pipeline.engine import Engine
 from pipeline.errors import StreamCancelled
 from pipeline.stream import StreamState
 from pipeline.vocoder_core import VocodePlan
-from scheduling import ChunkingConfig
 
 TEXTS = [
     f"Stream {i} says a few sentences. Each one is long enough for several chunks. "
@@ -114,17 +112,15 @@ async def _run(
     workers: int,
     texts: Sequence[str] = TEXTS,
     *,
-    work_ahead_streams: int = 1,
+    work_ahead: bool = True,
     backend: OverlappingSim | None = None,
 ) -> tuple[OverlappingSim, list[np.ndarray], list[tuple[int, int, int]]]:
     backend = backend or OverlappingSim(SLOW_VOCODER)
     engine = await make_engine(
         backend,
         window=1,
-        vocoder=VocoderConfig(
-            workers=workers,
-            work_ahead_streams=work_ahead_streams,
-        ),
+        vocoder=VocoderConfig(workers=workers),
+        alone=AloneConfig(work_ahead=work_ahead),
         talker=TalkerConfig(high_water_s=3600.0, batch=8),
     )
     assert len(engine.extra_vocoder_stages) == workers - 1
@@ -146,25 +142,23 @@ async def test_two_workers_decode_side_by_side(make_engine: EngineFactory) -> No
 async def test_a_second_chunk_of_a_stream_only_when_no_other_stream_is_ready(
     make_engine: EngineFactory,
 ) -> None:
-    """One long stream among short ones: alone at the end, it gets both workers. (A
-    work_ahead_streams above 1 changes nothing now: only a stream alone works ahead, so no
-    other stream can be ready then; the test pins that the larger value is still safe.)"""
+    """One long stream among short ones: alone at the end, it gets both workers."""
     texts = [LONE[0], *TEXTS[:5]]
-    _, _, takes = await _run(make_engine, workers=2, texts=texts, work_ahead_streams=len(texts))
+    _, _, takes = await _run(make_engine, workers=2, texts=texts)
     assert any(take[0] == 1 for take in takes)  # it happened
     assert [take for take in takes if take[0] > 0 and take[1] > 0] == []
     assert all(take[0] < 2 for take in takes)  # at most `workers` in flight
 
 
-async def test_work_ahead_only_while_few_streams_have_work(make_engine: EngineFactory) -> None:
+async def test_work_ahead_only_while_the_stream_is_alone(make_engine: EngineFactory) -> None:
     texts = [LONE[0], *TEXTS[:5]]
-    _, _, takes = await _run(make_engine, workers=2, texts=texts, work_ahead_streams=1)
+    _, _, takes = await _run(make_engine, workers=2, texts=texts)
     ahead = [take for take in takes if take[0] > 0]
     assert ahead and all(streams == 1 for _, _, streams in ahead)
 
 
 async def test_without_work_ahead_never_one_stream_twice(make_engine: EngineFactory) -> None:
-    backend, _, takes = await _run(make_engine, workers=2, work_ahead_streams=0)
+    backend, _, takes = await _run(make_engine, workers=2, work_ahead=False)
     assert backend.same_stream_twice == 0
     assert all(take[0] == 0 for take in takes)
 
@@ -177,7 +171,7 @@ async def test_a_lone_stream_gets_both_workers_and_the_same_pcm(
     backend, ahead, takes = await _run(make_engine, workers=2, texts=LONE)
     assert backend.same_stream_twice > 0
     assert any(take[0] == 1 for take in takes)
-    _, one_at_a_time, _ = await _run(make_engine, workers=2, texts=LONE, work_ahead_streams=0)
+    _, one_at_a_time, _ = await _run(make_engine, workers=2, texts=LONE, work_ahead=False)
     _, one_worker, _ = await _run(make_engine, workers=1, texts=LONE)
     assert np.array_equal(ahead[0], one_at_a_time[0])
     assert np.array_equal(ahead[0], one_worker[0])
@@ -200,7 +194,7 @@ async def _ahead_takes(make_engine: EngineFactory) -> tuple[list[bool], np.ndarr
     engine = await make_engine(
         OverlappingSim(SLOW_TALKER),
         window=1,
-        vocoder=VocoderConfig(workers=2, work_ahead_streams=1),
+        vocoder=VocoderConfig(workers=2),
         talker=TalkerConfig(high_water_s=3600.0, batch=8),
     )
     core = engine.book.vocoder
@@ -227,61 +221,6 @@ async def test_no_chunk_ahead_while_the_streams_talker_step_runs(
     or after them, never during one (the talker keeps the other core)."""
     held, _ = await _ahead_takes(make_engine)
     assert held and not any(held)  # chunks ahead were taken, none during a step
-
-
-class SizeRecordingSim(OverlappingSim):
-    """Records the new frames of every vocode item."""
-
-    def __init__(self, config: SimConfig) -> None:
-        super().__init__(config)
-        self.emitted: list[int] = []
-
-    def vocode(
-        self, items: Sequence[VocodeItem], abort: AbortHandle | None = None
-    ) -> list[np.ndarray]:
-        with self._lock:
-            self.emitted.extend(item.emit_frames for item in items)
-        return super().vocode(items, abort)
-
-
-SOLO_CHUNKING = dataclasses.replace(TEST_CHUNKING, solo_chunk_frames=24, solo_slack_s=0.0)
-
-
-async def _sizes(
-    make_engine: EngineFactory, texts: Sequence[str], chunking: ChunkingConfig
-) -> tuple[list[int], list[np.ndarray]]:
-    backend = SizeRecordingSim(SLOW_VOCODER)
-    engine = await make_engine(
-        backend,
-        window=1,
-        chunking=chunking,
-        vocoder=VocoderConfig(workers=2, work_ahead_streams=1),
-        talker=TalkerConfig(high_water_s=3600.0, batch=8),
-    )
-    streams = [engine.submit(text, voice="sim") for text in texts]
-    pcms = await asyncio.gather(*(read_all(stream) for stream in streams))
-    for pcm, text in zip(pcms, texts, strict=True):
-        _check(pcm, text)
-    return backend.emitted, pcms
-
-
-async def test_a_lone_stream_gets_solo_chunks_and_the_same_pcm(
-    make_engine: EngineFactory,
-) -> None:
-    """chunking.solo_chunk_frames: a stream alone on the vocoder (with its slack over
-    solo_slack_s, 0 here) is decoded in chunks of 24 frames past its first (8 otherwise);
-    the audio is complete, in order and bit-identical to plain chunks. Streams that run
-    together get plain chunks."""
-    sizes, solo = await _sizes(make_engine, LONE, SOLO_CHUNKING)
-    assert sizes[0] == TEST_CHUNKING.ramp[0]
-    assert sizes.count(24) >= 3 and max(sizes) == 24, sizes
-    plain_sizes, plain = await _sizes(make_engine, LONE, TEST_CHUNKING)
-    assert max(plain_sizes) == TEST_CHUNKING.chunk_frames
-    assert len(sizes) < len(plain_sizes)
-    assert np.array_equal(solo[0], plain[0])
-    together, _ = await _sizes(make_engine, TEXTS[:4], SOLO_CHUNKING)
-    # the last stream left may have its tail alone: the first half of the calls never
-    assert max(together[: len(together) // 2]) == TEST_CHUNKING.chunk_frames
 
 
 class GatedSim(OverlappingSim):

@@ -204,9 +204,9 @@ class PiperBackend(Backend):
 
     def drop_prepared(self) -> None:
         """Give up every prepared segment: those not started never run, a running one ends
-        early (ONNX Runtime's terminate flag); `open_segment` then does the work itself, at
-        the talker's own priority. The engine calls it when more streams have work: a
-        helper thread of low priority may then wait long for a core."""
+        early (ONNX Runtime's terminate flag); `open_segment` then does the work itself. The
+        engine calls it when the stream is no longer alone: the helper thread would take
+        a core from the stage threads."""
         self._prepared.drop()
 
     @property
