@@ -162,9 +162,8 @@ def corpus_wer(pairs: list[tuple[str, str]]) -> float:
 
 def test_numbers_money_dates_and_abbreviations_are_heard_as_said(server: LiveServer) -> None:
     written = [(said, heard(server, text)) for text, said in SENTENCES]
-    spoken = [(said, heard(server, said)) for _, said in SENTENCES]
-    wer_written, wer_spoken = corpus_wer(written), corpus_wer(spoken)
-    print(f"\nWER written input {wer_written:.3f}, spoken forms as input {wer_spoken:.3f}")
+    wer_written = corpus_wer(written)
+    print(f"\nWER written input {wer_written:.3f}")
     for said, hypothesis in written:
         print(f"  said:  {said}\n  heard: {hypothesis}")
     assert wer_written <= MAX_WER, written
