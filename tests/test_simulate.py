@@ -65,9 +65,12 @@ def test_at_twice_capacity_edf_sits_on_the_bound() -> None:
     assert s.ttfa_p50_ms is not None and s.ttfa_p50_ms > 1000
 
 
+NAMES = ("fifo K=0", "edf K")
+
+
 def test_fifo_without_window_is_worse_than_edf_at_capacity() -> None:
-    fifo = run("fifo K=0", 1.0).summary
-    edf = run("edf K", 1.0).summary
+    plan = [policy_scenario(name, DEFAULT_WINDOW, streams=400, clients=round(C)) for name in NAMES]
+    fifo, edf = (result.summary for result in run_plan(plan, jobs=2))
     assert edf.stall_free_share == 1.0
     # every turn decodes everyone: turns grow long, first chunks wait and run dry
     assert fifo.stall_free_share < 0.99
@@ -150,8 +153,7 @@ def test_a_client_that_hangs_up_frees_its_place_at_once() -> None:
             seed=11,
         )
 
-    staying = simulate(scenario(0.0))
-    leaving = simulate(scenario(1.0))
+    staying, leaving = run_plan([scenario(0.0), scenario(1.0)], jobs=2)
     assert staying.hangups == 0
     assert leaving.hangups > 120
     assert leaving.summary.rejected < 0.6 * staying.summary.rejected
