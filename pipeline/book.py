@@ -74,7 +74,6 @@ class StreamBook:
         alone_urgent_slack_s: float | None = None,
         new_abort: Callable[[], AbortHandle] | None = None,
     ) -> None:
-        self._clock = clock
         self.scheduler = scheduler
         self.planner = planner
 

@@ -78,10 +78,6 @@ class StreamRecord:
     preparing: int | None = None
 
     @property
-    def id(self) -> str:
-        return self.stream.id
-
-    @property
     def talked_all(self) -> bool:
         """No more talker work: the text is closed, no segment waits, none is open."""
         return self.text_closed and not self.text and self.talking is None

@@ -118,11 +118,6 @@ class StreamTable:
         return Load(len(self._records) - len(self._idle))
 
     @property
-    def starting(self) -> bool:
-        """Some stream is in its start phase."""
-        return bool(self._starting)
-
-    @property
     def mean_stream_audio_s(self) -> float:
         """Audio talked per stream submitted, at speed 1 (inf before any was talked)."""
         return self._talked_audio_s / self._submitted if self._talked_audio_s else math.inf
