@@ -76,7 +76,6 @@ class StreamRecord:
     in_flight: deque[InFlight] = field(default_factory=deque)  # taken chunks, in order
     # the index of its next segment while the backend prepares it (prepare_segment)
     preparing: int | None = None
-    prepared: int = -1  # the last segment index handed to prepare_segment
 
     @property
     def talked_all(self) -> bool:

@@ -19,8 +19,8 @@ Each plan:
 2. the chosen streams without an open segment get their next text segment opened (its
    request urgent while its stream has less than `talker.urgent_slack_s` of audio ahead,
    `alone.urgent_slack_s` for a stream alone: pipeline/load.py);
-3. a stream alone, once its first audio was sent, has its next segment prepared by the
-   backend (`capabilities.prepares_segments`) while the one before is stepped;
+3. a stream alone whose segment is opened has its next one prepared by the backend
+   (`capabilities.prepares_segments`) while this one is stepped;
 4. segments of streams that ended are closed first (orphans).
 
 `schedule(now_s, first_audio_only=True)` plans for a second lane: only streams with no
@@ -252,20 +252,13 @@ class TalkerCore:
             assert record is not None, "a talker candidate is a live stream"
             if record.talking is not None:
                 batch.append(record.talking)
-            else:
-                batch.append(self.open_segment(record, load, now_s))
-            if (
-                self._prepares
-                and load.alone
-                and record.text
-                and record.prepared < record.next_segment
-                # once its first audio was sent: until then the cores are its first chunk's
-                and record.stream.stats.chunks > 0
-            ):
-                # its next sentence is encoded on the core its chunks leave idle
+                continue
+            batch.append(self.open_segment(record, load, now_s))
+            if self._prepares and load.alone and record.text:
+                # its next sentence is encoded on the core its first chunks leave idle
                 request = record.talk_request(record.text[0], record.next_segment, urgent=False)
                 prepare.append((stream_id, request))
-                record.preparing = record.prepared = request.segment_index  # until it ends
+                record.preparing = request.segment_index  # until it ends
                 self.prepares += 1
                 self.prepared_out = True
         for opened in batch:

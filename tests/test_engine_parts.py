@@ -344,11 +344,11 @@ class _PreparingSim(SimBackend):
 
 def test_no_chunk_ahead_of_a_lone_stream_while_its_next_segment_is_prepared() -> None:
     """The backend prepares a lone stream's next segment (its encoder on a helper thread;
-    `prepares`: alone.prepare_next) from a talker call of the one before, once its first
-    audio was sent (until then the cores are its first chunk's): meanwhile the stream
-    counts as talking, no chunk of it is offered ahead, so the helper has the idle core;
-    the preparation's end wakes the vocoder. A preparation that ends after its segment was
-    opened changes nothing."""
+    `prepares`: alone.prepare_next) from the talker call that opens the one
+    before: meanwhile the stream counts as talking, no chunk of it is offered ahead, so the
+    helper has the idle core; the preparation's end wakes the vocoder. The talker itself
+    may still step the stream meanwhile (the preparation is not a step). A preparation
+    that ends after its segment was opened changes nothing."""
     vocoder_wakes: list[None] = []
     book = _fake_clock_book(
         [100.0],
@@ -373,21 +373,23 @@ def test_no_chunk_ahead_of_a_lone_stream_while_its_next_segment_is_prepared() ->
         index = request.segment_index
         done.add_done_callback(lambda _: talker.prepare_ended(stream_id, index))
 
-    plan, _ = _talk(book, backend, 100.0, watch)  # opens segment 0: nothing prepared yet
-    assert plan.prepare == [] and record.preparing is None  # the cores are its first chunk's
-    first = vocoder.schedule(100.0)
-    assert _one(first, record) == 4
-    _vocode(book, backend, first, 100.0)  # its first audio
-    plan, _ = _talk(book, backend, 100.0, watch)  # steps segment 0, prepares segment 1
+    plan, _ = _talk(book, backend, 100.0, watch)  # opens segment 0, prepares segment 1
     ((prepared_id, ahead),) = plan.prepare
-    assert prepared_id == stream.id and plan.stream_ids == (stream.id,)
+    assert prepared_id == stream.id
     assert ahead.text.startswith("Six") and ahead.segment_index == 1
     assert record.preparing == 1 and set(backend.preparations) == {1}
-    assert record.talking is None  # segment 0 done (20 frames)
+    first = vocoder.schedule(100.0)
+    assert _one(first, record) == 4
+    _vocode(book, backend, first, 100.0)
     second = vocoder.schedule(100.0)  # a worker takes the next chunk
     assert _one(second, record) == 4
     assert vocoder.schedule(100.0) is None  # none ahead while it is prepared
     assert stream.id not in vocoder.ahead_ids(book.load())
+    plan, _ = _talk(book, backend, 100.0, watch)  # the talker steps it meanwhile
+    assert plan.stream_ids == (stream.id,) and plan.prepare == []
+    assert record.talking is None  # segment 0 done (20 frames)
+    vocoder.refresh(book.load())
+    assert stream.id not in vocoder.ahead_ids(book.load())  # still prepared
     vocoder_wakes.clear()
     backend.preparations[1].set_result(None)
     assert record.preparing is None

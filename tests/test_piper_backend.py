@@ -549,12 +549,10 @@ async def _prepared_stream(
     calls, used = backend.prepare_calls, backend.prepared_used
     pcm = await read_all(engine.submit(ENGINE_TEXT, voice=VOICE))
     # a lone stream of four segments (the first sentence cut at its comma): each of the
-    # last three is prepared while the one before it is talked, once the first audio was
-    # sent (the second, only if a talker step of the first comes after that). Whether the
-    # helper thread had started one when the talker opened it depends on the OS (one it
-    # had not, the talker does itself): that it is then taken is the backend tests' matter.
-    prepares = engine.book.talker.prepares
-    assert prepares in (2, 3) if prepare_next else prepares == 0
+    # last three is prepared while the one before it is talked. Whether the helper thread
+    # had started one when the talker opened it depends on the OS (one it had not, the
+    # talker does itself): that it is then taken is the backend tests' matter.
+    assert engine.book.talker.prepares == (3 if prepare_next else 0)
     assert backend.prepare_calls - calls == engine.book.talker.prepares
     assert backend.prepared_used - used <= engine.book.talker.prepares
     return pcm
