@@ -139,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         warmup_s=args.warmup,
         capacity_duration_s=args.capacity_duration,
     )
+    args.out.mkdir(parents=True, exist_ok=True)
     if backend != "sim":
         log_probe = args.out / "admission-probe.log"
         with serve(args.config, settings, log_probe) as url:
