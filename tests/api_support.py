@@ -37,7 +37,7 @@ SIM_OVERRIDES = (
     "chunking.left_context_frames=1",
     "chunking.right_context_frames=1",
     # no start-up calibration: tests that gate or count backend calls see only their own
-    # (tests/test_calibration.py and tests/test_shutdown.py run with it)
+    # (tests/test_calibration.py runs with it)
     "engine.calibration_calls=0",
 )
 # A talker at 4x real time for one stream (4 frames of 80 ms per 80 ms step): ~10 s of

@@ -52,6 +52,7 @@ def settings() -> Settings:
     """Admission off: the tests follow each other faster than their audio would play
     (admission's 429 is tested with the sim backend, tests/test_elevenlabs_api.py)."""
     overrides = ["server.log_level=warning", "admission.enabled=false"]
+    overrides.append("engine.calibration_calls=0")  # nothing admits: no capacity to measure
     return load_settings(ROOT / "configs" / "default.yaml", overrides, environ={})
 
 

@@ -332,10 +332,13 @@ def playhead_url() -> Iterator[str]:
     from app.server import create_app
     from app.settings import load_settings
 
-    settings = load_settings("configs/sim.yaml", ["server.log_level=warning"])
+    # no start-up calibration: two streams need no measured capacity
+    settings = load_settings(
+        "configs/sim.yaml", ["server.log_level=warning", "engine.calibration_calls=0"]
+    )
     served = _serve(create_app(settings))
     url = next(served)
-    deadline = time.monotonic() + 20  # the engine calibrates before it is ready
+    deadline = time.monotonic() + 20
     while httpx.get(f"{url}/ready", timeout=5).status_code != 200:
         assert time.monotonic() < deadline, "the server did not become ready"
         time.sleep(0.05)

@@ -28,6 +28,8 @@ GRACE_S = 3.0
 SERVE_SETTINGS = (
     "sim.vocoder_per_frame_ms=40",
     "sim.vocoder_base_ms=2",
+    # no start-up calibration: at these costs it runs its full 5 s, and nothing here admits
+    "engine.calibration_calls=0",
     f"server.shutdown_grace_s={GRACE_S}",
     "admission.enabled=false",
 )
@@ -148,7 +150,7 @@ def test_sigterm_drains_then_cancels_and_exits_0() -> None:
 def test_a_second_sigterm_ends_the_grace_at_once() -> None:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    proc = start_server(port, *SERVE_SETTINGS[:2], "server.shutdown_grace_s=60")
+    proc = start_server(port, *SERVE_SETTINGS[:3], "server.shutdown_grace_s=60")
     done = threading.Event()
 
     def long_sse() -> None:
