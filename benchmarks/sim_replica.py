@@ -309,7 +309,7 @@ class Replica:
         core = self.book.talker
         self._talker_busy = True
         while True:
-            if core.drop_prepared_due(core.load()):
+            if core.drop_prepared_due():
                 self.backend.drop_prepared()
             plan = core.schedule(now_s)
             if plan is None:

@@ -71,7 +71,7 @@ class Talker:
             urgent: asyncio.Task[None] | None = None
             while True:
                 self.wake.clear()
-                if core.drop_prepared_due(core.load()):
+                if core.drop_prepared_due():
                     self._drop_prepared()
                 now_s = self._clock()
                 retry_in_s: float | None = None

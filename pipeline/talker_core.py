@@ -197,10 +197,10 @@ class TalkerCore:
     def has_orphans(self) -> bool:
         return bool(self._orphans)
 
-    def drop_prepared_due(self, load: Load) -> bool:
+    def drop_prepared_due(self) -> bool:
         """Segments are being prepared while the stream is no longer alone: the backend
         should give them up (its helper thread would take a core from the talker)."""
-        if self.prepared_out and not load.alone:
+        if self.prepared_out and not self._table.load().alone:
             self.prepared_out = False
             return True
         return False
@@ -301,9 +301,6 @@ class TalkerCore:
     def _busy(self, stream_id: str) -> bool:
         record = self._table.records[stream_id]
         return record.sender.parked or record.stepping
-
-    def load(self) -> Load:
-        return self._table.load()
 
     # The outcome.
 

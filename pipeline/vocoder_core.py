@@ -241,7 +241,7 @@ class VocoderCore:
         record.chunk = None
         self._vocoding.add(stream_id)
         self._ahead.pop(stream_id, None)
-        if self._max_in_flight > 1 and self._work_ahead(load):
+        if self._work_ahead(load):
             self._mark_dirty(record)  # its next chunk may be decoded beside this one
 
     def _plan_ahead(self, record: StreamRecord, load: Load) -> None:
