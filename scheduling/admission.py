@@ -10,6 +10,10 @@ its small ramp chunks cost more per audio second), and a stream whose audio is a
 produced and sent costs nothing, whatever its player still has to play. A request fits
 when the load with it is within `capacity x capacity_headroom` (capacity in audio s per
 s, that is streams at 1x) and, with `max_streams` set, the streams with work are fewer.
+An idle engine (no stream with work, none granted) takes one request whatever the capacity
+reads: a low reading (the cores shared with another process, a slow voice) may leave no
+room for a starting stream's `1 + start_cost`, and refusing on an idle machine would serve
+nobody; the lone stream gets the whole machine.
 
 A request that does not fit waits in ONE first-come-first-served queue when the model
 predicts a slot within `queue_max_wait_s` (`predict_wait_s`: the owed audio drained by
@@ -137,8 +141,11 @@ class Admission:
         capacity = view.capacity_audio_s_per_s
         if not capacity > 0:
             return True
+        load = self.load_units(view)
+        if load == 0 and ahead == 0:  # an idle engine takes one, whatever the capacity
+            return True
         need = (ahead + 1) * (1.0 + config.start_cost)
-        return self.load_units(view) + need <= capacity * config.capacity_headroom + 1e-9
+        return load + need <= capacity * config.capacity_headroom + 1e-9
 
     def free_slots(self, view: LoadView) -> float:
         """How many more requests would be admitted now, none waiting (math.inf: no limit
@@ -151,8 +158,10 @@ class Admission:
             limits.append(config.max_streams - len(view.streams) - view.granted)
         capacity = view.capacity_audio_s_per_s
         if capacity > 0:
-            room = capacity * config.capacity_headroom - self.load_units(view) + 1e-9
-            limits.append(math.floor(room / (1.0 + config.start_cost)))
+            load = self.load_units(view)
+            room = capacity * config.capacity_headroom - load + 1e-9
+            slots = math.floor(room / (1.0 + config.start_cost))
+            limits.append(max(slots, 1) if load == 0 else slots)  # idle: one, as in fits
         return float(max(0, min(limits) - self.waiting)) if limits else math.inf
 
     def offer(
@@ -233,7 +242,7 @@ class Admission:
                 ahead -= 1  # the next waiter starts
                 streams.append(list(new))
             if not streams:
-                return math.inf  # it would not fit on an idle engine either
+                return math.inf  # (an idle engine takes one: not reached)
             share = capacity / len(streams)  # audio s per s each
             step_s = min((min(left, owed) if left > 0 else owed) / share for owed, left in streams)
             if not math.isfinite(step_s):

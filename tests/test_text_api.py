@@ -186,7 +186,12 @@ def first_audio_then_hang_up(server: LiveServer, text: str) -> tuple[str, float]
             "POST", server.base_url + SPEECH, json=body(text, response_format="pcm")
         ) as response,
     ):
-        assert response.status_code == 200
+        if response.status_code != 200:
+            engine = server.app.state.playhead.engine
+            raise AssertionError(
+                f"{response.status_code} {response.read()[:300]!r}; capacity "
+                f"{engine.capacity():.2f}, loads {engine.book.loads(0.3)}"
+            )
         stream_id = response.headers["x-request-id"]
         for piece in response.iter_raw():
             read += len(piece)
