@@ -81,7 +81,9 @@ class Reservation:
         when no slot freed within `admission.queue_max_wait_s`, NotReady when the engine
         stops or drains meanwhile. Cancelled (its client gone): `release` it."""
         if self._future is not None:
-            await self._future
+            # shielded: a cancelled waiter (its client gone) leaves the future to
+            # `release`, so a grant already on its way never meets a cancelled future
+            await asyncio.shield(self._future)
 
     def take(self, front: AdmissionFront) -> bool:
         """Use the reservation up for a stream created at once, without yielding (True),
@@ -169,9 +171,11 @@ class AdmissionFront:
         now_s = self._clock()
         for reservation in self.policy.grant(self.view(now_s)):
             self._waiters.pop(reservation, None)  # type: ignore[call-overload]
+            future = reservation._future
+            if future is None or future.done():  # (never, see wait_start) not granted:
+                continue  # the others still are
             self._grant(reservation, waited_s=max(0.0, now_s - reservation._queued_at_s))
-            assert reservation._future is not None
-            reservation._future.set_result(None)
+            future.set_result(None)
         for reservation, decision in self.policy.expire(now_s, self.view(now_s)):
             self._waiters.pop(reservation, None)  # type: ignore[call-overload]
             reservation._front = None

@@ -239,3 +239,32 @@ async def test_the_engine_front_queues_grants_and_refuses(make_engine) -> None:
     await engine.stop()
     with pytest.raises(NotReady):
         await last.wait_start()
+
+
+async def test_a_waiter_cancelled_as_its_grant_comes_loses_no_other_grant(make_engine) -> None:
+    """The client's task is cancelled (its client left) while a grant for it is already
+    scheduled: the grant finds its future pending (wait_start is shielded), the waiter
+    behind it is granted too, and the release gives the slot back. (Seen in a benchmark's
+    server log: InvalidStateError in run_grants, and every grant after it lost.)"""
+    from scheduling import AdmissionConfig
+
+    engine = await make_engine(
+        admission=AdmissionConfig(max_streams=2, start_cost=0.0, queue_max_wait_s=600)
+    )
+    held = [engine.submit(LONG, voice="sim") for _ in range(2)]  # read by nobody
+    leaving, behind = engine.reserve(), engine.reserve()
+    assert leaving.queued and behind.queued
+    waiter = asyncio.ensure_future(leaving.wait_start())
+    await asyncio.sleep(0)  # it waits on its future
+    waiter.cancel()  # the client's task is cancelled; its `release` has not run yet
+    for stream in held:
+        engine.book.cancel(stream.id)  # both slots free at once
+    engine.admission.run_grants()  # the grants already scheduled run first
+    assert behind.granted
+    await asyncio.wait_for(behind.wait_start(), 1)
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    leaving.release()
+    assert engine.admission.granted == 1 and engine.admission.waiting == 0
+    behind.release()
+    assert nothing_held(engine)
