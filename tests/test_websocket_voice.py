@@ -45,6 +45,7 @@ def settings() -> Settings:
             # one socket after another on a shared CPU: the capacity estimate must not
             # refuse them (admission on the socket is tested on the sim backend)
             "admission.enabled=false",
+            "engine.calibration_calls=0",
             "piper.noise_scale=0",
             "piper.noise_w=0",
         ],

@@ -77,7 +77,13 @@ def server() -> Iterator[Server]:
     argv += ["--port", str(http_port), "--wyoming-port", str(wyoming_port)]
     # one request after another on a shared CPU: the capacity estimate must not refuse
     # them (admission over Wyoming is tested on the sim backend)
-    for item in ("admission.enabled=false", "piper.noise_scale=0", "piper.noise_w=0"):
+    settings = (
+        "admission.enabled=false",
+        "engine.calibration_calls=0",
+        "piper.noise_scale=0",
+        "piper.noise_w=0",
+    )
+    for item in settings:
         argv += ["--set", item]
     proc = subprocess.Popen(
         argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
