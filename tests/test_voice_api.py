@@ -67,7 +67,6 @@ def settings() -> Settings:
             "server.log_level=warning",
             "piper.noise_scale=0",
             "piper.noise_w=0",
-            "engine.calibration_calls=0",  # one request at a time: nothing to calibrate for
             "talker.urgent_slack_s=1000000.0",
             "alone.urgent_slack_s=1000000.0",
         ],
