@@ -77,6 +77,9 @@ from scheduling import AdmissionConfig, ChunkingConfig, Decision, SchedulingConf
 from scheduling.routing import ReplicaLoad, rank_replicas
 
 ROUTERS = ("random", "least-loaded", "slack")
+# In virtual time the stages cost exactly what the capacity model reads: the whole reading
+# may be committed (configs/sim.yaml does the same; the voice keeps a margin).
+VIRTUAL_HEADROOM = 1.0
 RESULTS_DIR = Path(__file__).with_name("results")
 
 # A replica: K = 16 chunks of 640 ms per batched call of 4 + 128 * 1.22 = 160 ms, so C = 64
@@ -684,7 +687,7 @@ def policy_scenario(name: str, window: int, **kw: object) -> Scenario:
     return Scenario(
         label=label,
         scheduling=SchedulingConfig(policy=policy, active_stream_window=k),
-        admission=AdmissionConfig(enabled=admission),
+        admission=AdmissionConfig(enabled=admission, capacity_headroom=VIRTUAL_HEADROOM),
         **kw,  # type: ignore[arg-type]
     )
 
@@ -736,7 +739,7 @@ def default_plan(quick: bool = False, window: int = DEFAULT_WINDOW) -> list[Scen
             replicas=replicas,
             router="slack",
             scheduling=SchedulingConfig(policy="edf", active_stream_window=window),
-            admission=AdmissionConfig(enabled=True),
+            admission=AdmissionConfig(enabled=True, capacity_headroom=VIRTUAL_HEADROOM),
         )
     )
     return plan

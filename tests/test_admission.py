@@ -14,6 +14,7 @@ from scheduling import Admission, AdmissionConfig, ConfigError, Decision, LoadVi
 
 def admission(**kwargs: object) -> Admission:
     kwargs.setdefault("start_cost", 0.0)
+    kwargs.setdefault("capacity_headroom", 1.0)  # whole-number arithmetic; the margin: below
     return Admission(AdmissionConfig(**kwargs))  # type: ignore[arg-type]
 
 

@@ -114,7 +114,7 @@ def test_free_streams_follow_admission() -> None:
     assert capacity_only.free_slots(view) == 5  # floor(8.01 - 3)
     assert capacity_only.free_slots(LoadView(8.9, [StreamLoad(5.0)] * 9)) == 0
     assert capacity_only.free_slots(LoadView(0.0, [StreamLoad(5.0)] * 3)) == math.inf
-    capped = Admission(AdmissionConfig(max_streams=4, start_cost=0.0))
+    capped = Admission(AdmissionConfig(max_streams=4, start_cost=0.0, capacity_headroom=1.0))
     assert capped.free_slots(LoadView(20.0, [StreamLoad(5.0)])) == 3
     assert capped.free_slots(LoadView(2.0, [StreamLoad(5.0)])) == 1
     disabled = Admission(AdmissionConfig(max_streams=1, enabled=False))
