@@ -50,8 +50,16 @@ LONG = " ".join(
 @pytest.fixture(scope="module")
 def settings() -> Settings:
     """Admission off: the tests follow each other faster than their audio would play
-    (admission's 429 is tested with the sim backend, tests/test_elevenlabs_api.py)."""
-    overrides = ["server.log_level=warning", "admission.enabled=false"]
+    (admission's 429 is tested with the sim backend, tests/test_elevenlabs_api.py). Noise
+    scales 0: the same text gives the same speech, so pocketsphinx's word times, against
+    which the clients' times are checked, do not depend on the voice's sampling (with
+    Piper's noise, "five dollars" was once heard as "by ago" and the words lost step)."""
+    overrides = [
+        "server.log_level=warning",
+        "admission.enabled=false",
+        "piper.noise_scale=0",
+        "piper.noise_w=0",
+    ]
     overrides.append("engine.calibration_calls=0")  # nothing admits: no capacity to measure
     return load_settings(ROOT / "configs" / "default.yaml", overrides, environ={})
 
