@@ -171,11 +171,11 @@ class AdmissionFront:
         now_s = self._clock()
         for reservation in self.policy.grant(self.view(now_s)):
             self._waiters.pop(reservation, None)  # type: ignore[call-overload]
-            future = reservation._future
-            if future is None or future.done():  # (never, see wait_start) not granted:
-                continue  # the others still are
             self._grant(reservation, waited_s=max(0.0, now_s - reservation._queued_at_s))
-            future.set_result(None)
+            # pending: only run_grants, expire and refuse_all settle a waiter's future (its
+            # wait is shielded), and each takes it from the queue first
+            assert reservation._future is not None
+            reservation._future.set_result(None)
         for reservation, decision in self.policy.expire(now_s, self.view(now_s)):
             self._waiters.pop(reservation, None)  # type: ignore[call-overload]
             reservation._front = None
