@@ -59,8 +59,8 @@ def settings() -> Settings:
         "admission.enabled=false",
         "piper.noise_scale=0",
         "piper.noise_w=0",
+        "engine.calibration_calls=0",  # nothing admits: no capacity to measure
     ]
-    overrides.append("engine.calibration_calls=0")  # nothing admits: no capacity to measure
     return load_settings(ROOT / "configs" / "default.yaml", overrides, environ={})
 
 

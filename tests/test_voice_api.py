@@ -57,10 +57,10 @@ LONG_TEXT = (
 
 @pytest.fixture(scope="module")
 def settings() -> Settings:
-    """Noise scales 0, admission off, and the two choices that follow the stream's timing
-    pinned, so that the same request gives the same bytes: every segment urgent (its flow
-    in the same chunks whenever it is opened), which changes the audio only within float
-    noise of the whole flow."""
+    """Noise scales 0, and the two choices that follow the stream's timing pinned, so that
+    the same request gives the same bytes: every segment urgent (its flow in the same
+    chunks whenever it is opened), which changes the audio only within float noise of the
+    whole flow. Admission off (below)."""
     return load_settings(
         ROOT / "configs" / "default.yaml",
         [
