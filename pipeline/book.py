@@ -89,6 +89,8 @@ class StreamBook:
             events=events,
             wake=wake_both,
             start_phase_chunks=start_phase_chunks,
+            # the frames a steady chunk needs, its lookahead included
+            start_ahead_frames=planner.config.chunk_frames + planner.config.right_context_frames,
             start_freed=wakes.start,
         )
         self.vocoder = VocoderCore(

@@ -51,11 +51,14 @@ class StreamTable:
         events: EngineEvents,
         wake: Callable[[], None],
         start_phase_chunks: int = 0,
+        start_ahead_frames: int = 0,
         start_freed: Callable[[], None] = lambda: None,
     ) -> None:
         """`wake`: a reader event waits in the inbox (the stage drivers apply it).
         `start_phase_chunks`: a stream counts as starting until it sent this many chunks
-        (0: not tracked); `start_freed` is called when one stops starting or ends."""
+        (0: not tracked) and its talker made `start_ahead_frames` frames past them (the
+        frames its first steady chunk needs, context included), or all its text, or it
+        waits for more text; `start_freed` is called when one stops starting or ends."""
         self.scheduler = scheduler
         self._new_segmenter = segmenter
         self._max_pending_audio_s = max_pending_audio_s
@@ -70,6 +73,7 @@ class StreamTable:
         self._unparked: list[Callable[[StreamRecord], None]] = []
         self._inbox: deque[tuple[str, ReaderEvent]] = deque()
         self._start_phase_chunks = start_phase_chunks
+        self._start_ahead_frames = start_ahead_frames
         self._starting: dict[str, None] = {}  # in their start phase
         # live-text streams that sent all they had and wait for their client's next text
         # (no work now: they do not count against a stream being alone)
@@ -125,7 +129,8 @@ class StreamTable:
     def loads(self, start_chunk_audio_s: float) -> list[StreamLoad]:
         """What each stream with work left still owes, for admission: its audio left
         (the text's estimated length less what was sent; inf while its text is open), and
-        while it starts, `start_chunk_audio_s` per start-phase chunk still to send."""
+        while it starts, `start_chunk_audio_s` per start-phase chunk still to send (one
+        while its chunks are sent and the talker's next step is still owed)."""
         per_char_s = (
             self._talked_audio_s / self._talked_chars
             if self._talked_chars
@@ -139,7 +144,7 @@ class StreamTable:
             owed_s = max(owed_s, start_chunk_audio_s) if record.text_closed else math.inf
             left = 0
             if stream_id in starting and not record.waits_for_text:
-                left = chunks - stream.stats.chunks
+                left = max(1, chunks - stream.stats.chunks)
             loads.append(StreamLoad(owed_s, max(0, left) * start_chunk_audio_s))
         return loads
 
@@ -217,17 +222,32 @@ class StreamTable:
 
     def chunk_sent(self, record: StreamRecord) -> None:
         """The stream sent a chunk: a live-text stream may now wait for its client's text
-        (idle), and it may have left its start phase (its start_phase_chunks-th chunk, or
-        a live-text stream that sent all it had)."""
-        stream_id = record.stream.id
+        (idle), and it may have left its start phase."""
         waits = record.waits_for_text
         if waits:
-            self._idle.add(stream_id)
+            self._idle.add(record.stream.id)
+        self._end_start(record, waits)
+
+    def frames_made(self, record: StreamRecord) -> None:
+        """The talker made frames for the stream: it may have left its start phase."""
+        self._end_start(record, False)
+
+    def _end_start(self, record: StreamRecord, waits: bool) -> None:
+        """A stream leaves its start phase once it sent `start_phase_chunks` chunks and
+        its talker is past its start: the frames of its first steady chunk are made (the
+        talker's second step for a Piper voice, the work a start owes up front, which
+        waits on the talker's lane behind other streams' steps), or all its text; a
+        live-text stream that sent all it had leaves it at once."""
+        stream_id = record.stream.id
         if stream_id not in self._starting:
             return
-        if record.stream.stats.chunks >= self._start_phase_chunks or waits:
-            del self._starting[stream_id]
-            self._start_freed()
+        if not waits:
+            if record.stream.stats.chunks < self._start_phase_chunks:
+                return
+            if not record.talked_all and record.frames.queued_frames < self._start_ahead_frames:
+                return
+        del self._starting[stream_id]
+        self._start_freed()
 
     # Endings.
 

@@ -372,6 +372,7 @@ class TalkerCore:
         record.aligner.talked(opened.request, opened.segment.available_frames, done, timing)
         if not done:
             self.update_candidate(record)
+            self._table.frames_made(record)
             return
         opened.segment.done = True
         record.talking = None
@@ -384,6 +385,7 @@ class TalkerCore:
             record.aligner.finish(record.frames.produced_frames)
             stream.state = StreamState.VOCODING
         self._vocoder.frames_changed(record)
+        self._table.frames_made(record)
         self._vocoder.finish_if_done(record)
 
     def prepare_ended(self, stream_id: str, segment_index: int) -> None:

@@ -469,3 +469,82 @@ def test_a_live_text_stream_waiting_for_its_text_leaves_another_alone() -> None:
     assert book.load().alone  # the socket waits: the request has the machine
     book.add_text(live.id, "And more.", final=False, flush=True)
     assert not book.load().alone
+
+
+def _start_phase_book(freed: list[int]) -> StreamBook:
+    """A book whose streams start until their 2nd chunk (ramp 2 + 2 frames, steady
+    chunks of 8): admission's start-phase tracking, `freed` counting the slots freed."""
+    scheduling = SchedulingConfig()
+    return StreamBook(
+        scheduler=PlaybackScheduler(scheduling),
+        planner=ChunkPlanner(ChunkingConfig(chunk_frames=8, ramp=[2, 2])),
+        order=talker_order(TalkerConfig(), scheduling),
+        segmenter=partial(Segmenter, **segment_options(TextConfig(first_fragment_words=0))),
+        max_pending_audio_s=1e9,
+        clock=lambda: 100.0,
+        events=NullEvents(),
+        wakes=Wakes(talker=lambda: None, vocoder=lambda: None, start=lambda: freed.append(1)),
+        start_phase_chunks=2,
+    )
+
+
+def _vocode_all(book: StreamBook, backend: SimBackend) -> None:
+    while (plan := book.vocoder.schedule(100.0)) is not None:
+        _vocode(book, backend, plan, 100.0)
+
+
+def test_a_stream_starts_until_its_talker_made_its_first_steady_chunk() -> None:
+    """Past its start-phase chunks a stream still counts as starting (admission charges
+    its start cost) while the frames of its first steady chunk are not talked: that step
+    is the work a start owes up front (a Piper voice's second flow step, queued behind
+    the other starters'). The talker makes 4 frames a step: after the first, the ramp's
+    two chunks are sent and none of the next 8 frames exist; after the third, they do."""
+    freed: list[int] = []
+    book = _start_phase_book(freed)
+    backend = _sim(4)
+    stream = book.add_stream(backend.voices()[0], speed=1.0, now_s=100.0)
+    book.add_text(stream.id, "one two three four five six seven eight nine ten. " * 3, final=True)
+    record = book.record(stream.id)
+    assert record is not None
+
+    def starting() -> bool:
+        (load,) = book.loads(1.0)
+        return load.start_left_audio_s > 0
+
+    assert starting()
+    _talk(book, backend, 100.0)
+    _vocode_all(book, backend)
+    assert stream.stats.chunks == 2 and record.frames.queued_frames == 0
+    assert starting() and not freed  # its start-phase chunks are sent, the talk is owed
+    _talk(book, backend, 100.0)
+    assert record.frames.queued_frames == 4
+    assert starting() and not freed
+    _talk(book, backend, 100.0)
+    assert record.frames.queued_frames == 8
+    assert not starting() and freed == [1]  # its first steady chunk's frames are made
+
+
+def test_a_short_stream_talked_all_leaves_its_start_phase_with_its_chunks() -> None:
+    """A stream whose text is all talked owes no talk: it stops starting at its start-phase
+    chunks, though fewer frames than a steady chunk are left."""
+    freed: list[int] = []
+    book = _start_phase_book(freed)
+    backend = _sim(1000)  # a segment per step
+    stream = book.add_stream(backend.voices()[0], speed=1.0, now_s=100.0)
+    book.add_text(stream.id, "One two three four five six.", final=True)
+    record = book.record(stream.id)
+    assert record is not None
+    _talk(book, backend, 100.0)
+    assert record.talked_all
+    (load,) = book.loads(1.0)
+    assert load.start_left_audio_s > 0 and not freed
+    plan = book.vocoder.schedule(100.0)
+    _vocode(book, backend, plan, 100.0)
+    assert stream.stats.chunks == 1
+    (load,) = book.loads(1.0)
+    assert load.start_left_audio_s > 0 and not freed
+    plan = book.vocoder.schedule(100.0)
+    _vocode(book, backend, plan, 100.0)
+    assert stream.stats.chunks == 2 and record.frames.queued_frames > 0
+    (load,) = book.loads(1.0)
+    assert load.start_left_audio_s == 0 and freed == [1]
