@@ -26,11 +26,16 @@ import asyncio
 import json
 import statistics
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from app.settings import load_settings
 from benchmarks.bench import (
@@ -47,6 +52,7 @@ from benchmarks.bench import (
     serve,
 )
 from benchmarks.loadgen import RequestOptions, load_corpus
+from benchmarks.soak import metric
 from benchmarks.voice import _voice_options
 
 SETTINGS = ("server.log_level=warning",)
@@ -56,6 +62,28 @@ TARGET_TTFA_P99_MS = 1000.0
 
 def _log(message: str) -> None:
     print(f"[admission {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+@contextmanager
+def capacity_readings(url: str, period_s: float = 0.5) -> Iterator[list[float]]:
+    """The server's capacity model reading (its /metrics gauge), every `period_s` while
+    the block runs: what admission compared the load with."""
+    readings: list[float] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        with httpx.Client(base_url=url, timeout=5.0) as client:
+            while not stop.wait(period_s):
+                text = client.get("/metrics").text
+                readings.append(metric(text, "playhead_capacity_audio_seconds_per_second"))
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield readings
+    finally:
+        stop.set()
+        thread.join()
 
 
 def one_run(
@@ -75,15 +103,23 @@ def one_run(
     with serve(config, settings, log_dir / f"served-{index}.log") as url:
         for f in factors:
             n = max(1, round(f * capacity))
-            row = run_row(Policy("served", window, True), run_load(url, n, plan), capacity)
+            with capacity_readings(url) as readings:
+                result = run_load(url, n, plan)
+            row = run_row(Policy("served", window, True), result, capacity)
             row["factor"] = f
+            row["model_capacity"] = {
+                "mean": statistics.fmean(readings) if readings else None,
+                "min": min(readings, default=None),
+                "max": max(readings, default=None),
+            }
             row["playing_per_capacity"] = float(row["listening_mean"]) / capacity
             points.append(row)
             _log(
                 f"run {index + 1}: {f:g} C (N={n}): playing {row['playing_per_capacity']:.2f} C, "
                 f"stall-free {100 * float(row['stall_free_share']):.0f}% of {row['streams_ok']} "
                 f"(interruptions {row['interruptions']}), TTFA p99 "
-                f"{row['ttfa_p99_ms'] or 0:.0f} ms, 429s {row['rejected']}"
+                f"{row['ttfa_p99_ms'] or 0:.0f} ms, 429s {row['rejected']}, the model read "
+                f"{row['model_capacity']['mean'] or 0:.2f} on average"
             )
             time.sleep(1.0)
     return {"capacity": capacity, "capacity_by_policy": by_policy, "points": points}
