@@ -48,8 +48,9 @@ class AdmissionConfig:
     # capacity: 0.95 kept 21 of 24 points stall-free, 1.0 8 of 14; docs/admission.md)
     capacity_headroom: float = 0.95
     # extra streams' worth a stream costs while in its start phase (its first
-    # `start_phase_chunks` chunks): streams that all start together overrun the stages
-    # although their steady state fits
+    # `start_phase_chunks` chunks, and until its talker made the frames of its first
+    # steady chunk): streams that all start together overrun the stages although their
+    # steady state fits
     start_cost: float = 3.0
     start_phase_chunks: int = 3
     # a request beyond capacity waits (first come first served) when a slot is predicted
