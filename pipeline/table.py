@@ -145,7 +145,7 @@ class StreamTable:
             left = 0
             if stream_id in starting and not record.waits_for_text:
                 left = max(1, chunks - stream.stats.chunks)
-            loads.append(StreamLoad(owed_s, max(0, left) * start_chunk_audio_s))
+            loads.append(StreamLoad(owed_s, left * start_chunk_audio_s))
         return loads
 
     def stats(self, capacity_audio_s_per_s: float) -> EngineStats:
