@@ -72,10 +72,12 @@ def _fake_clock_book(
     vocoder_wake: Callable[[], None] = lambda: None,
     *,
     batch: int = 1,
+    start_wake: Callable[[], None] = lambda: None,
     **options: Any,
 ) -> StreamBook:
     """A stream book on the clock `now[0]`, sentences uncut and no cap, the talker order
-    the engine builds (talker.batch `batch`); no wakes but the vocoder's (`vocoder_wake`)."""
+    the engine builds (talker.batch `batch`); no wakes but the vocoder's (`vocoder_wake`)
+    and a start slot's (`start_wake`)."""
     scheduling = SchedulingConfig()
     return StreamBook(
         scheduler=PlaybackScheduler(scheduling),
@@ -85,7 +87,7 @@ def _fake_clock_book(
         max_pending_audio_s=1e9,
         clock=lambda: now[0],
         events=NullEvents(),
-        wakes=Wakes(talker=lambda: None, vocoder=vocoder_wake),
+        wakes=Wakes(talker=lambda: None, vocoder=vocoder_wake, start=start_wake),
         **options,
     )
 
@@ -474,18 +476,16 @@ def test_a_live_text_stream_waiting_for_its_text_leaves_another_alone() -> None:
 def _start_phase_book(freed: list[int]) -> StreamBook:
     """A book whose streams start until their 2nd chunk (ramp 2 + 2 frames, steady
     chunks of 8): admission's start-phase tracking, `freed` counting the slots freed."""
-    scheduling = SchedulingConfig()
-    return StreamBook(
-        scheduler=PlaybackScheduler(scheduling),
-        planner=ChunkPlanner(ChunkingConfig(chunk_frames=8, ramp=[2, 2])),
-        order=talker_order(TalkerConfig(), scheduling),
-        segmenter=partial(Segmenter, **segment_options(TextConfig(first_fragment_words=0))),
-        max_pending_audio_s=1e9,
-        clock=lambda: 100.0,
-        events=NullEvents(),
-        wakes=Wakes(talker=lambda: None, vocoder=lambda: None, start=lambda: freed.append(1)),
-        start_phase_chunks=2,
+    chunking = ChunkingConfig(chunk_frames=8, ramp=[2, 2])
+    return _fake_clock_book(
+        [100.0], chunking, start_wake=lambda: freed.append(1), start_phase_chunks=2
     )
+
+
+def _starting(book: StreamBook) -> bool:
+    """Whether the book's one stream counts as starting for admission."""
+    (load,) = book.loads(1.0)
+    return load.start_left_audio_s > 0
 
 
 def _vocode_all(book: StreamBook, backend: SimBackend) -> None:
@@ -506,22 +506,17 @@ def test_a_stream_starts_until_its_talker_made_its_first_steady_chunk() -> None:
     book.add_text(stream.id, "one two three four five six seven eight nine ten. " * 3, final=True)
     record = book.record(stream.id)
     assert record is not None
-
-    def starting() -> bool:
-        (load,) = book.loads(1.0)
-        return load.start_left_audio_s > 0
-
-    assert starting()
+    assert _starting(book)
     _talk(book, backend, 100.0)
     _vocode_all(book, backend)
     assert stream.stats.chunks == 2 and record.frames.queued_frames == 0
-    assert starting() and not freed  # its start-phase chunks are sent, the talk is owed
+    assert _starting(book) and not freed  # its start-phase chunks are sent, the talk is owed
     _talk(book, backend, 100.0)
     assert record.frames.queued_frames == 4
-    assert starting() and not freed
+    assert _starting(book) and not freed
     _talk(book, backend, 100.0)
     assert record.frames.queued_frames == 8
-    assert not starting() and freed == [1]  # its first steady chunk's frames are made
+    assert not _starting(book) and freed == [1]  # its first steady chunk's frames are made
 
 
 def test_a_short_stream_talked_all_leaves_its_start_phase_with_its_chunks() -> None:
@@ -531,20 +526,15 @@ def test_a_short_stream_talked_all_leaves_its_start_phase_with_its_chunks() -> N
     book = _start_phase_book(freed)
     backend = _sim(1000)  # a segment per step
     stream = book.add_stream(backend.voices()[0], speed=1.0, now_s=100.0)
-    book.add_text(stream.id, "One two three four five six.", final=True)
+    book.add_text(stream.id, "One, two.", final=True)
     record = book.record(stream.id)
     assert record is not None
     _talk(book, backend, 100.0)
     assert record.talked_all
-    (load,) = book.loads(1.0)
-    assert load.start_left_audio_s > 0 and not freed
-    plan = book.vocoder.schedule(100.0)
-    _vocode(book, backend, plan, 100.0)
+    assert _starting(book) and not freed
+    _vocode(book, backend, book.vocoder.schedule(100.0), 100.0)
     assert stream.stats.chunks == 1
-    (load,) = book.loads(1.0)
-    assert load.start_left_audio_s > 0 and not freed
-    plan = book.vocoder.schedule(100.0)
-    _vocode(book, backend, plan, 100.0)
-    assert stream.stats.chunks == 2 and record.frames.queued_frames > 0
-    (load,) = book.loads(1.0)
-    assert load.start_left_audio_s == 0 and freed == [1]
+    assert _starting(book) and not freed
+    _vocode(book, backend, book.vocoder.schedule(100.0), 100.0)
+    assert stream.stats.chunks == 2 and 0 < record.frames.queued_frames < 8
+    assert not _starting(book) and freed == [1]
