@@ -1,14 +1,22 @@
 """Admission over capacity, run after run: the served config at 1.5 C and 2 C offered.
 
-Each run measures C on this machine now (closed-loop clients that send their next request
-at the last byte, admission off; the larger of fifo without a window and edf with the
-config's window, as `make bench-voice` does), then serves the config as it is (admission
-on) to closed loops of round(f x C) listeners for each factor f. A listener plays its
-stream at 1x (benchmarks/player.py), sends its next request when it has heard the last one,
-and after a 429 waits its Retry-After and sends again. Per point: listeners playing on
-average (time-averaged players between first audio and the end of playback) as a share
-of C, the stall-free share of the accepted streams and their interruptions (>= 150 ms),
-TTFA p99 from the first try (the time being refused and queued included) and the 429s.
+Each run measures C on this machine, beside its points: closed-loop clients that send
+their next request at the last byte, admission off, once under fifo without a window and
+once under edf with the config's window; C is the two probes' mean. The run goes probe,
+1.5 C point, probe, 2 C point (which probe goes first alternates run by run), so each point
+is within a minute of both probes: this VM's speed drifts by 10-20% within minutes. The
+first point is sized by the first probe, the second by both. Until 2026-12-04 C was the
+larger of two probes taken before both points, as `make bench-voice` takes it; the two
+schedules sustain alike on the voice (fifo 1% more on average, one 10 s probe moving 4-13%
+within minutes), so the larger of two draws read a few percent over what the machine
+sustains. Each point still records its share of the larger probe. Each point serves the
+config as it is (admission on), a fresh server, to a closed loop of round(f x C) listeners.
+A listener plays its stream at 1x (benchmarks/player.py), sends its next request when it
+has heard the last one, and after a 429 waits its Retry-After and sends again. Per point:
+listeners playing on average (time-averaged players between first audio and the end of
+playback) as a share of C, the stall-free share of the accepted streams and their
+interruptions (>= 150 ms), TTFA p99 from the first try (the time being refused and queued
+included) and the 429s.
 
 The targets (issue #35): at least 0.9 C playing, 100% of accepted streams stall-free,
 TTFA p99 at most 1 s, in every run.
@@ -51,7 +59,7 @@ from benchmarks.bench import (
     run_row,
     serve,
 )
-from benchmarks.loadgen import RequestOptions, load_corpus
+from benchmarks.loadgen import LoadResult, RequestOptions, load_corpus
 from benchmarks.soak import metric
 from benchmarks.voice import _voice_options
 
@@ -90,51 +98,72 @@ def one_run(
     config: Path, settings: list[str], plan: LoadPlan, factors: list[float], clients: int,
     log_dir: Path, index: int,
 ) -> dict[str, Any]:  # fmt: skip
+    """Probe, point, probe, points: the first probe sizes the first point, both the rest,
+    and C is the two probes' mean, each taken within a minute of each point (the host's
+    speed drifts by 10-20% within minutes). Which probe goes first alternates by run."""
     window = load_settings(config).scheduling.active_stream_window
+    policies = [Policy("fifo", 0, False), Policy("edf", window, False)]
+    if index % 2:
+        policies.reverse()
     by_policy: dict[str, float] = {}
-    for policy in (Policy("fifo", 0, False), Policy("edf", window, False)):
-        c, _ = measure_capacity(
-            config, settings, clients, plan, log_dir / f"capacity-{policy.slug}-{index}.log", policy
-        )
-        by_policy[policy.label] = c
-    capacity = max(by_policy.values())
-    _log(f"run {index + 1}: C = {capacity:.2f} audio s per s ({by_policy})")
-    points = []
-    with serve(config, settings, log_dir / f"served-{index}.log") as url:
-        for f in factors:
-            n = max(1, round(f * capacity))
-            with capacity_readings(url) as readings:
-                result = run_load(url, n, plan)
-            row = run_row(Policy("served", window, True), result, capacity)
-            row["factor"] = f
-            row["model_capacity"] = {
-                "mean": statistics.fmean(readings) if readings else None,
-                "min": min(readings, default=None),
-                "max": max(readings, default=None),
-            }
-            row["playing_per_capacity"] = float(row["listening_mean"]) / capacity
-            points.append(row)
-            _log(
-                f"run {index + 1}: {f:g} C (N={n}): playing {row['playing_per_capacity']:.2f} C, "
-                f"stall-free {100 * float(row['stall_free_share']):.0f}% of {row['streams_ok']} "
-                f"(interruptions {row['interruptions']}), TTFA p99 "
-                f"{row['ttfa_p99_ms'] or 0:.0f} ms, 429s {row['rejected']}, the model read "
-                f"{row['model_capacity']['mean'] or 0:.2f} on average"
+    measured: list[tuple[float, int, LoadResult, list[float]]] = []
+    for i, f in enumerate(factors):
+        if i < len(policies):
+            policy = policies[i]
+            log_path = log_dir / f"capacity-{policy.slug}-{index}.log"
+            by_policy[policy.label], _ = measure_capacity(
+                config, settings, clients, plan, log_path, policy
             )
-            time.sleep(1.0)
+            _log(f"run {index + 1}: {policy.label} probe {by_policy[policy.label]:.2f} audio s/s")
+        n = max(1, round(f * statistics.fmean(by_policy.values())))
+        log_path = log_dir / f"served-{index}-{f:g}.log"
+        with serve(config, settings, log_path) as url, capacity_readings(url) as readings:
+            measured.append((f, n, run_load(url, n, plan), readings))
+        time.sleep(1.0)
+    for policy in policies[len(factors) :]:  # a single factor: the second probe after it
+        log_path = log_dir / f"capacity-{policy.slug}-{index}.log"
+        by_policy[policy.label], _ = measure_capacity(
+            config, settings, clients, plan, log_path, policy
+        )
+    capacity = statistics.fmean(by_policy.values())
+    _log(f"run {index + 1}: C = {capacity:.2f} audio s per s, the probes' mean ({by_policy})")
+    points = []
+    for f, n, result, readings in measured:
+        row = run_row(Policy("served", window, True), result, capacity)
+        row["factor"] = f
+        row["offered_per_capacity"] = n / capacity
+        row["model_capacity"] = {
+            "mean": statistics.fmean(readings) if readings else None,
+            "min": min(readings, default=None),
+            "max": max(readings, default=None),
+        }
+        row["playing_per_capacity"] = float(row["listening_mean"]) / capacity
+        row["playing_per_larger_probe"] = float(row["listening_mean"]) / max(by_policy.values())
+        points.append(row)
+        _log(
+            f"run {index + 1}: {f:g} C (N={n}, {n / capacity:.2f} C): playing "
+            f"{row['playing_per_capacity']:.2f} C, stall-free "
+            f"{100 * float(row['stall_free_share']):.0f}% of {row['streams_ok']} "
+            f"(interruptions {row['interruptions']}), TTFA p99 "
+            f"{row['ttfa_p99_ms'] or 0:.0f} ms, 429s {row['rejected']}, the model read "
+            f"{row['model_capacity']['mean'] or 0:.2f} on average"
+        )
     return {"capacity": capacity, "capacity_by_policy": by_policy, "points": points}
 
 
 def table(runs: list[dict[str, Any]]) -> str:
     lines = [
-        "| run | C | offered | playing / C | stall-free | interruptions | TTFA p99 ms | 429s |",
+        "| run | C (probes) | offered | playing / C (/ larger probe) | stall-free | "
+        "interruptions | TTFA p99 ms | 429s |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for i, run in enumerate(runs, 1):
+        probes = " / ".join(f"{c:.2f}" for c in run["capacity_by_policy"].values())
         for p in run["points"]:
             lines.append(
-                f"| {i} | {run['capacity']:.2f} | {p['factor']:g} C ({p['streams']}) | "
-                f"{p['playing_per_capacity']:.2f} | "
+                f"| {i} | {run['capacity']:.2f} ({probes}) | "
+                f"{p['factor']:g} C: {p['offered_per_capacity']:.2f} C ({p['streams']}) | "
+                f"{p['playing_per_capacity']:.2f} ({p['playing_per_larger_probe']:.2f}) | "
                 f"{100 * p['stall_free_share']:.0f}% of {p['streams_ok']} | "
                 f"{p['interruptions']} | {p['ttfa_p99_ms'] or 0:.0f} | {p['rejected']} |"
             )
