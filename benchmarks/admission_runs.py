@@ -24,7 +24,8 @@ TTFA p99 at most 1 s, in every run.
     python -m benchmarks.admission_runs [--config configs/default.yaml] [--runs 5]
         [--factors 1.5,2] [--duration 20] [--set admission.start_cost=3]
 
-Writes benchmarks/results/admission-<config>-<UTC>.json and prints a markdown table.
+Writes benchmarks/results/admission-<config>-<UTC>/ (results.json and every server's log; not
+committed) and prints a markdown table.
 """
 
 from __future__ import annotations
