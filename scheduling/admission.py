@@ -45,8 +45,8 @@ class AdmissionConfig:
     # streams with work left at most (0: only the capacity bounds them)
     max_streams: int = 0
     # share of the capacity model's reading that may be committed (the voice over
-    # capacity: 0.95 kept 30 of 30 points stall-free, 1.0 10 of 12 and played no more;
-    # docs/admission.md)
+    # capacity: 1.0 stalled more and played no more than 0.95, 0.9 played less where the
+    # model read low; docs/admission.md)
     capacity_headroom: float = 0.95
     # extra streams' worth a stream costs while in its start phase (its first
     # `start_phase_chunks` chunks, and until its talker made the frames of its first
