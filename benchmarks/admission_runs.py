@@ -107,25 +107,25 @@ def one_run(
     if index % 2:
         policies.reverse()
     by_policy: dict[str, float] = {}
+
+    def probe(policy: Policy) -> None:
+        log_path = log_dir / f"capacity-{policy.slug}-{index}.log"
+        by_policy[policy.label], _ = measure_capacity(
+            config, settings, clients, plan, log_path, policy
+        )
+        _log(f"run {index + 1}: {policy.label} probe {by_policy[policy.label]:.2f} audio s/s")
+
     measured: list[tuple[float, int, LoadResult, list[float]]] = []
     for i, f in enumerate(factors):
         if i < len(policies):
-            policy = policies[i]
-            log_path = log_dir / f"capacity-{policy.slug}-{index}.log"
-            by_policy[policy.label], _ = measure_capacity(
-                config, settings, clients, plan, log_path, policy
-            )
-            _log(f"run {index + 1}: {policy.label} probe {by_policy[policy.label]:.2f} audio s/s")
+            probe(policies[i])
         n = max(1, round(f * statistics.fmean(by_policy.values())))
         log_path = log_dir / f"served-{index}-{f:g}.log"
         with serve(config, settings, log_path) as url, capacity_readings(url) as readings:
             measured.append((f, n, run_load(url, n, plan), readings))
         time.sleep(1.0)
     for policy in policies[len(factors) :]:  # a single factor: the second probe after it
-        log_path = log_dir / f"capacity-{policy.slug}-{index}.log"
-        by_policy[policy.label], _ = measure_capacity(
-            config, settings, clients, plan, log_path, policy
-        )
+        probe(policy)
     capacity = statistics.fmean(by_policy.values())
     _log(f"run {index + 1}: C = {capacity:.2f} audio s per s, the probes' mean ({by_policy})")
     points = []
