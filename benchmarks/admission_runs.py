@@ -137,6 +137,7 @@ def one_run(
             "mean": statistics.fmean(readings) if readings else None,
             "min": min(readings, default=None),
             "max": max(readings, default=None),
+            "every_0_5_s": [round(r, 2) for r in readings],
         }
         row["playing_per_capacity"] = float(row["listening_mean"]) / capacity
         row["playing_per_larger_probe"] = float(row["listening_mean"]) / max(by_policy.values())
