@@ -24,12 +24,6 @@ such bins. It is kept fresh by new saturated bins (a busy period, a calibration)
 forgotten after `STALE_WINDOWS` windows without one; the start-up calibration
 (Engine.calibrate), which saturates both stages, seeds it (`set_baseline`).
 
-That bound never reads below what the stage DELIVERED over the window (its calls' audio
-per wall second): a stage sustains at least what it is doing. Without this floor a low
-saturated reading (a slow patch of the host) stayed: admission then let in less, the stage
-no longer saturated, no new bin replaced it, and on the voice over capacity (2026-12-04)
-the reading sat at 0.57-0.80 C for 12 s while the stage delivered 0.89 C.
-
 The pipeline's capacity is the slower stage's (`pipeline_capacity`). (A cores bound,
 `cores / (talker cost + vocoder cost)`, was tried: the per-call costs are measured under
 the contention already, so it counted it twice and read 0.8 C saturated on the voice.)
@@ -143,19 +137,12 @@ class CapacityEstimate:
             return statistics.median(rate for _, rate in self._saturated)
         return self._baseline
 
-    def delivered(self, now_s: float) -> float:
-        """Audio per wall second of the calls that ended within the window."""
-        self._expire(now_s)
-        return sum(audio_s for _, _, audio_s in self._calls) / self.window_s
-
     def value(self, now_s: float) -> float:
         """Audio seconds per wall second the stage sustains: `workers / cost`, at most
-        the saturated reading (but never below what it delivered); either alone when the
-        other is unknown; the initial value (0 = unknown) before any."""
+        the saturated reading; either alone when the other is unknown; the initial value
+        (0 = unknown) before any."""
         cost = self.cost_s_per_audio_s(now_s)
         sustained = self.sustained(now_s)
-        if sustained > 0:
-            sustained = max(sustained, self.delivered(now_s))
         model = self.workers / cost if cost else 0.0
         if model > 0 and sustained > 0:
             return min(model, sustained)

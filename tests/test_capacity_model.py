@@ -77,20 +77,6 @@ def test_a_short_slow_patch_moves_it_little_and_a_lasting_one_fully() -> None:
     assert rate.value(14.0) == pytest.approx(2.5)
 
 
-def test_a_low_saturated_reading_never_holds_it_below_what_the_stage_delivers() -> None:
-    """A slow patch saturates the stage at 2.5 audio s per s; then it delivers 8 (calls
-    of 0.1 s per audio s, 80% busy) without saturating, so no new bin replaces the slow
-    one: the reading is what it delivers, not the stale 2.5 (admission would keep it
-    from ever saturating again)."""
-    rate = CapacityEstimate(WINDOW_S)
-    calls(rate, 0.0, 4.0, call_s=0.4, audio_s=1.0)  # saturated, slow: 2.5 audio s per s
-    calls(rate, 4.0, 4.0 + 2 * WINDOW_S, call_s=0.1, audio_s=1.0, duty=0.8)
-    now_s = 4.0 + 2 * WINDOW_S
-    assert rate.sustained(now_s) < 4.0  # the slow patch's saturated bin, stale
-    assert rate.delivered(now_s) == pytest.approx(8.0, rel=0.02)
-    assert rate.value(now_s) == pytest.approx(8.0, rel=0.02)
-
-
 def test_a_saturated_reading_goes_stale() -> None:
     rate = CapacityEstimate(WINDOW_S)
     calls(rate, 0.0, 4.0, call_s=0.2, audio_s=1.0)  # saturated: 5 audio s per s
