@@ -473,22 +473,4 @@ def load_settings(
     entry = backend_entry(kind)
     if entry.unavailable is not None and (missing := entry.unavailable()) is not None:
         raise SettingsError(f"{source}: backend.kind {kind}: {missing}")
-    if kind == "piper":
-        _check_first_flow_step(settings, layers, fallback)
     return settings
-
-
-def _check_first_flow_step(settings: Settings, layers: _Layers, fallback: str) -> None:
-    """An urgent segment's first flow step must make its stream's next vocoder chunk and
-    that chunk's lookahead: else the chunk waits for the second step, a larger one (on a
-    later segment that was a stall at its start under load, docs/voice-tuning.md)."""
-    piper, chunking = settings.piper, settings.chunking
-    needed = max((chunking.chunk_frames, *chunking.ramp)) + chunking.right_context_frames
-    if piper.flow_first_chunk_frames < needed:
-        source = layers.origins.get(("piper", "flow_first_chunk_frames"), fallback)
-        raise SettingsError(
-            f"{source}: piper.flow_first_chunk_frames: {piper.flow_first_chunk_frames} is under "
-            f"the {needed} frames of the vocoder's largest chunk and its lookahead "
-            "(chunking.chunk_frames or ramp, + right_context_frames): an urgent segment's "
-            "first chunk would wait for a second talker step"
-        )

@@ -223,11 +223,9 @@ class PiperConfig:
     noise_scale: float | None = None  # None: each voice's own; 0: deterministic output
     noise_w: float | None = None  # phoneme-duration noise; None: each voice's own
     # The talker runs the encoder once per segment, then the flow chunk by chunk: frames
-    # of context each side of a chunk (trimmed), the first chunk's frames (an urgent
-    # segment's; at least the vocoder's next chunk and its lookahead: app/settings.py
-    # checks it against the chunking), the largest.
+    # of context each side of a chunk (trimmed), the first chunk's frames, the largest.
     flow_context_frames: int = 24
-    flow_first_chunk_frames: int = 72
+    flow_first_chunk_frames: int = 64
     flow_max_chunk_frames: int = 512
     # ONNX Runtime session options of every Piper graph (measured: docs/voice-tuning.md)
     ort_graph_optimization: str = "all"  # disable, basic, extended or all

@@ -253,7 +253,6 @@ SECTION_RULES = [
     ("alone", "urgent_slack_s: -1", "alone.urgent_slack_s"),
     ("piper", "vocoder_trim: maybe", "piper.vocoder_trim"),
     ("piper", "flow_first_chunk_frames: 600", "piper.flow_max_chunk_frames"),
-    ("piper", "flow_first_chunk_frames: 64", "piper.flow_first_chunk_frames"),
     ("piper", "talker_intra_op_threads: 0", "piper.talker_intra_op_threads"),
     ("text", "max_segment_chars: 10", "text.max_segment_chars"),
     ("talker", "high_water_s: .nan", "talker.high_water_s"),
