@@ -19,10 +19,20 @@ start-up (padding rows hold code 0 and are dropped; padding frames come after th
 the causal decoder leaves the chunk's samples unchanged). A call beyond the largest bucket
 runs eagerly. Mimi runs in `codec_lm.mimi_dtype` (float32 unless bfloat16 is shown
 inaudible: benchmarks/gpu_check.py measures the SNR).
+
+transformers' Mimi reads values back from the device in every call, which no CUDA graph can
+hold (on an H200, 2026-12-04, every Mimi capture failed: `cudaErrorStreamCaptureInvalidated`)
+and which, run eagerly, makes the vocoder thread wait for the GPU tens of times a call: each
+causal convolution keeps its padding as tensors and pads by their `.item()`. `host_free_mimi`
+gives each convolution the same arithmetic on Python ints (the same samples, tested). The
+decoder transformer's mask also asks `.all()` of its positions (packed sequences?), which
+transformers from 5.1 skips while a graph is captured; before 5.1 Mimi's capture fails and
+Mimi runs eagerly, said at start-up.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -32,6 +42,31 @@ from pipeline.backends.codec_lm.fixed import buckets
 from pipeline.backends.codec_lm.graphs import StepGraphs
 
 MIN_FRAMES_BUCKET = 4
+
+
+def _int_padding(kernel_size: int, stride: int, padding_total: int):
+    def extra_padding(hidden_states: torch.Tensor) -> int:
+        length = hidden_states.shape[-1]
+        frames = math.ceil((length - kernel_size + padding_total) / stride + 1) - 1
+        return frames * stride + kernel_size - padding_total - length
+
+    return extra_padding
+
+
+def host_free_mimi(codec: torch.nn.Module) -> int:
+    """Mimi's decode without host reads (see the module's doc); the convolutions changed."""
+    changed = 0
+    for module in codec.modules():
+        if hasattr(module, "_get_extra_padding_for_conv1d") and hasattr(module, "padding_total"):
+            padding_total = int(module.padding_total)
+            module._get_extra_padding_for_conv1d = _int_padding(
+                int(module.kernel_size), int(module.stride), padding_total
+            )
+            if "padding_total" in module._buffers:  # a tensor buffer: F.pad would read it back
+                del module._buffers["padding_total"]
+                module.padding_total = padding_total
+            changed += 1
+    return changed
 
 
 class MimiVocoder:
@@ -47,6 +82,7 @@ class MimiVocoder:
         pad_to_buckets: bool | None = None,
     ):
         self.codec = codec
+        host_free_mimi(codec)
         self.num_codebooks = num_codebooks
         self.samples_per_frame = samples_per_frame
         self.device = next(codec.parameters()).device
