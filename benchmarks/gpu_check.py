@@ -64,8 +64,18 @@ FULL = {
     "steps": 30,
     "check_steps": 6,
     "vocoder_k": (1, 8, 16, 64),
+    "ramps": ((3, 6),),
+    "ramp_streams": (64, 256),
 }
-TINY = {"batches": (1, 4, 8), "streams": (1, 4), "steps": 3, "check_steps": 3, "vocoder_k": (1, 4)}
+TINY = {
+    "batches": (1, 4, 8),
+    "streams": (1, 4),
+    "steps": 3,
+    "check_steps": 3,
+    "vocoder_k": (1, 4),
+    "ramps": ((3, 6),),
+    "ramp_streams": (4,),
+}
 LONG_PROMPT_CHARS = 300
 
 
@@ -192,6 +202,57 @@ def talker_steps(report: Report, backend: Any, texts: list[str], batches, steps:
     )
 
 
+def profile_steps(report: Report, backend: Any, texts: list[str], batch: int, steps: int) -> None:
+    """Where a step's time goes: kernels per step and their summed GPU time, replayed from
+    the graphs and run eagerly, against the step's wall time; the costliest kernels."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    report(f"\n== profile: talker steps at batch {batch}, graph replay and eager ==")
+    report(f"{'mode':>7} {'wall ms':>8} {'kernels':>8} {'kernel ms':>10}  (per step)")
+    cuda = backend.loaded.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    long_texts = [t for t in texts if len(t) > 60] or texts
+    graphs = backend.stepper.graphs
+    figures: dict[str, Any] = {}
+    for mode, replay in (("graph", True), ("eager", False)):
+        segments = _open_talking(backend, long_texts, batch)
+        graphs.replay = replay
+        try:
+            count = max(1, min(steps, min(s.max_frames - s.launched for s in segments) - 2))
+            backend.step(segments)  # warm
+            _sync(backend)
+            with profile(activities=activities) as prof:
+                started = time.perf_counter()
+                for _ in range(count):
+                    backend.step(segments)
+                _sync(backend)
+                wall_ms = (time.perf_counter() - started) * 1e3 / count
+        finally:
+            graphs.replay = True
+            _close(backend, segments)
+        kernels = [
+            e
+            for e in prof.events()
+            if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA
+        ]
+        busy_ms = sum(e.time_range.elapsed_us() for e in kernels) / 1e3 / count
+        per_name: dict[str, float] = {}
+        for e in kernels:
+            per_name[e.name] = per_name.get(e.name, 0.0) + e.time_range.elapsed_us() / 1e3 / count
+        top = sorted(per_name.items(), key=lambda kv: -kv[1])[:6]
+        figures[mode] = {
+            "wall_ms": round(wall_ms, 2),
+            "kernels": round(len(kernels) / count, 1),
+            "kernel_ms": round(busy_ms, 2),
+            "top": [(name[:90], round(ms, 3)) for name, ms in top],
+        }
+        report(f"{mode:>7} {wall_ms:8.1f} {len(kernels) / count:8.0f} {busy_ms:10.2f}")
+        for name, ms in top:
+            report(f"          {ms:7.3f} ms  {name[:90]}")
+    report.figures["profile"] = figures
+
+
 def _first_frames(backend: Any, texts: list[str], tags: list[int], count: int) -> list[list]:
     """Each segment's first `count` frames (opened together, stepped together)."""
     segments = [
@@ -284,6 +345,62 @@ def vocoder_checks(
     )
 
 
+class _Timed:
+    """Wall time and batch size of each call of a backend method (the executor's calls)."""
+
+    def __init__(self, backend: Any, name: str) -> None:
+        self.backend, self.name = backend, name
+        self.method = getattr(backend, name)
+        self.calls: list[tuple[float, int, int]] = []  # seconds, items, prefill rows
+
+    def __enter__(self) -> _Timed:
+        def timed(items, *args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return self.method(items, *args, **kwargs)
+            finally:
+                flight = getattr(self.backend, "_in_flight", None) if self.name == "step" else None
+                prefill = sum(kind for _, kind, _ in flight.entries) if flight else 0
+                self.calls.append((time.perf_counter() - started, len(items), prefill))
+
+        setattr(self.backend, self.name, timed)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        delattr(self.backend, self.name)  # the class's method again
+
+    def summary(self) -> dict[str, Any]:
+        if not self.calls:
+            return {"calls": 0}
+        ms = [c[0] * 1e3 for c in self.calls]
+        return {
+            "calls": len(ms),
+            "ms_p50": round(percentile(ms, 50), 2),
+            "ms_p90": round(percentile(ms, 90), 2),
+            "ms_p99": round(percentile(ms, 99), 2),
+            "items_mean": round(sum(c[1] for c in self.calls) / len(ms), 1),
+            **(
+                {"with_prefill": round(sum(1 for c in self.calls if c[2]) / len(ms), 3)}
+                if self.name == "step"
+                else {}
+            ),
+        }
+
+
+def _stall_places(players: list[Player]) -> dict[str, Any]:
+    """Where in the audio the stalls fell: the first 0.5 s (the ramp's chunks) or later."""
+    pairs = [(a, s) for p in players for a, s in zip(p.stalls_at_s, p.stalls_s, strict=True)]
+    at = [a for a, s in pairs if s >= STALL_TOLERANCE_S]
+    lengths = [s * 1e3 for p in players for s in p.stalls_s if s >= STALL_TOLERANCE_S]
+    return {
+        "stalls": len(at),
+        "in_first_0_5_s": sum(1 for a in at if a <= 0.5),
+        "audio_at_p50_s": round(percentile(at, 50), 2) if at else None,
+        "stall_ms_p50": round(percentile(lengths, 50), 1) if lengths else None,
+        "stall_ms_max": round(max(lengths), 1) if lengths else None,
+    }
+
+
 async def _engine_run(engine: Any, streams: int, duration_s: float, ramp_s: float, texts):
     rng = random.Random(streams)
     records: list[tuple[float | None, Player]] = []
@@ -313,6 +430,7 @@ async def _engine_run(engine: Any, streams: int, duration_s: float, ramp_s: floa
     free = [all(s < STALL_TOLERANCE_S for s in p.stalls_s) for _, p in done]
     ttfas = [t for t, _ in done]
     return {
+        "stall_places": _stall_places([p for _, p in done]),
         "requests": len(done),
         "stall_free": sum(free) / len(free) if free else 0.0,
         "ttfa_p50_s": percentile(ttfas, 50) if ttfas else None,
@@ -320,12 +438,15 @@ async def _engine_run(engine: Any, streams: int, duration_s: float, ramp_s: floa
     }
 
 
-async def engine_checks(report, backend, sections, streams_list, duration_s, ramp_s, deadline):
+async def engine_checks(
+    report, backend, sections, streams_list, duration_s, ramp_s, deadline, label="engine"
+):
     from pipeline.engine import Engine
 
     report(
-        "\n== Engine: N streams looping over requests, arriving over the first "
-        f"{ramp_s:.0f} s, 1x players =="
+        f"\n== Engine{'' if label == 'engine' else f' ({label})'}: N streams looping over "
+        f"requests, arriving over the first {ramp_s:.0f} s, 1x players, ramp "
+        f"{list(sections['chunking'].ramp)} =="
     )
     report(f"{'N':>4} {'requests':>9} {'stall-free':>11} {'TTFA p50 ms':>12} {'TTFA p99 ms':>12}")
     texts, best, rows = corpus(), None, {}
@@ -336,28 +457,36 @@ async def engine_checks(report, backend, sections, streams_list, duration_s, ram
         if time.monotonic() > deadline:
             report(f"{streams:4d} skipped: --budget-s spent")
             continue
-        engine = Engine(
-            backend,
-            scheduling=sections["scheduling"],
-            chunking=sections["chunking"],
-            admission=AdmissionConfig(enabled=False),
-            engine=sections["engine"],
-            talker=talker,
-            text=sections["text"],
-        )
-        await engine.start()
-        try:
-            row = await _engine_run(engine, streams, duration_s, ramp_s, texts)
-        finally:
-            await engine.stop()
+        with _Timed(backend, "step") as steps, _Timed(backend, "vocode") as vocodes:
+            engine = Engine(  # after the timers: its stages take the backend's methods
+                backend,
+                scheduling=sections["scheduling"],
+                chunking=sections["chunking"],
+                admission=AdmissionConfig(enabled=False),
+                engine=sections["engine"],
+                talker=talker,
+                text=sections["text"],
+            )
+            await engine.start()
+            try:
+                row = await _engine_run(engine, streams, duration_s, ramp_s, texts)
+            finally:
+                await engine.stop()
+        row["talker_steps"], row["vocoder_calls"] = steps.summary(), vocodes.summary()
         rows[streams] = row
         p50, p99 = row["ttfa_p50_s"] or 0, row["ttfa_p99_s"] or 0
         report(
             f"{streams:4d} {row['requests']:9d} {row['stall_free']:10.0%} "
             f"{p50 * 1e3:12.1f} {p99 * 1e3:12.1f}"
         )
+        report(f"     stalls: {row['stall_places']}")
+        report(f"     talker steps: {row['talker_steps']}")
+        report(f"     vocoder calls: {row['vocoder_calls']}")
         if row["stall_free"] >= STALL_FREE_TARGET and row["requests"] and p99 <= TTFA_P99_TARGET_S:
             best = streams
+    if label != "engine":
+        report.figures[label] = rows
+        return
     report.figures["engine"] = rows
     report.figures["largest_n_stall_free"] = best
     report.target(
@@ -446,6 +575,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ),
         ),
         (
+            "profile",
+            lambda: profile_steps(report, backend, texts, 4 if tiny else 64, sizes["steps"] // 3),
+        ),
+        (
             "engine",
             lambda: asyncio.run(
                 engine_checks(
@@ -460,6 +593,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ),
         ),
     ]
+    for ramp in sizes["ramps"]:  # the same Engine run with another first chunks' ramp
+        other = dict(sections, chunking=dataclasses.replace(sections["chunking"], ramp=ramp))
+        parts.append(
+            (
+                f"engine ramp {list(ramp)}",
+                lambda other=other, ramp=ramp: asyncio.run(
+                    engine_checks(
+                        report,
+                        backend,
+                        other,
+                        sizes["ramp_streams"],
+                        duration_s,
+                        min(5.0, duration_s / 3),
+                        deadline,
+                        label=f"engine_ramp_{'_'.join(map(str, ramp))}",
+                    )
+                ),
+            )
+        )
     for part, run in parts:
         if time.monotonic() > deadline:
             report(f"\n== {part}: skipped, --budget-s spent ==")
