@@ -360,7 +360,7 @@ class _Timed:
                 return self.method(items, *args, **kwargs)
             finally:
                 flight = getattr(self.backend, "_in_flight", None) if self.name == "step" else None
-                prefill = sum(kind for _, kind, _ in flight.entries) if flight else 0
+                prefill = flight.prefill if flight else 0
                 self.calls.append((time.perf_counter() - started, len(items), prefill))
 
         setattr(self.backend, self.name, timed)

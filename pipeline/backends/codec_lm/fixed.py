@@ -13,9 +13,14 @@ sampling) over persistent tensors, so that a CUDA graph per bucket can hold it
   reads, so it changes nothing. R is the smallest row bucket holding the highest slot in
   the step, KB the smallest key bucket past its longest position.
 - prefill (rows P, keys KB): up to `prefill_rows` segments each run one chunk of at most
-  `prefill_chunk_tokens` prompt tokens. Their slots are gathered (a bounded copy: P rows of
-  KB keys). A segment whose chunk ends its prompt gets its first frame here; the others
-  get theirs in a later step. So a step's time is bounded whatever prompts arrive.
+  `prefill_chunk_tokens` prompt tokens through the backbone. Their slots are gathered (a
+  bounded copy: P rows of KB keys). A segment whose chunk ends its prompt leaves its last
+  hidden state in its slot's row of `pf_hidden` and is flagged `pf_ready`: the decode
+  launched after it makes that segment's first frame in the same depth-decoder pass as
+  everyone else's. So a step runs the depth decoder (31 passes for CSM, most of a step's
+  kernels) once whatever prompts arrive, and a step's time is bounded: on an H200
+  (2026-12-04) a prefill that made its own frames cost a second depth decoder, 52 ms a
+  step against 27, in over half the steps while streams arrived.
 
 Shapes are fixed per bucket: what changes from step to step is only the contents of the
 buffers (positions, slots, token ids, seeds), written by the host before a launch.
@@ -94,7 +99,7 @@ class FixedStep:
         self.pf_start = torch.zeros(top, **long)
         self.pf_len = torch.ones(top, **long)
         self.pf_final = torch.zeros(top, **long)  # 1: this chunk ends the prompt
-        self.pf_frames = torch.zeros((top, self.num_codebooks), **long)
+        self.hidden_size = cfg.hidden_size
         self._slot_buffers(self.cache.capacity)
 
     def padded(self, count: int) -> int:
@@ -104,16 +109,22 @@ class FixedStep:
     def _slot_buffers(self, capacity: int) -> None:
         """The per-slot buffers (one row per slot and the scratch slot), kept on growth."""
         long = {"dtype": torch.long, "device": self.device}
-        old_seeds = getattr(self, "seeds", None)
-        old_last = getattr(self, "last_frames", None)
+        old = {name: getattr(self, name, None) for name in ("seeds", "last_frames")}
         self.positions = torch.full((capacity + 1,), self.trash, **long)
         self.seeds = torch.zeros(capacity + 1, **long)
         self.last_frames = torch.zeros((capacity + 1, self.num_codebooks), **long)
         self.frames = torch.zeros((capacity + 1, self.num_codebooks), **long)
-        if old_seeds is not None and old_last is not None:
-            kept = len(old_seeds) - 1  # the old slots (not the old scratch row)
-            self.seeds[:kept] = old_seeds[:kept]
-            self.last_frames[:kept] = old_last[:kept]
+        # a prompt that ended in this step's prefill: its hidden state and noise position
+        dtype = next(self.model.parameters()).dtype
+        self.pf_hidden = torch.zeros(
+            (capacity + 1, self.hidden_size), dtype=dtype, device=self.device
+        )
+        self.pf_ready = torch.zeros(capacity + 1, **long)
+        self.pf_position = torch.zeros(capacity + 1, **long)
+        if old["seeds"] is not None:
+            kept = len(old["seeds"]) - 1  # the old slots (not the old scratch row)
+            for name, before in old.items():
+                getattr(self, name)[:kept] = before[:kept]
 
     def ensure_capacity(self) -> None:
         """After the cache grew (eager only): grow the per-slot buffers with it."""
@@ -159,14 +170,18 @@ class FixedStep:
     @torch.inference_mode()
     def _decode(self, rows: int, keys: int) -> None:
         positions = self.positions[:rows]
-        active = positions < self.trash
+        ready = self.pf_ready[:rows] > 0  # first frames of prompts that ended just before
+        active = (positions < self.trash) | ready
         last = self.last_frames[:rows]
         embeds = self.backbone.embed_tokens(last[:, None, :])  # sums the codebook embeddings
         slots = torch.arange(rows, device=self.device)
-        hidden = self._backbone(embeds, slots, positions[:, None], keys, direct=True)
-        codes = self._frame(hidden[:, 0], self.seeds[:rows], positions)
+        hidden = self._backbone(embeds, slots, positions[:, None], keys, direct=True)[:, 0]
+        hidden = torch.where(ready[:, None], self.pf_hidden[:rows], hidden)
+        noise_at = torch.where(ready, self.pf_position[:rows], positions)
+        codes = self._frame(hidden, self.seeds[:rows], noise_at)
         self.frames[:rows] = codes
         self.last_frames[:rows] = torch.where(active[:, None], codes, last)
+        self.pf_ready[:rows] = 0
 
     @torch.inference_mode()
     def _prefill(self, rows: int, keys: int) -> None:
@@ -177,12 +192,9 @@ class FixedStep:
         embeds = self.model.embed_text_tokens(self.pf_ids[:rows])
         states = self._backbone(embeds, slots, positions, keys, direct=False, writes=writes)
         last = (length - 1).clamp(min=0)
-        hidden = states[torch.arange(rows, device=self.device), last]
-        codes = self._frame(hidden, self.seeds[slots], positions.gather(1, last[:, None])[:, 0])
-        self.pf_frames[:rows] = codes
-        self.last_frames[slots] = torch.where(
-            self.pf_final[:rows, None] > 0, codes, self.last_frames[slots]
-        )
+        self.pf_hidden[slots] = states[torch.arange(rows, device=self.device), last]
+        self.pf_position[slots] = positions.gather(1, last[:, None])[:, 0]
+        self.pf_ready[slots] = self.pf_final[:rows]  # the decode after makes their frames
 
     def _backbone(
         self,

@@ -4,8 +4,9 @@ frames coming back without a host sync per step.
 `launch` picks the work among the segments given (decode: one frame each for those past
 their prompt; prefill: the next chunk of up to `prefill_rows` prompts, in the order
 given), writes the positions, slots and token ids into the step's buffers (on CUDA through
-pinned staging buffers, copied without blocking), launches the decode and prefill steps and
-queues the copy of their frames into pinned host memory behind them, with an event.
+pinned staging buffers, copied without blocking), launches the prefill step, then the
+decode step (which also makes the first frame of each prompt that prefill ended), and
+queues the copy of the frames into pinned host memory behind them, with an event.
 `collect` waits for a launch's event and hands each frame to its segment. With
 `overlap` the backend collects step n after it has launched step n+1, so the GPU works on
 the next step while the host hands out frames and the engine plans; a segment's frames
@@ -51,9 +52,10 @@ class SlotSegment:
 
 @dataclass
 class Launch:
-    entries: list[tuple[SlotSegment, int, int]]  # segment, 0 decode / 1 prefill, row
-    outputs: list[torch.Tensor]  # the frames, [rows, codebooks] per kind, host side
-    event: object | None  # a CUDA event recorded after the copies (None on a CPU)
+    entries: list[SlotSegment]  # the segments given a frame (each at its slot's row)
+    output: torch.Tensor  # the frames, [rows, codebooks], host side
+    event: object | None  # a CUDA event recorded after the copy (None on a CPU)
+    prefill: int = 0  # prompts that ran a chunk of prefill
 
 
 class _Staging:
@@ -97,18 +99,16 @@ class Launcher:
         self.cuda = step.device.type == "cuda"
         self._staging = _Staging(step.device)
         self.shapes: set[tuple[str, int, int]] = set()  # (kind, rows, keys) launched so far
-        self._outputs: list[list[torch.Tensor]] = []
+        self._outputs: list[torch.Tensor] = []
         self._next_output = 0
 
-    def _host_outputs(self) -> list[torch.Tensor]:
-        """Pinned host buffers for a launch's frames: three sets, round robin (at most two
+    def _host_output(self) -> torch.Tensor:
+        """Pinned host buffers for a launch's frames: three, round robin (at most two
         launches are uncollected at once)."""
-        step = self.step
-        shapes = [tuple(step.frames.shape), tuple(step.pf_frames.shape)]
-        if not self._outputs or tuple(self._outputs[0][0].shape) != shapes[0]:
+        shape = tuple(self.step.frames.shape)
+        if not self._outputs or tuple(self._outputs[0].shape) != shape:
             self._outputs = [
-                [torch.empty(s, dtype=torch.long, pin_memory=self.cuda) for s in shapes]
-                for _ in range(3)
+                torch.empty(shape, dtype=torch.long, pin_memory=self.cuda) for _ in range(3)
             ]
         out = self._outputs[self._next_output]
         self._next_output = (self._next_output + 1) % len(self._outputs)
@@ -122,22 +122,8 @@ class Launcher:
         prefill = [s for s in segments if s.in_prompt][: self.prefill_rows]
         if not decode and not prefill:
             return None
-        host = self._host_outputs()
-        entries: list[tuple[SlotSegment, int, int]] = []
-        if decode:
-            rows = step.row_bucket(max(s.slot for s in decode) + 1)
-            positions = np.full(rows, step.trash, dtype=np.int64)
-            for s in decode:
-                positions[s.slot] = s.next_position
-                entries.append((s, 0, s.slot))
-            keys = step.key_bucket(int(positions[positions < step.trash].max()) + 1)
-            self._staging.upload(step.positions[:rows], positions)
-            step.decode(rows, keys)
-            self.shapes.add(("decode", rows, keys))
-            host[0][:rows].copy_(step.frames[:rows], non_blocking=self.cuda)
-            for s in decode:
-                s.launched += 1
-        if prefill:
+        finals: list[SlotSegment] = []  # prompts that end in this step's prefill
+        if prefill:  # first: the decode after it makes their first frames
             rows = step.prefill_bucket(len(prefill))
             slots = np.full(rows, step.cache.scratch, dtype=np.int64)
             ids = np.zeros((rows, step.chunk), dtype=np.int64)
@@ -157,24 +143,41 @@ class Launcher:
             self._staging.upload(step.pf_final[:rows], final)
             step.prefill(rows, keys)
             self.shapes.add(("prefill", rows, keys))
-            host[1][:rows].copy_(step.pf_frames[:rows], non_blocking=self.cuda)
             for row, s in enumerate(prefill):
                 s.prefilled += int(lengths[row])
                 if final[row]:
-                    s.launched = 1
-                    entries.append((s, 1, row))
-        event = None
-        if self.cuda:
-            event = torch.cuda.Event()
-            event.record()
-        return Launch(entries, host, event)
+                    finals.append(s)
+        entries = [*decode, *finals]
+        if not entries:  # prefill chunks only: no frame this step
+            return Launch([], self._host_output(), self._event(), len(prefill))
+        rows = step.row_bucket(max(s.slot for s in entries) + 1)
+        positions = np.full(rows, step.trash, dtype=np.int64)
+        for s in decode:
+            positions[s.slot] = s.next_position
+        talking = positions[positions < step.trash]
+        keys = step.key_bucket(int(talking.max()) + 1 if len(talking) else 1)
+        self._staging.upload(step.positions[:rows], positions)
+        step.decode(rows, keys)
+        self.shapes.add(("decode", rows, keys))
+        host = self._host_output()
+        host[:rows].copy_(step.frames[:rows], non_blocking=self.cuda)
+        for s in entries:
+            s.launched += 1
+        return Launch(entries, host, self._event(), len(prefill))
+
+    def _event(self) -> object | None:
+        if not self.cuda:
+            return None
+        event = torch.cuda.Event()
+        event.record()
+        return event
 
     def collect(self, launch: Launch | None) -> None:
         if launch is None:
             return
         if launch.event is not None:
             launch.event.synchronize()
-        frames = [out.numpy() for out in launch.outputs]
-        for segment, kind, row in launch.entries:
+        frames = launch.output.numpy()
+        for segment in launch.entries:
             if not segment.closed:
-                segment.pending.append(frames[kind][row].copy())
+                segment.pending.append(frames[segment.slot].copy())
