@@ -32,7 +32,7 @@ import torch
 
 from pipeline.backends.codec_lm.graphs import StepGraphs
 from pipeline.backends.codec_lm.ops import finish_layer, gqa_attention, project, rope
-from pipeline.backends.codec_lm.sampling import choose_codes
+from pipeline.backends.codec_lm.sampling import choose_codes, frame_noise
 from pipeline.backends.codec_lm.slots import KVSlots
 
 
@@ -233,7 +233,7 @@ class FixedStep:
             hidden = finish_layer(layer, hidden, attended)
         return self.backbone.norm(hidden)
 
-    def _choose(self, logits, seeds, positions, codebook: int) -> torch.Tensor:
+    def _choose(self, logits, seeds, positions, codebook: int, noise) -> torch.Tensor:
         return choose_codes(
             logits,
             codes=self.codes,
@@ -242,12 +242,17 @@ class FixedStep:
             seeds=seeds,
             positions=positions,
             codebook=codebook,
+            noise=None if noise is None else noise[:, codebook],
         )
 
     def _frame(self, backbone_hidden, seeds, positions) -> torch.Tensor:
         """A frame per row [rows, codebooks]: codebook 0 from the backbone's head, the
-        others from the depth decoder, one pass per codebook, K and V kept per pass."""
-        codes = [self._choose(self.model.lm_head(backbone_hidden), seeds, positions, 0)]
+        others from the depth decoder, one pass per codebook, K and V kept per pass. The
+        sampling noise of all the codebooks is drawn at once, before the passes."""
+        noise = None
+        if self.temperature > 0:
+            noise = frame_noise(seeds, positions, self.num_codebooks, self.codes)
+        codes = [self._choose(self.model.lm_head(backbone_hidden), seeds, positions, 0, noise)]
         depth = self.depth
         rows = backbone_hidden.shape[0]
         first = depth.embed_tokens(codes[0])  # codebook 0's ids carry no offset
@@ -275,7 +280,7 @@ class FixedStep:
             last = depth.norm(hidden[:, -1])
             codebook = len(codes)  # predicted by head weight codebook - 1
             logits = last @ self.depth_head.weight[codebook - 1]
-            code = self._choose(logits, seeds, positions, codebook)
+            code = self._choose(logits, seeds, positions, codebook, noise)
             codes.append(code)
             start += tokens
             if len(codes) < self.num_codebooks:
