@@ -64,7 +64,7 @@ FULL = {
     "steps": 30,
     "check_steps": 6,
     "vocoder_k": (1, 8, 16, 64),
-    "ramps": ((3, 6),),
+    "ramps": ((2, 4),),  # the ramp before [2, 3, 5], in the same run
     "ramp_streams": (64, 256),
 }
 TINY = {
@@ -73,7 +73,7 @@ TINY = {
     "steps": 3,
     "check_steps": 3,
     "vocoder_k": (1, 4),
-    "ramps": ((3, 6),),
+    "ramps": ((2, 4),),
     "ramp_streams": (4,),
 }
 LONG_PROMPT_CHARS = 300

@@ -44,3 +44,16 @@ def test_the_gpu_check_runs_every_part_on_the_tiny_model(tmp_path: Path, capsys)
     (data,) = out.glob("gpu-check-tiny-*.json")
     assert text.read_text().splitlines()[0].startswith("# python -m benchmarks.gpu_check")
     assert json.loads(data.read_text())["buckets"]
+
+
+def test_the_ramp_simulation_runs_the_engine_on_the_codec_lms_shape(capsys) -> None:
+    """benchmarks/ramp_sim.py end to end, small: a row per (step, N, ramp) with its figures.
+    A step far faster than a frame plays keeps every stream fed whatever the ramp."""
+    from benchmarks import ramp_sim
+
+    rows = ramp_sim.main(
+        ["--step-ms", "5", "--streams", "2", "--ramps", "2,4", "2,3,5", "--seconds", "2"]
+    )
+    assert [(r["streams"], r["ramp"]) for r in rows] == [(2, [2, 4]), (2, [2, 3, 5])]
+    assert all(r["requests"] > 0 and r["stall_free"] == 1.0 for r in rows)
+    assert "stall-free" in capsys.readouterr().out
