@@ -53,7 +53,8 @@ NO_KERNEL = {
 }
 
 
-def count(rows: int, greedy: bool, steps: int = 3) -> tuple[float, collections.Counter]:
+def build(greedy: bool):
+    """The tiny model at CSM-1B's structure on the CPU, sampled or greedy."""
     from pipeline.backends.codec_lm import CodecLMBackend
 
     sampling = (
@@ -66,8 +67,12 @@ def count(rows: int, greedy: bool, steps: int = 3) -> tuple[float, collections.C
     )
     overrides = ["codec_lm.device=cpu", "codec_lm.overlap_steps=false", *CSM_1B_STRUCTURE]
     sections = load_sections(ROOT / "configs" / "codec-lm-tiny.yaml", overrides + sampling)
-    backend = CodecLMBackend(sections["codec_lm"])
-    segments = _open_talking(backend, [t for t in corpus() if len(t) > 60], rows)
+    return CodecLMBackend(sections["codec_lm"])
+
+
+def count(backend, rows: int, steps: int = 3) -> tuple[float, collections.Counter]:
+    """Computing operators per fixed-shape step of `rows` segments, and per name."""
+    segments = _open_talking(backend, sorted(corpus(), key=len)[:rows], rows)  # short prompts
     try:
         backend.step(segments)
         with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -90,7 +95,7 @@ def main(argv: list[str] | None = None) -> float:
     parser.add_argument("--rows", type=int, default=4, help="segments in the step")
     parser.add_argument("--greedy", action="store_true", help="argmax instead of sampling")
     args = parser.parse_args(argv)
-    per_step, names = count(args.rows, args.greedy)
+    per_step, names = count(build(args.greedy), args.rows)
     mode = "greedy" if args.greedy else "sampled (T 0.9, top-k 50)"
     print(f"CSM-1B structure, {args.rows} rows, {mode}: {per_step:.0f} computing operators a step")
     steps = 3

@@ -224,9 +224,11 @@ def test_sampling_adds_a_handful_of_operators_per_codebook_to_a_step() -> None:
     about a fifth of them drawing the noise codebook by codebook). Counted on the CPU at
     CSM-1B's structure (benchmarks/step_ops.py): sampling on top of greedy costs a few
     operators per codebook (its top-k, mask and argmax), its noise drawn once a frame."""
-    from benchmarks.step_ops import count
+    from benchmarks.step_ops import build, count
 
-    greedy, _ = count(rows=4, greedy=True, steps=1)
-    sampled, names = count(rows=4, greedy=False, steps=1)
+    backend = build(greedy=False)
+    sampled, names = count(backend, rows=4, steps=1)
+    backend.stepper.temperature = 0.0  # the same model and buffers, greedy (argmax)
+    greedy, _ = count(backend, rows=4, steps=1)
     assert greedy > 1000  # the structure is CSM-1B's: 16 + 31 x 4 layers
     assert sampled - greedy <= 10 * 32, names.most_common(8)

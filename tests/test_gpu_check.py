@@ -36,6 +36,11 @@ def test_the_gpu_check_runs_every_part_on_the_tiny_model(tmp_path: Path, capsys)
         for row in figures["buckets"].values()
     )
     assert figures["engine"][1]["requests"] >= 1
+    # what a GPU run's stalls are read by: where they fell, the stages' call times
+    for row in (figures["engine"][4], figures["engine_ramp_2_4"][4]):
+        assert row["talker_steps"]["calls"] > 0 and row["vocoder_calls"]["calls"] > 0
+        assert row["stall_places"]["stalls"] >= 0
+    assert set(figures["profile"]) == {"graph", "eager"}
     assert figures["late_graph_keys"] == []
     assert -100 < figures["mimi_bf16_snr_db"] < 200
     for target in ("step with an arriving prompt", "largest N stall-free", "TTFA p50"):
@@ -52,7 +57,7 @@ def test_the_ramp_simulation_runs_the_engine_on_the_codec_lms_shape(capsys) -> N
     from benchmarks import ramp_sim
 
     rows = ramp_sim.main(
-        ["--step-ms", "5", "--streams", "2", "--ramps", "2,4", "2,3,5", "--seconds", "2"]
+        ["--step-ms", "5", "--streams", "2", "--ramps", "2,4", "2,3,5", "--seconds", "1"]
     )
     assert [(r["streams"], r["ramp"]) for r in rows] == [(2, [2, 4]), (2, [2, 3, 5])]
     assert all(r["requests"] > 0 and r["stall_free"] == 1.0 for r in rows)
