@@ -31,7 +31,13 @@ from __future__ import annotations
 import torch
 
 from pipeline.backends.codec_lm.graphs import StepGraphs
-from pipeline.backends.codec_lm.ops import finish_layer, gqa_attention, project, rope
+from pipeline.backends.codec_lm.ops import (
+    finish_layer,
+    gqa_attention,
+    project,
+    rope_signed,
+    signed_sin,
+)
 from pipeline.backends.codec_lm.sampling import choose_codes, frame_noise
 from pipeline.backends.codec_lm.slots import KVSlots
 
@@ -212,7 +218,7 @@ class FixedStep:
         are the slots 0..rows-1 and the attention reads the cache in place, else the
         rows' slots are gathered. Returns the normed hidden states."""
         cos, sin = self.backbone.rotary_emb(embeds, positions)
-        cos, sin = cos[:, None], sin[:, None]
+        cos, sin = cos[:, None], signed_sin(sin)[:, None]
         key_index = torch.arange(keys, device=self.device)
         mask = key_index[None, None, None, :] <= positions[:, None, :, None]
         writes = positions if writes is None else writes
@@ -220,7 +226,7 @@ class FixedStep:
         hidden = embeds
         for index, layer in enumerate(self.backbone.layers):
             q, k, v = project(layer.self_attn, layer.input_layernorm(hidden), self.head_dim)
-            q, k = rope(q, cos, sin), rope(k, cos, sin)
+            q, k = rope_signed(q, cos, sin), rope_signed(k, cos, sin)
             cache_k, cache_v = self.cache.keys[index], self.cache.values[index]
             cache_k[slots[:, None], :, writes] = k.transpose(1, 2)
             cache_v[slots[:, None], :, writes] = v.transpose(1, 2)
@@ -258,19 +264,22 @@ class FixedStep:
         first = depth.embed_tokens(codes[0])  # codebook 0's ids carry no offset
         embeds = depth.inputs_embeds_projector(torch.stack([backbone_hidden, first], dim=1))
         past: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(depth.layers)
+        # the rotary tables and the causal mask of every pass at once; a pass takes views
+        every = torch.arange(self.num_codebooks, device=self.device)
+        cos_all, sin_all = depth.rotary_emb(embeds, every[None])
+        sin_all = signed_sin(sin_all)
+        causal = every[None, :] <= every[:, None]
         start = 0
         while len(codes) < self.num_codebooks:
             tokens = embeds.shape[1]
-            positions_d = torch.arange(start, start + tokens, device=self.device)
-            cos, sin = depth.rotary_emb(embeds, positions_d[None])
-            cos, sin = cos[:, None], sin[:, None]
-            key_index = torch.arange(start + tokens, device=self.device)
-            mask = (key_index[None, :] <= positions_d[:, None])[None, None].expand(rows, 1, -1, -1)
+            stop = start + tokens
+            cos, sin = cos_all[:, None, start:stop], sin_all[:, None, start:stop]
+            mask = causal[start:stop, :stop][None, None].expand(rows, 1, -1, -1)
             hidden = embeds
             for index, layer in enumerate(depth.layers):
                 normed = layer.input_layernorm(hidden)
                 q, k, v = project(layer.self_attn, normed, self.depth_head_dim)
-                q, k = rope(q, cos, sin), rope(k, cos, sin)
+                q, k = rope_signed(q, cos, sin), rope_signed(k, cos, sin)
                 if past[index] is not None:
                     k = torch.cat([past[index][0], k], dim=2)
                     v = torch.cat([past[index][1], v], dim=2)
@@ -282,7 +291,7 @@ class FixedStep:
             logits = last @ self.depth_head.weight[codebook - 1]
             code = self._choose(logits, seeds, positions, codebook, noise)
             codes.append(code)
-            start += tokens
+            start = stop
             if len(codes) < self.num_codebooks:
                 ids = code + codebook * self.vocab
                 embeds = depth.inputs_embeds_projector(depth.embed_tokens(ids)[:, None])
