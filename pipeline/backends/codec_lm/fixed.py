@@ -32,9 +32,10 @@ import torch
 
 from pipeline.backends.codec_lm.graphs import StepGraphs
 from pipeline.backends.codec_lm.ops import (
-    finish_layer,
+    finish_layer_fused,
+    fuse_projections,
     gqa_attention,
-    project,
+    project_fused,
     rope_signed,
     signed_sin,
 )
@@ -78,6 +79,9 @@ class FixedStep:
         self.backbone = model.backbone_model
         self.depth = model.depth_decoder.model
         self.depth_head = model.depth_decoder.codebooks_head
+        for layer in [*self.backbone.layers, *self.depth.layers]:
+            if not fuse_projections(layer):
+                raise ValueError("codec_lm: a CSM projection with a bias is not supported")
         self.device = next(model.parameters()).device
         self.head_dim = cfg.head_dim
         self.depth_head_dim = cfg.depth_decoder_config.head_dim
@@ -225,7 +229,7 @@ class FixedStep:
         rows = embeds.shape[0]
         hidden = embeds
         for index, layer in enumerate(self.backbone.layers):
-            q, k, v = project(layer.self_attn, layer.input_layernorm(hidden), self.head_dim)
+            q, k, v = project_fused(layer, layer.input_layernorm(hidden), self.head_dim)
             q, k = rope_signed(q, cos, sin), rope_signed(k, cos, sin)
             cache_k, cache_v = self.cache.keys[index], self.cache.values[index]
             cache_k[slots[:, None], :, writes] = k.transpose(1, 2)
@@ -236,7 +240,7 @@ class FixedStep:
                 past_k = cache_k[:, :, :keys].index_select(0, slots)
                 past_v = cache_v[:, :, :keys].index_select(0, slots)
             attended = gqa_attention(q, past_k, past_v, mask, layer.self_attn.scaling)
-            hidden = finish_layer(layer, hidden, attended)
+            hidden = finish_layer_fused(layer, hidden, attended)
         return self.backbone.norm(hidden)
 
     def _choose(self, logits, seeds, positions, codebook: int, noise) -> torch.Tensor:
@@ -278,14 +282,14 @@ class FixedStep:
             hidden = embeds
             for index, layer in enumerate(depth.layers):
                 normed = layer.input_layernorm(hidden)
-                q, k, v = project(layer.self_attn, normed, self.depth_head_dim)
+                q, k, v = project_fused(layer, normed, self.depth_head_dim)
                 q, k = rope_signed(q, cos, sin), rope_signed(k, cos, sin)
                 if past[index] is not None:
                     k = torch.cat([past[index][0], k], dim=2)
                     v = torch.cat([past[index][1], v], dim=2)
                 past[index] = (k, v)
                 attended = gqa_attention(q, k, v, mask, layer.self_attn.scaling)
-                hidden = finish_layer(layer, hidden, attended)
+                hidden = finish_layer_fused(layer, hidden, attended)
             last = depth.norm(hidden[:, -1])
             codebook = len(codes)  # predicted by head weight codebook - 1
             logits = last @ self.depth_head.weight[codebook - 1]

@@ -38,6 +38,52 @@ def project(attn: torch.nn.Module, x: torch.Tensor, heads_dim: int):
     return q, k, v
 
 
+def fuse_projections(layer: torch.nn.Module) -> bool:
+    """One weight for q, k and v, and one for the MLP's gate and up, so that a fixed step
+    runs one matrix product where it ran three, and one where it ran two. The modules'
+    own weights become views into the fused ones (no copy kept; their values unchanged).
+    False (nothing done) where a projection has a bias."""
+    attn, mlp = layer.self_attn, layer.mlp
+    groups = {
+        "_qkv": (attn.q_proj, attn.k_proj, attn.v_proj),
+        "_gate_up": (mlp.gate_proj, mlp.up_proj),
+    }
+    if any(m.bias is not None for mods in groups.values() for m in mods):
+        return False
+    for name, mods in groups.items():
+        fused = torch.cat([m.weight.detach() for m in mods], dim=0)
+        start = 0
+        for m in mods:
+            rows = m.weight.shape[0]
+            m.weight = torch.nn.Parameter(fused[start : start + rows], requires_grad=False)
+            start += rows
+        setattr(layer, name, (fused, [m.weight.shape[0] for m in mods]))
+    return True
+
+
+def project_fused(layer: torch.nn.Module, x: torch.Tensor, heads_dim: int):
+    """`project` with the fused q, k, v weight (`fuse_projections`)."""
+    b, t, _ = x.shape
+    weight, sizes = layer._qkv
+    q, k, v = F.linear(x, weight).split(sizes, dim=-1)
+    return (
+        q.view(b, t, -1, heads_dim).transpose(1, 2),
+        k.view(b, t, -1, heads_dim).transpose(1, 2),
+        v.view(b, t, -1, heads_dim).transpose(1, 2),
+    )
+
+
+def finish_layer_fused(layer: torch.nn.Module, hidden: torch.Tensor, attended: torch.Tensor):
+    """`finish_layer` with the fused gate and up weight (`fuse_projections`)."""
+    b, h, t, d = attended.shape
+    out = layer.self_attn.o_proj(attended.transpose(1, 2).reshape(b, t, h * d))
+    hidden = hidden + out
+    mlp = layer.mlp
+    weight, sizes = layer._gate_up
+    gate, up = F.linear(layer.post_attention_layernorm(hidden), weight).split(sizes, dim=-1)
+    return hidden + mlp.down_proj(mlp.act_fn(gate) * up)
+
+
 def finish_layer(layer: torch.nn.Module, hidden: torch.Tensor, attended: torch.Tensor):
     """The attention's output projection, the residual and the MLP block."""
     b, h, t, d = attended.shape
