@@ -36,7 +36,6 @@ from pipeline.backends.codec_lm.ops import (
     fuse_projections,
     gqa_attention,
     project_fused,
-    rope_signed,
     signed_sin,
 )
 from pipeline.backends.codec_lm.sampling import choose_codes, frame_noise
@@ -229,8 +228,8 @@ class FixedStep:
         rows = embeds.shape[0]
         hidden = embeds
         for index, layer in enumerate(self.backbone.layers):
-            q, k, v = project_fused(layer, layer.input_layernorm(hidden), self.head_dim)
-            q, k = rope_signed(q, cos, sin), rope_signed(k, cos, sin)
+            normed = layer.input_layernorm(hidden)
+            q, k, v = project_fused(layer, normed, self.head_dim, cos, sin)
             cache_k, cache_v = self.cache.keys[index], self.cache.values[index]
             cache_k[slots[:, None], :, writes] = k.transpose(1, 2)
             cache_v[slots[:, None], :, writes] = v.transpose(1, 2)
@@ -282,8 +281,7 @@ class FixedStep:
             hidden = embeds
             for index, layer in enumerate(depth.layers):
                 normed = layer.input_layernorm(hidden)
-                q, k, v = project_fused(layer, normed, self.depth_head_dim)
-                q, k = rope_signed(q, cos, sin), rope_signed(k, cos, sin)
+                q, k, v = project_fused(layer, normed, self.depth_head_dim, cos, sin)
                 if past[index] is not None:
                     k = torch.cat([past[index][0], k], dim=2)
                     v = torch.cat([past[index][1], v], dim=2)

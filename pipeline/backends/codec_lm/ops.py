@@ -61,16 +61,18 @@ def fuse_projections(layer: torch.nn.Module) -> bool:
     return True
 
 
-def project_fused(layer: torch.nn.Module, x: torch.Tensor, heads_dim: int):
-    """`project` with the fused q, k, v weight (`fuse_projections`)."""
+def project_fused(
+    layer: torch.nn.Module, x: torch.Tensor, heads_dim: int, cos: torch.Tensor, sin_signed
+):
+    """q and k with the rotary embedding applied, and v, as `project` then `rope_signed`
+    give them, from the fused q, k, v weight (`fuse_projections`): one matrix product, and
+    q's and k's heads turned in one go (adjacent in the product's output)."""
     b, t, _ = x.shape
     weight, sizes = layer._qkv
-    q, k, v = F.linear(x, weight).split(sizes, dim=-1)
-    return (
-        q.view(b, t, -1, heads_dim).transpose(1, 2),
-        k.view(b, t, -1, heads_dim).transpose(1, 2),
-        v.view(b, t, -1, heads_dim).transpose(1, 2),
-    )
+    heads = F.linear(x, weight).view(b, t, -1, heads_dim).transpose(1, 2)
+    q_heads, k_heads = sizes[0] // heads_dim, sizes[1] // heads_dim
+    qk = rope_signed(heads[:, : q_heads + k_heads], cos, sin_signed)
+    return qk[:, :q_heads], qk[:, q_heads:], heads[:, q_heads + k_heads :]
 
 
 def finish_layer_fused(layer: torch.nn.Module, hidden: torch.Tensor, attended: torch.Tensor):
