@@ -36,6 +36,7 @@ from pipeline.backends.codec_lm.ops import (
     fuse_projections,
     gqa_attention,
     project_fused,
+    rms_norm,
     signed_sin,
 )
 from pipeline.backends.codec_lm.sampling import choose_codes, frame_noise
@@ -228,7 +229,7 @@ class FixedStep:
         rows = embeds.shape[0]
         hidden = embeds
         for index, layer in enumerate(self.backbone.layers):
-            normed = layer.input_layernorm(hidden)
+            normed = rms_norm(layer.input_layernorm, hidden)
             q, k, v = project_fused(layer, normed, self.head_dim, cos, sin)
             cache_k, cache_v = self.cache.keys[index], self.cache.values[index]
             cache_k[slots[:, None], :, writes] = k.transpose(1, 2)
@@ -240,7 +241,7 @@ class FixedStep:
                 past_v = cache_v[:, :, :keys].index_select(0, slots)
             attended = gqa_attention(q, past_k, past_v, mask, layer.self_attn.scaling)
             hidden = finish_layer_fused(layer, hidden, attended)
-        return self.backbone.norm(hidden)
+        return rms_norm(self.backbone.norm, hidden)
 
     def _choose(self, logits, seeds, positions, codebook: int, noise) -> torch.Tensor:
         return choose_codes(
@@ -280,7 +281,7 @@ class FixedStep:
             mask = causal[start:stop, :stop][None, None].expand(rows, 1, -1, -1)
             hidden = embeds
             for index, layer in enumerate(depth.layers):
-                normed = layer.input_layernorm(hidden)
+                normed = rms_norm(layer.input_layernorm, hidden)
                 q, k, v = project_fused(layer, normed, self.depth_head_dim, cos, sin)
                 if past[index] is not None:
                     k = torch.cat([past[index][0], k], dim=2)
@@ -288,7 +289,7 @@ class FixedStep:
                 past[index] = (k, v)
                 attended = gqa_attention(q, k, v, mask, layer.self_attn.scaling)
                 hidden = finish_layer_fused(layer, hidden, attended)
-            last = depth.norm(hidden[:, -1])
+            last = rms_norm(depth.norm, hidden[:, -1])
             codebook = len(codes)  # predicted by head weight codebook - 1
             logits = last @ self.depth_head.weight[codebook - 1]
             code = self._choose(logits, seeds, positions, codebook, noise)

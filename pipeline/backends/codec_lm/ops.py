@@ -38,6 +38,14 @@ def project(attn: torch.nn.Module, x: torch.Tensor, heads_dim: int):
     return q, k, v
 
 
+def rms_norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """CSM's RMSNorm module as one call of torch's own: one fused kernel on CUDA where
+    transformers' module launches eight (casts, pow, mean, add, rsqrt, two products);
+    on a float32 CPU the same bits (the frame-for-frame tests). In bfloat16 the fused
+    kernel rounds once where the module rounds before its weight's product."""
+    return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
+
+
 def fuse_projections(layer: torch.nn.Module) -> bool:
     """One weight for q, k and v, and one for the MLP's gate and up, so that a fixed step
     runs one matrix product where it ran three, and one where it ran two. The modules'
@@ -82,7 +90,9 @@ def finish_layer_fused(layer: torch.nn.Module, hidden: torch.Tensor, attended: t
     hidden = hidden + out
     mlp = layer.mlp
     weight, sizes = layer._gate_up
-    gate, up = F.linear(layer.post_attention_layernorm(hidden), weight).split(sizes, dim=-1)
+    gate, up = F.linear(rms_norm(layer.post_attention_layernorm, hidden), weight).split(
+        sizes, dim=-1
+    )
     return hidden + mlp.down_proj(mlp.act_fn(gate) * up)
 
 
