@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from codec_lm_support import tiny_settings
 
 from pipeline.backend import TalkRequest
@@ -38,8 +39,17 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _backend(cache_dir: Path, *overrides: str) -> CodecLMBackend:
+    """The tiny model with its norms' weights made unlike 1 (a random build leaves them
+    at 1), so that the fixed step's own RMSNorm is checked against transformers' module."""
     short = "codec_lm.max_frames_per_segment=16"
-    return CodecLMBackend(tiny_settings(cache_dir, short, *overrides).codec_lm)
+    backend = CodecLMBackend(tiny_settings(cache_dir, short, *overrides).codec_lm)
+    noise = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for module in backend.loaded.model.modules():
+            if type(module).__name__.endswith("RMSNorm"):
+                shape = module.weight.shape
+                module.weight.copy_(1 + 0.5 * torch.randn(shape, generator=noise))
+    return backend
 
 
 SAMPLED = ("codec_lm.temperature=0.9", "codec_lm.top_k=20", "codec_lm.seed=7")
