@@ -57,8 +57,9 @@ NO_KERNEL = {
 }
 
 
-def build(greedy: bool):
-    """The tiny model at CSM-1B's structure on the CPU, sampled or greedy."""
+def build(greedy: bool, *overrides: str):
+    """The tiny model at CSM-1B's structure on the CPU, sampled or greedy (`overrides`:
+    section.field=value, last)."""
     from pipeline.backends.codec_lm import CodecLMBackend
 
     sampling = (
@@ -69,8 +70,9 @@ def build(greedy: bool):
             "codec_lm.top_k=50",
         ]
     )
-    overrides = ["codec_lm.device=cpu", "codec_lm.overlap_steps=false", *CSM_1B_STRUCTURE]
-    sections = load_sections(ROOT / "configs" / "codec-lm-tiny.yaml", overrides + sampling)
+    settings = ["codec_lm.device=cpu", "codec_lm.overlap_steps=false", *CSM_1B_STRUCTURE]
+    path = ROOT / "configs" / "codec-lm-tiny.yaml"
+    sections = load_sections(path, [*settings, *sampling, *overrides])
     return CodecLMBackend(sections["codec_lm"])
 
 

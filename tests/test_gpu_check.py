@@ -19,7 +19,7 @@ def test_the_gpu_check_runs_every_part_on_the_tiny_model(tmp_path: Path, capsys)
             "--out",
             str(out),
             "--duration-s",
-            "1.5",
+            "1",
             "--set",
             f"codec_lm.cache_dir={tmp_path / 'cache'}",
         ]
