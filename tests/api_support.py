@@ -39,6 +39,10 @@ SIM_OVERRIDES = (
     # no start-up calibration: tests that gate or count backend calls see only their own
     # (tests/test_calibration.py runs with it)
     "engine.calibration_calls=0",
+    # no heap freeze after loading: its full collection costs ~0.3 s per app start in a
+    # test process that also holds torch, transformers and ray, and hundreds of tests start
+    # an app (tests/test_app_state.py runs with it, both ways)
+    "server.freeze_heap_after_load=false",
 )
 # A talker at 4x real time for one stream (4 frames of 80 ms per 80 ms step): ~10 s of
 # audio takes ~2.5 s, so a test can act while the stream is mid-way.
