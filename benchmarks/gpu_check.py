@@ -273,24 +273,39 @@ def _first_frames(backend: Any, texts: list[str], tags: list[int], count: int) -
 
 def bucket_checks(report: Report, backend: Any, texts: list[str], steps: int) -> None:
     report("\n== frame for frame at every row bucket: graph vs eager, batched vs alone ==")
-    report(f"{'rows':>5} {'graph = eager':>14} {'batched = alone':>16}  (first {steps} frames)")
-    graphs = backend.stepper.graphs
+    report(
+        f"{'rows':>5} {'graph = eager':>14} {'batched = alone':>16} {'greedy: b = a':>14}"
+        f"  (first {steps} frames)"
+    )
+    stepper = backend.stepper
+    graphs = stepper.graphs
     checked = {}
-    for rows in backend.stepper.row_buckets:
-        if rows > backend.stepper.cache.capacity:
+    for rows in stepper.row_buckets:
+        if rows > stepper.cache.capacity:
             break
         tags = list(range(rows))  # the last one sits in the bucket's last row
+        temperature = stepper.temperature
         try:
             graphs.replay = False
             eager = _first_frames(backend, texts, tags, steps)
+            # greedy (eager: the graphs hold the sampling they were captured with): is a
+            # batched row's difference the matrix kernels' (greedy too) or the draw's?
+            stepper.temperature = 0.0
+            greedy = _first_frames(backend, texts, tags, steps)
+            (greedy_alone,) = _first_frames(backend, texts, tags[-1:], steps)
         finally:
-            graphs.replay = True
+            graphs.replay, stepper.temperature = True, temperature
         graphed = _first_frames(backend, texts, tags, steps)
         (alone,) = _first_frames(backend, texts, tags[-1:], steps)
         same_graph = graphed == eager
         same_alone = graphed[-1] == alone and len(alone) == steps
-        checked[rows] = {"graph_equals_eager": same_graph, "batched_equals_alone": same_alone}
-        report(f"{rows:5d} {same_graph!s:>14} {same_alone!s:>16}")
+        same_greedy = greedy[-1] == greedy_alone and len(greedy_alone) == steps
+        checked[rows] = {
+            "graph_equals_eager": same_graph,
+            "batched_equals_alone": same_alone,
+            "greedy_batched_equals_alone": same_greedy,
+        }
+        report(f"{rows:5d} {same_graph!s:>14} {same_alone!s:>16} {same_greedy!s:>14}")
     report.figures["buckets"] = checked
 
 

@@ -32,7 +32,12 @@ def test_the_gpu_check_runs_every_part_on_the_tiny_model(tmp_path: Path, capsys)
     assert all(ms > 0 for ms in figures["step_ms"].values())
     # eager on a CPU: graph = eager trivially; batched = alone is a real check
     assert figures["buckets"] and all(
-        row == {"graph_equals_eager": True, "batched_equals_alone": True}
+        row
+        == {
+            "graph_equals_eager": True,
+            "batched_equals_alone": True,
+            "greedy_batched_equals_alone": True,
+        }
         for row in figures["buckets"].values()
     )
     assert figures["engine"][1]["requests"] >= 1
