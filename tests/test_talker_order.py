@@ -214,8 +214,9 @@ def test_the_indexed_queue_plans_like_the_plain_ranking(
         queue.update(TalkerCandidate(candidate.stream_id, candidate.order, 0.0, None, 0.25))
         queue.update(TalkerCandidate(candidate.stream_id, candidate.order, 0.0, 50.0, 1.0))
         queue.update(candidate)
-    queue.update(TalkerCandidate("gone", 99, 95.0, None, 0.0))
-    queue.remove("gone")
+    gone = "gone-stream"  # longer than any generated id (at most 4 characters): never one
+    queue.update(TalkerCandidate(gone, 99, 95.0, None, 0.0))
+    queue.remove(gone)
     eligible = [c for c in candidates if c.stream_id not in parked]
     expected = plan_talker_step(eligible, now_s, config)
     got = queue.plan(now_s, config, skip=parked.__contains__)
