@@ -80,8 +80,7 @@ class FixedStep:
         self.depth = model.depth_decoder.model
         self.depth_head = model.depth_decoder.codebooks_head
         for layer in [*self.backbone.layers, *self.depth.layers]:
-            if not fuse_projections(layer):
-                raise ValueError("codec_lm: a CSM projection with a bias is not supported")
+            fuse_projections(layer)
         self.device = next(model.parameters()).device
         self.head_dim = cfg.head_dim
         self.depth_head_dim = cfg.depth_decoder_config.head_dim

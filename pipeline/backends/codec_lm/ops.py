@@ -46,18 +46,17 @@ def rms_norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
 
 
-def fuse_projections(layer: torch.nn.Module) -> bool:
+def fuse_projections(layer: torch.nn.Module) -> None:
     """One weight for q, k and v, and one for the MLP's gate and up, so that a fixed step
     runs one matrix product where it ran three, and one where it ran two. The modules'
-    own weights become views into the fused ones (no copy kept; their values unchanged).
-    False (nothing done) where a projection has a bias."""
+    own weights become views into the fused ones (no copy kept; their values unchanged)."""
     attn, mlp = layer.self_attn, layer.mlp
     groups = {
         "_qkv": (attn.q_proj, attn.k_proj, attn.v_proj),
         "_gate_up": (mlp.gate_proj, mlp.up_proj),
     }
     if any(m.bias is not None for mods in groups.values() for m in mods):
-        return False
+        raise ValueError("codec_lm: a CSM projection with a bias is not supported")
     for name, mods in groups.items():
         fused = torch.cat([m.weight.detach() for m in mods], dim=0)
         start = 0
@@ -66,7 +65,6 @@ def fuse_projections(layer: torch.nn.Module) -> bool:
             m.weight = torch.nn.Parameter(fused[start : start + rows], requires_grad=False)
             start += rows
         setattr(layer, name, (fused, [m.weight.shape[0] for m in mods]))
-    return True
 
 
 def project_fused(
@@ -83,11 +81,15 @@ def project_fused(
     return qk[:, :q_heads], qk[:, q_heads:], heads[:, q_heads + k_heads :]
 
 
+def _attention_out(layer: torch.nn.Module, hidden: torch.Tensor, attended: torch.Tensor):
+    """The attention's output projection added to the residual stream."""
+    b, h, t, d = attended.shape
+    return hidden + layer.self_attn.o_proj(attended.transpose(1, 2).reshape(b, t, h * d))
+
+
 def finish_layer_fused(layer: torch.nn.Module, hidden: torch.Tensor, attended: torch.Tensor):
     """`finish_layer` with the fused gate and up weight (`fuse_projections`)."""
-    b, h, t, d = attended.shape
-    out = layer.self_attn.o_proj(attended.transpose(1, 2).reshape(b, t, h * d))
-    hidden = hidden + out
+    hidden = _attention_out(layer, hidden, attended)
     mlp = layer.mlp
     weight, sizes = layer._gate_up
     gate, up = F.linear(rms_norm(layer.post_attention_layernorm, hidden), weight).split(
@@ -98,9 +100,7 @@ def finish_layer_fused(layer: torch.nn.Module, hidden: torch.Tensor, attended: t
 
 def finish_layer(layer: torch.nn.Module, hidden: torch.Tensor, attended: torch.Tensor):
     """The attention's output projection, the residual and the MLP block."""
-    b, h, t, d = attended.shape
-    out = layer.self_attn.o_proj(attended.transpose(1, 2).reshape(b, t, h * d))
-    hidden = hidden + out
+    hidden = _attention_out(layer, hidden, attended)
     return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
 
 

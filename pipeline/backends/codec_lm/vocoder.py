@@ -53,9 +53,8 @@ def _int_padding(kernel_size: int, stride: int, padding_total: int):
     return extra_padding
 
 
-def host_free_mimi(codec: torch.nn.Module) -> int:
-    """Mimi's decode without host reads (see the module's doc); the convolutions changed."""
-    changed = 0
+def host_free_mimi(codec: torch.nn.Module) -> None:
+    """Mimi's decode without host reads (see the module's doc)."""
     for module in codec.modules():
         if hasattr(module, "_get_extra_padding_for_conv1d") and hasattr(module, "padding_total"):
             padding_total = int(module.padding_total)
@@ -65,8 +64,6 @@ def host_free_mimi(codec: torch.nn.Module) -> int:
             if "padding_total" in module._buffers:  # a tensor buffer: F.pad would read it back
                 del module._buffers["padding_total"]
                 module.padding_total = padding_total
-            changed += 1
-    return changed
 
 
 class MimiVocoder:
