@@ -53,7 +53,7 @@ class SlotSegment:
 @dataclass
 class Launch:
     entries: list[SlotSegment]  # the segments given a frame (each at its slot's row)
-    output: torch.Tensor  # the frames, [rows, codebooks], host side
+    output: torch.Tensor | None  # the frames, [rows, codebooks], host side (None: none)
     event: object | None  # a CUDA event recorded after the copy (None on a CPU)
     prefill: int = 0  # prompts that ran a chunk of prefill
 
@@ -149,7 +149,7 @@ class Launcher:
                     finals.append(s)
         entries = [*decode, *finals]
         if not entries:  # prefill chunks only: no frame this step
-            return Launch([], self._host_output(), self._event(), len(prefill))
+            return Launch([], None, self._event(), len(prefill))
         rows = step.row_bucket(max(s.slot for s in entries) + 1)
         positions = np.full(rows, step.trash, dtype=np.int64)
         for s in decode:
@@ -177,6 +177,8 @@ class Launcher:
             return
         if launch.event is not None:
             launch.event.synchronize()
+        if launch.output is None:
+            return
         frames = launch.output.numpy()
         for segment in launch.entries:
             if not segment.closed:
