@@ -129,7 +129,7 @@ def _request(backend: Any, text: str, tag: int) -> TalkRequest:
     return TalkRequest(text, backend.default_voice(), 1.0, tag, 0, 0)
 
 
-def _open_talking(backend: Any, texts: list[str], count: int, first_tag: int = 0) -> list:
+def open_talking(backend: Any, texts: list[str], count: int, first_tag: int = 0) -> list:
     """`count` segments opened and stepped until each has its first frame launched."""
     segments = [
         backend.open_segment(_request(backend, texts[i % len(texts)], first_tag + i))
@@ -140,7 +140,7 @@ def _open_talking(backend: Any, texts: list[str], count: int, first_tag: int = 0
     return segments
 
 
-def _close(backend: Any, segments: list) -> None:
+def close_segments(backend: Any, segments: list) -> None:
     for segment in segments:
         backend.close_segment(segment)
     backend.close()  # collects the step still in flight
@@ -156,7 +156,7 @@ def talker_steps(report: Report, backend: Any, texts: list[str], batches, steps:
         if batch > backend.stepper.cache.capacity and not backend.stepper.cache.grows:
             report(f"{batch:6d} skipped: more than codec_lm.max_rows slots")
             continue
-        segments = _open_talking(backend, long_texts, batch)
+        segments = open_talking(backend, long_texts, batch)
         try:
             usable = min(s.max_frames - s.launched for s in segments) - 1
             count = max(1, min(steps, usable))
@@ -167,14 +167,14 @@ def talker_steps(report: Report, backend: Any, texts: list[str], batches, steps:
             _sync(backend)
             step_s = (time.perf_counter() - start) / count
         finally:
-            _close(backend, segments)
+            close_segments(backend, segments)
         results[batch] = step_s
         rate = batch / step_s
         report(f"{batch:6d} {step_s * 1e3:9.1f} {rate:10.1f} {rate * frame_s:12.1f}")
     report.figures["step_ms"] = {b: round(s * 1e3, 2) for b, s in results.items()}
     # a step that also prefills an arriving long prompt
     batch = 64 if 64 in results else max(results)
-    segments = _open_talking(backend, long_texts, batch)
+    segments = open_talking(backend, long_texts, batch)
     newcomer = backend.open_segment(_request(backend, ("word " * 80)[:LONG_PROMPT_CHARS], 9999))
     try:
         backend.step(segments)
@@ -184,7 +184,7 @@ def talker_steps(report: Report, backend: Any, texts: list[str], batches, steps:
         _sync(backend)
         arrival_s = time.perf_counter() - start
     finally:
-        _close(backend, [*segments, newcomer])
+        close_segments(backend, [*segments, newcomer])
     report.figures["step_with_arrival_ms"] = round(arrival_s * 1e3, 2)
     report(
         f"step at batch {batch} prefilling a {len(newcomer.prompt)}-token prompt: "
@@ -216,7 +216,7 @@ def profile_steps(report: Report, backend: Any, texts: list[str], batch: int, st
     graphs = backend.stepper.graphs
     figures: dict[str, Any] = {}
     for mode, replay in (("graph", True), ("eager", False)):
-        segments = _open_talking(backend, long_texts, batch)
+        segments = open_talking(backend, long_texts, batch)
         graphs.replay = replay
         try:
             count = max(1, min(steps, min(s.max_frames - s.launched for s in segments) - 2))
@@ -230,7 +230,7 @@ def profile_steps(report: Report, backend: Any, texts: list[str], batch: int, st
                 wall_ms = (time.perf_counter() - started) * 1e3 / count
         finally:
             graphs.replay = True
-            _close(backend, segments)
+            close_segments(backend, segments)
         kernels = [
             e
             for e in prof.events()
@@ -267,7 +267,7 @@ def _first_frames(backend: Any, texts: list[str], tags: list[int], count: int) -
             for i, step in zip(live, backend.step([segments[i] for i in live]), strict=True):
                 got[i].extend(step.frames.tolist())
     finally:
-        _close(backend, segments)
+        close_segments(backend, segments)
     return [g[:count] for g in got]
 
 
@@ -416,7 +416,7 @@ def _stall_places(players: list[Player]) -> dict[str, Any]:
     }
 
 
-async def _engine_run(engine: Any, streams: int, duration_s: float, ramp_s: float, texts):
+async def engine_run(engine: Any, streams: int, duration_s: float, ramp_s: float, texts):
     rng = random.Random(streams)
     records: list[tuple[float | None, Player]] = []
     stop_at = time.monotonic() + duration_s
@@ -484,7 +484,7 @@ async def engine_checks(
             )
             await engine.start()
             try:
-                row = await _engine_run(engine, streams, duration_s, ramp_s, texts)
+                row = await engine_run(engine, streams, duration_s, ramp_s, texts)
             finally:
                 await engine.stop()
         row["talker_steps"], row["vocoder_calls"] = steps.summary(), vocodes.summary()

@@ -20,7 +20,7 @@ import argparse
 import asyncio
 import dataclasses
 
-from benchmarks.gpu_check import ROOT, _engine_run, corpus, load_sections
+from benchmarks.gpu_check import ROOT, corpus, engine_run, load_sections
 from pipeline.backends.sim import SimBackend
 from pipeline.config import SimConfig
 from scheduling import AdmissionConfig
@@ -49,7 +49,7 @@ async def _run(sections, step_ms: float, streams: int, ramp: tuple[int, ...], se
     )
     await engine.start()
     try:
-        return await _engine_run(engine, streams, seconds, min(5.0, seconds / 3), corpus())
+        return await engine_run(engine, streams, seconds, min(5.0, seconds / 3), corpus())
     finally:
         await engine.stop()
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.gpu_check import _close, _open_talking, corpus, load_sections
+from benchmarks.gpu_check import close_segments, corpus, load_sections, open_talking
 
 ROOT = Path(__file__).resolve().parents[1]
 CSM_1B_STRUCTURE = [
@@ -78,14 +78,14 @@ def build(greedy: bool, *overrides: str):
 
 def count(backend, rows: int, steps: int = 3) -> tuple[float, collections.Counter]:
     """Computing operators per fixed-shape step of `rows` segments, and per name."""
-    segments = _open_talking(backend, sorted(corpus(), key=len)[:rows], rows)  # short prompts
+    segments = open_talking(backend, sorted(corpus(), key=len)[:rows], rows)  # short prompts
     try:
         backend.step(segments)
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for _ in range(steps):
                 backend.step(segments)
     finally:
-        _close(backend, segments)
+        close_segments(backend, segments)
     top_level = [
         e
         for e in prof.events()
