@@ -103,6 +103,8 @@ class StreamBook:
             work_ahead=work_ahead,
             even_tail=even_tail,
             yield_slack_s=yield_slack_s,
+            urgent_slack_s=urgent_slack_s,
+            alone_urgent_slack_s=alone_urgent_slack_s,
             new_abort=new_abort,
         )
         self.talker = TalkerCore(

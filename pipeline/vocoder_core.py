@@ -70,11 +70,16 @@ class VocoderCore:
         work_ahead: bool = True,
         even_tail: bool = True,
         yield_slack_s: float = 0.0,
+        urgent_slack_s: float = 0.0,
+        alone_urgent_slack_s: float | None = None,
         new_abort: Callable[[], AbortHandle] | None = None,
     ) -> None:
         """`workers`: vocode calls that may run at once; `work_ahead`: a stream alone
-        may have that many chunks in flight (see the module doc). `new_abort`: the
-        backend's `vocode_abort`, where it can end a call early."""
+        may have that many chunks in flight (see the module doc). `urgent_slack_s` /
+        `alone_urgent_slack_s` (None: the same): a stream whose player has less audio
+        ahead than this (or none yet) is urgent to the planner, whose chunk then waits
+        for no lookahead (the talker's `talker.urgent_slack_s` / `alone.urgent_slack_s`).
+        `new_abort`: the backend's `vocode_abort`, where it can end a call early."""
         self._table = table
         self._scheduler = table.scheduler
         self.planner = planner
@@ -84,6 +89,10 @@ class VocoderCore:
         self._workers = max(1, workers)
         self._max_in_flight = self._workers if work_ahead else 1
         self._yield_slack_s = yield_slack_s if self._workers > 1 else 0.0
+        self._urgent_slack_s = urgent_slack_s
+        self._alone_urgent_slack_s = (
+            urgent_slack_s if alone_urgent_slack_s is None else alone_urgent_slack_s
+        )
         self._new_abort = new_abort
         self.talker: TalkerSide = _NoTalker()
         self._dirty: dict[str, StreamRecord] = {}  # chunk plan out of date
@@ -150,7 +159,7 @@ class VocoderCore:
 
     # The plan.
 
-    def refresh(self, load: Load) -> None:
+    def refresh(self, load: Load, now_s: float) -> None:
         """Re-plan the dirty records: the ready set is then up to date. Empty (terminal)
         chunks carry no audio and are committed here, without a call."""
         dirty, vocoding, ready = self._dirty, self._vocoding, self._ready
@@ -158,9 +167,9 @@ class VocoderCore:
             stream_id, record = dirty.popitem()
             if stream_id in vocoding:
                 if self._work_ahead(load):
-                    self._plan_ahead(record, load)
+                    self._plan_ahead(record, load, now_s)
                 continue  # otherwise re-planned once its chunk is committed
-            chunk = record.chunk = self._plan(record, load)
+            chunk = record.chunk = self._plan(record, load, now_s)
             if chunk is None or record.sender.parked:
                 ready.pop(stream_id, None)
             elif chunk.stop == chunk.start:  # empty
@@ -175,7 +184,7 @@ class VocoderCore:
         table = self._table
         table.apply_inbox()
         load = table.load()
-        self.refresh(load)
+        self.refresh(load, now_s)
         select = self._scheduler.select
         # every stream was admitted at submit
         if ready := self.ready_ids:
@@ -244,7 +253,7 @@ class VocoderCore:
         if self._work_ahead(load):
             self._mark_dirty(record)  # its next chunk may be decoded beside this one
 
-    def _plan_ahead(self, record: StreamRecord, load: Load) -> None:
+    def _plan_ahead(self, record: StreamRecord, load: Load, now_s: float) -> None:
         """A stream with chunks in flight: plan the chunk after them, for `ahead_ids`."""
         chunk = None
         if (
@@ -253,14 +262,14 @@ class VocoderCore:
             # not before its first audio: the first chunk gets a core to itself (TTFA)
             and record.stream.stats.chunks > 0
         ):
-            chunk = self._plan(record, load)
+            chunk = self._plan(record, load, now_s)
         record.chunk = chunk
         if chunk is None or chunk.empty:  # an empty terminal waits for the ones in flight
             self._ahead.pop(record.stream.id, None)
         else:
             self._ahead[record.stream.id] = None
 
-    def _plan(self, record: StreamRecord, load: Load) -> Chunk | None:
+    def _plan(self, record: StreamRecord, load: Load, now_s: float) -> Chunk | None:
         frames = record.frames
         stream_id = record.stream.id
         if record.in_flight:  # the planner plans after the chunks in flight
@@ -275,8 +284,11 @@ class VocoderCore:
         split = 1
         if stream_done and self._even_tail and self._work_ahead(load):
             split = self._max_in_flight
+        slack_s = self._scheduler.slack_s(stream_id, now_s)
+        limit_s = self._alone_urgent_slack_s if load.alone else self._urgent_slack_s
+        urgent = slack_s is None or slack_s < limit_s
         return self.planner.next_chunk(
-            stream_id, segment.available_frames, done, stream_done, split
+            stream_id, segment.available_frames, done, stream_done, split, urgent
         )
 
     # The outcome.

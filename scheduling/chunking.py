@@ -178,6 +178,7 @@ class ChunkPlanner:
         segment_done: bool,
         stream_done: bool,
         split: int = 1,
+        urgent: bool = False,
     ) -> Chunk | None:
         """The next chunk of the current segment, or None while it must wait.
 
@@ -188,8 +189,11 @@ class ChunkPlanner:
         frames it has left past the ramp (and the first chunk) are cut into chunks of
         near-equal size, as many as plain chunks would be rounded down to a multiple of
         `split` (at least `split`), so that no short last chunk decodes alone while the
-        other workers idle; later calls keep that cut. After the final chunk is committed
-        the answer is always None.
+        other workers idle; later calls keep that cut. `urgent`: the stream's player is
+        close to running dry; a chunk whose frames are all there but not its lookahead
+        (the segment's next frames may come with a talker step far off) is cut short by
+        its lookahead, if at least half its size is left, rather than wait for frames that
+        are not its own. After the final chunk is committed the answer is always None.
         """
         progress = self._streams.get(stream_id)
         if progress is None:
@@ -217,25 +221,28 @@ class ChunkPlanner:
             progress.tail_chunks = max(split, count - count % split)
         if progress.tail_chunks:
             target = -(-unsent // progress.tail_chunks)
+        lookahead = config.right_context_frames
+        stop = None  # None: waiting for the chunk's frames and lookahead
         if unsent == 0:
-            chunk = None
             if segment_done:  # the terminal of a segment that ended on a chunk boundary
-                chunk = Chunk(sent, sent, sent, sent, progress.planned_segment, True, stream_done)
-        elif segment_done or unsent >= target + config.right_context_frames:
+                stop = sent
+        elif segment_done or unsent >= target + lookahead:
             stop = sent + min(target, unsent)
+        elif urgent and unsent >= target and unsent - lookahead >= -(-target // 2):
+            stop = available_frames - lookahead  # cut short by its lookahead (docstring)
+        chunk = None
+        if stop is not None:
             segment_end = segment_done and stop == available_frames
             # positional: start, stop, context_start, context_stop, segment, segment_end, final
             chunk = Chunk(
                 sent,
                 stop,
-                max(0, sent - config.left_context_frames),
-                min(available_frames, stop + config.right_context_frames),
+                max(0, sent - config.left_context_frames) if stop > sent else sent,
+                min(available_frames, stop + lookahead) if stop > sent else sent,
                 progress.planned_segment,
                 segment_end,
                 segment_end and stream_done,
             )
-        else:
-            chunk = None  # waiting for the chunk's frames and lookahead
         progress.planned = chunk
         return chunk
 

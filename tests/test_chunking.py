@@ -45,6 +45,29 @@ def test_waits_for_target_plus_lookahead():
     assert chunk == Chunk(0, 4, 0, 6, 0, False, False)
 
 
+def test_an_urgent_stream_waits_for_no_lookahead():
+    """urgent (its player close to running dry): a chunk whose frames are there but not
+    its lookahead is cut short by it, keeping its lookahead, if half of it is left; the
+    next chunk starts where it stopped. Not urgent, it waits (the test above)."""
+    p = planner(chunk_frames=64, left=8, right=8)
+    # a later segment's first talker step made 64 frames: 56 of them go now
+    chunk = p.next_chunk("s", 64, False, False, urgent=True)
+    assert chunk == Chunk(0, 56, 0, 64, 0, False, False)
+    p.commit("s", chunk)
+    assert p.next_chunk("s", 64, False, False, urgent=True) is None  # 8 left: under half
+    following = p.next_chunk("s", 320, False, False, urgent=True)  # the next step's frames
+    assert following == Chunk(56, 120, 48, 128, 0, False, False)  # a whole chunk again
+    # under half a chunk left after the lookahead: it waits, urgent or not
+    p = planner(chunk_frames=64, right=8)
+    assert p.next_chunk("s", 39, False, False, urgent=True) is None
+    assert p.next_chunk("s", 40, False, False, urgent=False) is None
+    assert p.next_chunk("s", 40, False, False, urgent=True) is None  # its 64 are not there
+    assert p.next_chunk("s", 70, False, False, urgent=True) == Chunk(0, 62, 0, 70, 0, False, False)
+    # without a lookahead the chunk waits for its own frames as ever
+    p = planner(chunk_frames=8)
+    assert p.next_chunk("s", 7, False, False, urgent=True) is None
+
+
 def test_context_is_clipped_at_segment_start_and_to_what_is_available():
     p = planner(chunk_frames=4, left=3, right=2)
     chunks = drain(p, "s", 10, False, False)
@@ -243,6 +266,7 @@ def segment_arrivals(draw):
     data=st.data(),
 )
 def test_every_frame_exactly_once_in_order_and_one_final(config, segments, end_known, split, data):
+    lookahead = config.right_context_frames
     p = ChunkPlanner(config)
     if end_known == "after_last":  # the stream's end comes after its last segment closed
         segments = [*segments, []]
@@ -258,15 +282,18 @@ def test_every_frame_exactly_once_in_order_and_one_final(config, segments, end_k
         empties = 0
         while True:
             stream_done = last and (end_known != "last_segment_done" or done)
-            chunk = p.next_chunk("s", available, done, stream_done, split=split)
+            urgent = data.draw(st.booleans())
+            chunk = p.next_chunk("s", available, done, stream_done, split=split, urgent=urgent)
             sent = p.sent_frames("s")
             target = config.target_frames(chunk_index)
             unsent = available - sent
+            # an urgent stream's chunk whose frames are there goes without its lookahead
+            short = urgent and unsent >= target and unsent - lookahead >= -(-target // 2)
             if chunk is None:
                 # Waiting is right only while the segment is open and the chunk's frames
                 # plus lookahead are not all there.
                 assert not done
-                assert unsent < target + config.right_context_frames
+                assert unsent < target + lookahead and not short
             elif pending and data.draw(st.booleans()):
                 chunk = None  # the vocoder is busy: more frames arrive before the next plan
             if chunk is None:
@@ -293,11 +320,13 @@ def test_every_frame_exactly_once_in_order_and_one_final(config, segments, end_k
                 # ramps and targets are followed: only a segment's last piece is short
                 if split > 1 and done and stream_done and chunk_index >= len(config.ramp):
                     assert chunk.frames <= max(unsent, 1)  # a last segment cut evenly
-                else:
+                elif done or unsent >= target + lookahead:
                     assert chunk.frames == min(target, unsent)
-                if not done:
+                if not done and unsent < target + lookahead:
+                    assert short and chunk.frames == unsent - lookahead
+                    assert chunk.context_stop == available
+                elif not done:
                     assert chunk.frames == target
-                    assert unsent >= target + config.right_context_frames
                 chunk_index += 1
                 emitted.append((seg, chunk.start, chunk.stop))
                 ended_by_data_chunk = chunk.segment_end

@@ -306,7 +306,7 @@ def test_no_chunk_ahead_of_a_lone_stream_while_its_talker_step_runs() -> None:
     _vocode(book, backend, first, 100.0)  # its first chunk leaves (it decodes alone)
     second = vocoder.schedule(100.0)  # a worker takes the next chunk
     assert _one(second, record) == 4
-    vocoder.refresh(book.load())
+    vocoder.refresh(book.load(), 0.0)
     assert stream.id in vocoder.ahead_ids(book.load())  # its talker idles: a worker may help
     talking = book.talker.schedule(100.0)  # a talker call steps it now
     assert talking is not None and talking.stream_ids == (stream.id,)
@@ -390,7 +390,7 @@ def test_no_chunk_ahead_of_a_lone_stream_while_its_next_segment_is_prepared() ->
     plan, _ = _talk(book, backend, 100.0, watch)  # the talker steps it meanwhile
     assert plan.stream_ids == (stream.id,) and plan.prepare == []
     assert record.talking is None  # segment 0 done (20 frames)
-    vocoder.refresh(book.load())
+    vocoder.refresh(book.load(), 0.0)
     assert stream.id not in vocoder.ahead_ids(book.load())  # still prepared
     vocoder_wakes.clear()
     backend.preparations[1].set_result(None)
@@ -433,14 +433,14 @@ def test_a_stream_offered_ahead_has_its_chunk_after_another_stream_came_and_went
     _vocode(book, backend, first, 100.0)  # its first audio, decoded alone
     turns = [vocoder.schedule(100.0), vocoder.schedule(100.0)]  # two workers, side by side
     assert [_one(turn, record) for turn in turns] == [4, 4]
-    vocoder.refresh(book.load())
+    vocoder.refresh(book.load(), 0.0)
     assert stream.id in vocoder.ahead_ids(book.load())  # a third worker may take the next
     other = book.add_stream(voice, speed=1.0, now_s=100.0)
     assert not vocoder.ahead_ids(book.load())
     _vocode(book, backend, turns[0], 100.0)
-    vocoder.refresh(book.load())
+    vocoder.refresh(book.load(), 0.0)
     book.cancel(other.id)
-    vocoder.refresh(book.load())
+    vocoder.refresh(book.load(), 0.0)
     # offered ahead only with its chunk planned
     assert stream.id not in vocoder.ahead_ids(book.load()) or record.chunk is not None
     _vocode(book, backend, turns[1], 100.0)
