@@ -173,6 +173,44 @@ def test_a_segment_is_urgent_until_its_stream_has_a_second_of_audio_ahead() -> N
     assert _opened(book.talker.schedule(101.2), records[2]).request.urgent  # 0.4 + 0.4 s
 
 
+@pytest.mark.parametrize(("now_s", "urgent"), [(100.0, False), (102.0, True)])
+def test_a_chunk_waits_for_its_lookahead_unless_its_player_is_close_to_running_dry(
+    now_s: float, urgent: bool
+) -> None:
+    """Chunks of 8 frames with 2 of lookahead, talker steps of 10: after four steps and
+    four chunks (32 frames, 2.56 s, sent at 100.0) the stream has 8 frames made, not
+    their lookahead. At 100.0 (2.56 s ahead of its player) the chunk waits for the next
+    step; at 102.0 (0.56 s ahead, under talker.urgent_slack_s) 6 frames go now, the last
+    2 their lookahead, and the next chunk starts after them."""
+    book = _fake_clock_book(
+        [100.0], ChunkingConfig(chunk_frames=8, right_context_frames=2), urgent_slack_s=1.0
+    )
+    backend = _sim(10)
+    voice = backend.voices()[0]
+    stream = book.add_stream(voice, speed=1.0, now_s=100.0)
+    book.add_text(stream.id, "one two three four five six seven eight nine ten eleven", final=True)
+    record = book.record(stream.id)
+    assert record is not None
+    vocoder = book.vocoder
+    for _ in range(4):
+        _talk(book, backend, 100.0)
+        plan = vocoder.schedule(100.0)
+        assert _one(plan, record) == 8  # 10 frames more each step: a whole chunk each
+        _vocode(book, backend, plan, 100.0)
+    assert record.frames.current is not None and record.frames.current.available_frames == 40
+    assert book.scheduler.slack_s(stream.id, 100.0) == pytest.approx(2.56)
+    plan = vocoder.schedule(now_s)
+    if not urgent:
+        assert plan is None
+    else:
+        assert _one(plan, record) == 6
+        assert plan is not None and plan.batch[0][1][:4] == (32, 38, 32, 40)
+        _vocode(book, backend, plan, now_s)
+    _talk(book, backend, now_s)  # its last step
+    plan = vocoder.schedule(now_s)
+    assert plan is not None and plan.batch[0][1][:2] == ((38, 46) if urgent else (32, 40))
+
+
 @pytest.mark.parametrize(
     ("first", "urgent"), [("One two three four five sixty.", False), ("Hi.", True)]
 )
@@ -306,7 +344,7 @@ def test_no_chunk_ahead_of_a_lone_stream_while_its_talker_step_runs() -> None:
     _vocode(book, backend, first, 100.0)  # its first chunk leaves (it decodes alone)
     second = vocoder.schedule(100.0)  # a worker takes the next chunk
     assert _one(second, record) == 4
-    vocoder.refresh(book.load(), 0.0)
+    vocoder.refresh(book.load(), 100.0)
     assert stream.id in vocoder.ahead_ids(book.load())  # its talker idles: a worker may help
     talking = book.talker.schedule(100.0)  # a talker call steps it now
     assert talking is not None and talking.stream_ids == (stream.id,)
@@ -390,7 +428,7 @@ def test_no_chunk_ahead_of_a_lone_stream_while_its_next_segment_is_prepared() ->
     plan, _ = _talk(book, backend, 100.0, watch)  # the talker steps it meanwhile
     assert plan.stream_ids == (stream.id,) and plan.prepare == []
     assert record.talking is None  # segment 0 done (20 frames)
-    vocoder.refresh(book.load(), 0.0)
+    vocoder.refresh(book.load(), 100.0)
     assert stream.id not in vocoder.ahead_ids(book.load())  # still prepared
     vocoder_wakes.clear()
     backend.preparations[1].set_result(None)
@@ -433,14 +471,14 @@ def test_a_stream_offered_ahead_has_its_chunk_after_another_stream_came_and_went
     _vocode(book, backend, first, 100.0)  # its first audio, decoded alone
     turns = [vocoder.schedule(100.0), vocoder.schedule(100.0)]  # two workers, side by side
     assert [_one(turn, record) for turn in turns] == [4, 4]
-    vocoder.refresh(book.load(), 0.0)
+    vocoder.refresh(book.load(), 100.0)
     assert stream.id in vocoder.ahead_ids(book.load())  # a third worker may take the next
     other = book.add_stream(voice, speed=1.0, now_s=100.0)
     assert not vocoder.ahead_ids(book.load())
     _vocode(book, backend, turns[0], 100.0)
-    vocoder.refresh(book.load(), 0.0)
+    vocoder.refresh(book.load(), 100.0)
     book.cancel(other.id)
-    vocoder.refresh(book.load(), 0.0)
+    vocoder.refresh(book.load(), 100.0)
     # offered ahead only with its chunk planned
     assert stream.id not in vocoder.ahead_ids(book.load()) or record.chunk is not None
     _vocode(book, backend, turns[1], 100.0)
