@@ -54,7 +54,9 @@ class TalkerConfig:
     # a segment opened while its stream has less than this much audio ahead (buffered in
     # the player plus talked, not yet vocoded), or none yet, is urgent (TalkRequest.urgent):
     # Piper then runs its flow in small first steps; otherwise over the whole segment at
-    # once (up to piper.flow_max_chunk_frames), which costs less per frame (no flow context)
+    # once (up to piper.flow_max_chunk_frames), which costs less per frame (no flow context);
+    # a stream whose player has less than this ahead as its chunk is planned has the chunk
+    # cut short of its lookahead rather than wait for it (ChunkPlanner.next_chunk's urgent)
     # (a stream alone: alone.urgent_slack_s)
     urgent_slack_s: float = 1.0
 
