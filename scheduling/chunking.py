@@ -190,10 +190,12 @@ class ChunkPlanner:
         near-equal size, as many as plain chunks would be rounded down to a multiple of
         `split` (at least `split`), so that no short last chunk decodes alone while the
         other workers idle; later calls keep that cut. `urgent`: the stream's player is
-        close to running dry; a chunk whose frames are all there but not its lookahead
-        (the segment's next frames may come with a talker step far off) is cut short by
-        its lookahead, if at least half its size is left, rather than wait for frames that
-        are not its own. After the final chunk is committed the answer is always None.
+        close to running dry; a steady chunk (past the ramp and the first chunk, whose
+        sizes are chosen to cover the next decode) whose frames are all there but not its
+        lookahead (the segment's next frames may come with a talker step far off) is cut
+        short by its lookahead, if at least half its size is left, rather than wait for
+        frames that are not its own. After the final chunk is committed the answer is
+        always None.
         """
         progress = self._streams.get(stream_id)
         if progress is None:
@@ -228,7 +230,12 @@ class ChunkPlanner:
                 stop = sent
         elif segment_done or unsent >= target + lookahead:
             stop = sent + min(target, unsent)
-        elif urgent and unsent >= target and unsent - lookahead >= -(-target // 2):
+        elif (
+            urgent
+            and progress.planned_chunks >= max(len(config.ramp), 1)  # never the ramp's
+            and unsent >= target
+            and unsent - lookahead >= -(-target // 2)
+        ):
             stop = available_frames - lookahead  # cut short by its lookahead (docstring)
         chunk = None
         if stop is not None:
