@@ -16,9 +16,9 @@ moves it within the window. A stage of `workers` parallel calls sustains
 Calls that run alone cost less than calls that share the cores with the other stage and
 the other workers, so the per-call figure reads high at light load. The SATURATED
 reading bounds it at what the machine sustained, the cores' contention included: the
-audio produced per wall second over the time bins (`window_s / BUCKETS` each, a call's
-busy time and audio shared among the bins it ran in) in which the stage was busy at least
-`SATURATED` of the time on every worker, with more calls than workers (so its calls paid the full
+audio produced per wall second over the time bins (`window_s / BUCKETS` each, a call
+counted in the bin it ended in) in which the stage was busy at least `SATURATED` of the
+time on every worker, with more calls than workers (so its calls paid the full
 contention, and one call that hung is no reading), the median of the latest `BUCKETS`
 such bins. It is kept fresh by new saturated bins (a busy period, a calibration), and
 forgotten after `STALE_WINDOWS` windows without one; the start-up calibration
@@ -59,7 +59,6 @@ class CapacityEstimate:
         self._calls: deque[tuple[float, float, float]] = deque()  # (finished_s, cost, audio_s)
         self._bins: dict[int, list[float]] = {}  # open bins: index -> [busy_s, audio_s, calls]
         self._saturated: deque[tuple[int, float]] = deque(maxlen=BUCKETS)  # (index, rate)
-        self._open_from = 0  # bins before this one are closed
         self._initial = initial_audio_s_per_s
         self._baseline = 0.0
         self._measured = False
@@ -92,23 +91,10 @@ class CapacityEstimate:
         busy_s = max(finished_s - started_s, 0.0)
         if audio_s > _MIN_AUDIO_S:
             self._calls.append((finished_s, busy_s / audio_s, audio_s))
-        # each bin the call ran in gets its share of the call's busy time and audio (counted
-        # whole in the bin it ended in, a call made that bin read high and the one before
-        # it low, and only the high one passed as saturated); bins already closed get none
-        bucket_s = self._bucket_s
-        last = int(finished_s // bucket_s)
-        first = int(started_s // bucket_s) if busy_s > 0 else last
-        for index in range(max(first, self._open_from), last + 1):
-            share = 1.0
-            if busy_s > 0:
-                start_s, stop_s = index * bucket_s, (index + 1) * bucket_s
-                share = (min(finished_s, stop_s) - max(started_s, start_s)) / busy_s
-                if share <= 0:
-                    continue  # it only touched the bin's edge
-            entry = self._bins.setdefault(index, [0.0, 0.0, 0.0])
-            entry[0] += busy_s * share
-            entry[1] += audio_s * share
-            entry[2] += 1
+        entry = self._bins.setdefault(int(finished_s // self._bucket_s), [0.0, 0.0, 0.0])
+        entry[0] += busy_s
+        entry[1] += audio_s
+        entry[2] += 1
 
     def _expire(self, now_s: float) -> None:
         """Drop the calls that left the window; close the bins before the last one (a
@@ -118,7 +104,6 @@ class CapacityEstimate:
         while calls and calls[0][0] <= horizon_s:
             calls.popleft()
         current = int(now_s // self._bucket_s)
-        self._open_from = max(self._open_from, current - 1)
         workers = self.workers
         for index in sorted(i for i in self._bins if i < current - 1):
             busy_s, audio_s, count = self._bins.pop(index)

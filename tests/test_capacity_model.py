@@ -66,16 +66,6 @@ def test_it_never_reads_above_what_the_stage_sustained_saturated() -> None:
     assert seeded.value(4.0) == pytest.approx(11.0)
 
 
-def test_calls_across_bin_edges_read_what_the_stage_sustained() -> None:
-    """One worker busy all along with calls of 0.6 s (1.67 audio s per s) and bins of
-    1.6 s: counted whole in the bin it ended in, a bin had two calls (1.2 s busy: not
-    saturated) or three (1.8 s busy, 3 audio s: read as 1.875). Each call shared among
-    the bins it ran in, every bin reads 1.67."""
-    rate = CapacityEstimate(WINDOW_S)
-    calls(rate, 0.0, 7.8, call_s=0.6, audio_s=1.0)
-    assert rate.sustained(9.0) == pytest.approx(1.0 / 0.6)
-
-
 def test_a_short_slow_patch_moves_it_little_and_a_lasting_one_fully() -> None:
     rate = CapacityEstimate(WINDOW_S)
     calls(rate, 0.0, 6.0, call_s=0.1, audio_s=1.0, duty=0.5)
