@@ -13,13 +13,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pipeline.backend import TalkRequest, TalkStep
+from pipeline.backend import TalkRequest, TalkStep, Voice
 from pipeline.backends.sim import SimBackend, SimSegment
 from pipeline.book import StreamBook, Wakes
 from pipeline.config import SimConfig, TalkerConfig, TextConfig
 from pipeline.events import NullEvents
 from pipeline.frames import Segment, StreamFrames
 from pipeline.records import OpenSegment, StreamRecord
+from pipeline.stream import Stream
 from pipeline.talker_core import TalkOutcome, TalkPlan, run_talk, talker_order
 from pipeline.text import Segmenter, segment_options
 from pipeline.vocoder_core import VocodePlan
@@ -97,6 +98,15 @@ def _sim(frames_per_step: int) -> SimBackend:
     return SimBackend(SimConfig(talker_frames_per_step=frames_per_step), sleep=lambda _s: None)
 
 
+def _submitted(book: StreamBook, voice: Voice, text: str) -> tuple[Stream, StreamRecord]:
+    """A stream of `text` (all of it, final) added at 100.0, and its record."""
+    stream = book.add_stream(voice, speed=1.0, now_s=100.0)
+    book.add_text(stream.id, text, final=True)
+    record = book.record(stream.id)
+    assert record is not None
+    return stream, record
+
+
 def _prepared_nothing(stream_id: str, request: TalkRequest, done: Future[object] | None) -> None:
     assert done is None  # the sim backend prepares nothing
 
@@ -149,10 +159,7 @@ def test_a_segment_is_urgent_until_its_stream_has_a_second_of_audio_ahead() -> N
     text = "One two three four five sixty. Six seven eight nine ten."  # 25 frames, then more
     records = []
     for _ in range(3):
-        stream = book.add_stream(voice, speed=1.0, now_s=100.0)
-        book.add_text(stream.id, text, final=True)
-        record = book.record(stream.id)
-        assert record is not None
+        stream, record = _submitted(book, voice, text)
         # the newcomer (no audio) comes before the streams with 2 s ahead
         plan, outcome = _talk(book, backend, 100.0)
         assert plan.stream_ids == (stream.id,)
@@ -187,10 +194,9 @@ def test_a_chunk_waits_for_its_lookahead_unless_its_player_is_close_to_running_d
     )
     backend = _sim(10)
     voice = backend.voices()[0]
-    stream = book.add_stream(voice, speed=1.0, now_s=100.0)
-    book.add_text(stream.id, "one two three four five six seven eight nine ten eleven", final=True)
-    record = book.record(stream.id)
-    assert record is not None
+    stream, record = _submitted(
+        book, voice, "one two three four five six seven eight nine ten eleven"
+    )
     vocoder = book.vocoder
     for _ in range(4):
         _talk(book, backend, 100.0)
@@ -223,10 +229,7 @@ def test_before_its_first_audio_a_stream_is_urgent_by_the_audio_talked(
     backend = _sim(1000)  # a segment per step
     voice = backend.voices()[0]
     book = _fake_clock_book([100.0], ChunkingConfig(chunk_frames=20), urgent_slack_s=1.0)
-    stream = book.add_stream(voice, speed=1.0, now_s=100.0)
-    book.add_text(stream.id, f"{first} Six seven eight.", final=True)
-    record = book.record(stream.id)
-    assert record is not None
+    stream, record = _submitted(book, voice, f"{first} Six seven eight.")
     plan, outcome = _talk(book, backend, 100.0)
     assert _opened(plan, record).request.urgent  # nothing talked yet
     assert outcome.results[0].done
@@ -248,10 +251,7 @@ def test_a_stream_alone_is_urgent_only_closer_to_its_player(others: int) -> None
     book = _fake_clock_book(
         now, ChunkingConfig(chunk_frames=20), batch=2, urgent_slack_s=1.0, alone_urgent_slack_s=0.3
     )
-    stream = book.add_stream(voice, speed=1.0, now_s=100.0)
-    book.add_text(stream.id, "One two three four five sixty. Six seven eight.", final=True)
-    record = book.record(stream.id)
-    assert record is not None
+    _, record = _submitted(book, voice, "One two three four five sixty. Six seven eight.")
     plan, outcome = _talk(book, backend, 100.0)
     assert _opened(plan, record).request.urgent  # no audio yet: urgent alone too
     assert len(outcome.results[0].frames) == 25
@@ -333,10 +333,7 @@ def test_no_chunk_ahead_of_a_lone_stream_while_its_talker_step_runs() -> None:
     )
     backend = _PausingSim(SimConfig(talker_frames_per_step=12))
     voice = backend.voices()[0]
-    stream = book.add_stream(voice, speed=1.0, now_s=100.0)
-    book.add_text(stream.id, "one two three four five six seven eight nine ten", final=True)
-    record = book.record(stream.id)
-    assert record is not None
+    stream, record = _submitted(book, voice, "one two three four five six seven eight nine ten")
     vocoder = book.vocoder
     _talk(book, backend, 100.0)  # 12 of its 40 frames
     first = vocoder.schedule(100.0)
@@ -461,10 +458,7 @@ def test_a_stream_offered_ahead_has_its_chunk_after_another_stream_came_and_went
     book = _fake_clock_book([100.0], ChunkingConfig(chunk_frames=4), vocoder_workers=3)
     backend = _sim(40)
     voice = backend.voices()[0]
-    stream = book.add_stream(voice, speed=1.0, now_s=100.0)
-    book.add_text(stream.id, "one two three four five six seven eight nine ten", final=True)
-    record = book.record(stream.id)
-    assert record is not None
+    stream, record = _submitted(book, voice, "one two three four five six seven eight nine ten")
     _talk(book, backend, 100.0)  # all 40 frames
     vocoder = book.vocoder
     first = vocoder.schedule(100.0)
