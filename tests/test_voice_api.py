@@ -137,6 +137,16 @@ def test_speech_through_the_api_is_intelligible(server: LiveServer) -> None:
     assert all(wer <= MAX_WER for _, _, wer in heard), heard
 
 
+def _same_speech(heard: bytes, expected: bytes) -> None:
+    """The same PCM but for the seams: where a stream's chunks are cut may depend on timing
+    (an urgent stream's chunk waits for no lookahead), which moves a few samples near a
+    seam by a few steps; a lost, repeated or misplaced piece would differ everywhere after
+    it. So: the same length, and the difference 40 dB under the signal (the seams' bound)."""
+    a, b = (np.frombuffer(pcm, dtype="<i2").astype(np.float64) for pcm in (heard, expected))
+    assert a.size == b.size > 0
+    assert np.sum((a - b) ** 2) <= 1e-4 * np.sum(b**2)
+
+
 def test_a_stream_read_piece_by_piece_equals_one_read_and_the_sse_deltas(
     server: LiveServer,
 ) -> None:
@@ -148,14 +158,13 @@ def test_a_stream_read_piece_by_piece_equals_one_read_and_the_sse_deltas(
     streamed = b"".join(pieces)
     assert len(streamed) > 2 * VOICE_RATE_HZ * 5  # more than 5 s of speech
 
-    whole = post(server, payload).content
-    assert whole == streamed
+    _same_speech(post(server, payload).content, streamed)
 
     sse = post(server, {**payload, "stream_format": "sse"})
     *deltas, done = parse_sse(sse.content)
     assert done["type"] == "speech.audio.done"
     assert len(deltas) > 3 and all(e["type"] == "speech.audio.delta" for e in deltas)
-    assert b"".join(base64.b64decode(str(e["audio"])) for e in deltas) == streamed
+    _same_speech(b"".join(base64.b64decode(str(e["audio"])) for e in deltas), streamed)
 
 
 def test_streamed_audio_is_within_30_db_of_whole_segment_synthesis(
