@@ -224,32 +224,34 @@ class ChunkPlanner:
         if progress.tail_chunks:
             target = -(-unsent // progress.tail_chunks)
         lookahead = config.right_context_frames
-        stop = None  # None: waiting for the chunk's frames and lookahead
+        chunk = None  # None: waiting for the chunk's frames and lookahead
         if unsent == 0:
             if segment_done:  # the terminal of a segment that ended on a chunk boundary
-                stop = sent
-        elif segment_done or unsent >= target + lookahead:
-            stop = sent + min(target, unsent)
-        elif (
-            urgent
-            and progress.planned_chunks >= max(len(config.ramp), 1)  # never the ramp's
-            and unsent >= target
-            and unsent - lookahead >= -(-target // 2)
-        ):
-            stop = available_frames - lookahead  # cut short by its lookahead (docstring)
-        chunk = None
-        if stop is not None:
-            segment_end = segment_done and stop == available_frames
-            # positional: start, stop, context_start, context_stop, segment, segment_end, final
-            chunk = Chunk(
-                sent,
-                stop,
-                max(0, sent - config.left_context_frames) if stop > sent else sent,
-                min(available_frames, stop + lookahead) if stop > sent else sent,
-                progress.planned_segment,
-                segment_end,
-                segment_end and stream_done,
-            )
+                chunk = Chunk(sent, sent, sent, sent, progress.planned_segment, True, stream_done)
+        else:
+            stop = None
+            if segment_done or unsent >= target + lookahead:
+                stop = sent + min(target, unsent)
+            elif (
+                urgent
+                and progress.planned_chunks >= max(len(config.ramp), 1)  # never the ramp's
+                and unsent >= target
+                and unsent - lookahead >= -(-target // 2)
+            ):
+                stop = available_frames - lookahead  # cut short by its lookahead (docstring)
+            if stop is not None:
+                segment_end = segment_done and stop == available_frames
+                # positional: start, stop, context_start, context_stop, segment, segment_end,
+                # final
+                chunk = Chunk(
+                    sent,
+                    stop,
+                    max(0, sent - config.left_context_frames),
+                    min(available_frames, stop + lookahead),
+                    progress.planned_segment,
+                    segment_end,
+                    segment_end and stream_done,
+                )
         progress.planned = chunk
         return chunk
 
