@@ -89,6 +89,8 @@ class VocoderCore:
         self._workers = max(1, workers)
         self._max_in_flight = self._workers if work_ahead else 1
         self._yield_slack_s = yield_slack_s if self._workers > 1 else 0.0
+        # urgency only changes a plan where chunks have lookahead: no lookup per plan otherwise
+        self._cuts_short = planner.config.right_context_frames > 0
         self._urgent_slack_s = urgent_slack_s
         self._alone_urgent_slack_s = (
             urgent_slack_s if alone_urgent_slack_s is None else alone_urgent_slack_s
@@ -284,9 +286,11 @@ class VocoderCore:
         split = 1
         if stream_done and self._even_tail and self._work_ahead(load):
             split = self._max_in_flight
-        slack_s = self._scheduler.slack_s(stream_id, now_s)
-        limit_s = self._alone_urgent_slack_s if load.alone else self._urgent_slack_s
-        urgent = slack_s is None or slack_s < limit_s
+        urgent = False
+        if self._cuts_short:
+            slack_s = self._scheduler.slack_s(stream_id, now_s)
+            limit_s = self._alone_urgent_slack_s if load.alone else self._urgent_slack_s
+            urgent = slack_s is None or slack_s < limit_s
         return self.planner.next_chunk(
             stream_id, segment.available_frames, done, stream_done, split, urgent
         )
