@@ -7,8 +7,9 @@ a cancel), or until the first stream held back by the high-water mark falls unde
 
 A backend whose steps may run side by side (`capabilities.concurrent_talker_steps`, with
 `talker.urgent_lane`) gets a second lane with its own thread: while the first lane is
-busy, the second takes the streams with no audio yet (`first_audio_only` plans), so a
-newcomer never waits behind a long step for others.
+busy, the second takes the urgent streams (`urgent_only` plans: no audio yet, or less than
+`talker.urgent_slack_s` of it ahead), so neither a newcomer nor a player close to running
+dry waits behind another stream's long step.
 
 A call that hangs past `engine.call_timeout_s` fails the streams of its batch
 (pipeline/executor.py); its segments stay with the abandoned call.
@@ -83,7 +84,7 @@ class Talker:
                         continue
                     retry_in_s = core.retry_in_s
                 elif self._urgent_stage is not None and (urgent is None or urgent.done()):
-                    plan = core.schedule(now_s, first_audio_only=True)
+                    plan = core.schedule(now_s, urgent_only=True)
                     if plan is not None:
                         self.urgent_steps += 1
                         self.lanes_busy += 1

@@ -23,8 +23,9 @@ Each plan:
    (`capabilities.prepares_segments`) while this one is stepped;
 4. segments of streams that ended are closed first (orphans).
 
-`schedule(now_s, first_audio_only=True)` plans for a second lane: only streams with no
-audio yet (a backend whose steps may run side by side: `concurrent_talker_steps`).
+`schedule(now_s, urgent_only=True)` plans for a second lane: only urgent streams, those
+with no audio yet or less than `talker.urgent_slack_s` of it ahead (a backend whose steps
+may run side by side: `concurrent_talker_steps`).
 """
 
 from __future__ import annotations
@@ -231,14 +232,16 @@ class TalkerCore:
         self._waits_on_emit = waits and order.max_queued_s is not None
         return plan
 
-    def schedule(self, now_s: float, *, first_audio_only: bool = False) -> TalkPlan | None:
+    def schedule(self, now_s: float, *, urgent_only: bool = False) -> TalkPlan | None:
         """The next talker call, or None (nothing to step, no orphan to close)."""
         table = self._table
         table.apply_inbox()
         load = table.load()
         orphans: list[OpenSegment] = []
-        if first_audio_only:
-            step_ids = self.queue.plan_first_audio(now_s, self.order, skip=self._busy)
+        if urgent_only:
+            step_ids = self.queue.plan_urgent(
+                now_s, self.order, self._urgent_slack_s, skip=self._busy
+            )
         else:
             orphans, self._orphans = self._orphans, []
             plan = self.plan(now_s, load)

@@ -327,15 +327,36 @@ class TalkerQueue:
                 break
         return chosen
 
-    def plan_first_audio(
-        self, now_s: float, config: TalkerOrderConfig, skip: Callable[[str], bool] = _never
+    def plan_urgent(
+        self,
+        now_s: float,
+        config: TalkerOrderConfig,
+        urgent_s: float,
+        skip: Callable[[str], bool] = _never,
     ) -> tuple[str, ...]:
-        """Up to `batch` of the streams with no audio yet, in the order `plan` ranks them
-        (what a second talker lane takes while the first is busy)."""
+        """Up to `batch` urgent streams, in the order `plan` ranks them: those with no
+        audio yet, and those playing whose audio runs out within `urgent_s` (what a second
+        talker lane takes while the first is busy: a near-dry player does not wait behind
+        another stream's long step)."""
         limit_s = now_s + config.high_water_s + HIGH_WATER_SLACK_S
         no_audio = itertools.takewhile(lambda item: item[0] <= limit_s, self._no_audio(now_s))
+        urgent_limit_s = min(now_s + urgent_s, limit_s)
+        playing = itertools.takewhile(
+            lambda item: item[0] < urgent_limit_s, self._walk_with_horizon(now_s)
+        )
         chosen: list[str] = []
-        for _, _, stream_id in heapq.merge(no_audio, self._fresh):
+        # protected players first, as in `plan`; then everyone by deadline
+        pending: tuple[float, int, str] | None = None
+        for item in playing:
+            if item[0] - now_s > config.safety_margin_s:
+                pending = item
+                break
+            if not skip(item[2]):
+                chosen.append(item[2])
+                if len(chosen) == config.batch:
+                    return tuple(chosen)
+        rest = itertools.chain((pending,) if pending is not None else (), playing)
+        for _, _, stream_id in heapq.merge(rest, no_audio, self._fresh):
             if not skip(stream_id):
                 chosen.append(stream_id)
                 if len(chosen) == config.batch:

@@ -217,9 +217,12 @@ class _GatedConcurrentSim(SimBackend):
 async def test_a_newcomer_does_not_wait_behind_a_talker_call_for_another_stream(
     make_engine: EngineFactory, urgent_lane: bool
 ) -> None:
+    """Nor, once playing, while its player has less than the urgent slack ahead: its
+    whole answer (14 frames, 2 a step, 1.1 s of audio) is talked on the second lane."""
     backend = _GatedConcurrentSim(STEPPED)
     engine = await make_engine(
-        backend, talker=TalkerConfig(high_water_s=3600.0, urgent_lane=urgent_lane)
+        backend,
+        talker=TalkerConfig(high_water_s=3600.0, urgent_lane=urgent_lane, urgent_slack_s=1.0),
     )
     busy = engine.submit(LONG, voice="sim")
     await asyncio.to_thread(backend.gated.wait, 5)  # its step is in flight, held
@@ -227,14 +230,18 @@ async def test_a_newcomer_does_not_wait_behind_a_talker_call_for_another_stream(
     chunks = aiter(newcomer.chunks())
     first = asyncio.ensure_future(anext(chunks))
     done, _ = await asyncio.wait({first}, timeout=2.0)
+    rest: list[np.ndarray] = []
     if urgent_lane:  # the second lane talked it while the first was held
         assert first in done and not backend.gate.is_set()
-        assert engine.talker.urgent_steps >= 1
+        async with asyncio.timeout(5.0):  # the player's 1x pace: about 0.2 s
+            rest = [pcm async for pcm in chunks]
+        assert not backend.gate.is_set()
+        assert engine.talker.urgent_steps >= 7
     else:  # one lane: it waits for the held call
         assert not done
     backend.gate.set()
     await first
-    rest = [pcm async for pcm in chunks]
+    rest += [pcm async for pcm in chunks]
     _, indices = _frame_indices(np.concatenate([first.result(), *rest]))
     assert indices == list(range(expected_frames("Sorry, go ahead.")))
     await read_all(busy)

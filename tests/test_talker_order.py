@@ -5,6 +5,8 @@ Numbers only (seconds): the same style as the vocoder's selection scenarios.
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from unittest import mock
 
 import pytest
@@ -226,22 +228,43 @@ def test_the_indexed_queue_plans_like_the_plain_ranking(
     assert len(queue) == len(candidates)
 
 
-def test_the_first_audio_plan_takes_streams_without_audio_in_plan_order() -> None:
+def test_the_urgent_plan_takes_streams_without_audio_in_plan_order() -> None:
     queue = TalkerQueue(first_chunk_s=0.1)
     for candidate in [
-        _c("playing", 1, horizon=100.01),  # protected: the main plan's first, not this one's
+        _c("playing", 1, horizon=100.01),  # protected, but not within an urgent slack of 0
         _c("fresh-late", 4, seen=99.9),  # deadline 100.0
         _c("queued", 3, queued=0.05),  # no audio yet, runs out at 100.05
         _c("fresh-early", 2, seen=99.5),  # deadline 99.6
     ]:
         queue.update(candidate)
     config = TalkerOrderConfig(batch=3)
-    assert queue.plan_first_audio(100.0, config) == ("fresh-early", "fresh-late", "queued")
-    assert queue.plan_first_audio(100.0, config, skip={"fresh-early"}.__contains__) == (
+    assert queue.plan_urgent(100.0, config, 0.0) == ("fresh-early", "fresh-late", "queued")
+    assert queue.plan_urgent(100.0, config, 0.0, skip={"fresh-early"}.__contains__) == (
         "fresh-late",
         "queued",
     )
     assert queue.plan(100.0, TalkerOrderConfig(batch=1)).step_ids == ("playing",)
+
+
+def test_the_urgent_plan_takes_players_within_the_urgent_slack_protected_first() -> None:
+    queue = TalkerQueue(first_chunk_s=0.1)
+    for candidate in [
+        _c("ahead", 1, horizon=100.5, queued=0.6),  # runs out at 101.1: not urgent
+        _c("soon", 2, horizon=100.3, queued=0.4),  # runs out at 100.7
+        _c("dry", 3, horizon=99.0, queued=0.02),  # runs out at 100.02: protected
+        _c("fresh", 4, seen=99.8),  # first-audio deadline 99.9
+        _c("first-frames", 5, queued=0.5),  # no audio yet, runs out at 100.5
+    ]:
+        queue.update(candidate)
+    config = TalkerOrderConfig(batch=5)
+    assert queue.plan_urgent(100.0, config, 1.0) == ("dry", "fresh", "first-frames", "soon")
+    assert queue.plan_urgent(100.0, config, 1.2)[-1] == "ahead"
+    assert queue.plan_urgent(100.0, replace(config, batch=1), 1.0, skip={"dry"}.__contains__) == (
+        "fresh",
+    )
+    # a slack without bound still stops at the high-water mark
+    far = TalkerOrderConfig(batch=9, high_water_s=1.0)
+    assert "ahead" not in queue.plan_urgent(100.0, far, math.inf)
 
 
 _playing = st.lists(  # streams playing close together: their order is what matters
