@@ -62,7 +62,7 @@ from benchmarks.loadgen import (
     load_corpus,
     request_once,
 )
-from benchmarks.player import STALL_TOLERANCE_S, percentile, stall_ratio_bound
+from benchmarks.player import STALL_TOLERANCE_S, Outcome, percentile, stall_ratio_bound
 from benchmarks.report import markdown_table, publish_latest, stall_free_capacity, write_report
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -251,6 +251,14 @@ def run_row(policy: Policy, result: LoadResult, capacity: float) -> dict[str, ob
             if r.playback.stall_count() > 0
         ][:30],
         "ttfa_ms": [round(t * 1000.0, 2) for t in result.ttfas_s()],
+        "margin_p1_ms": s.margin_p1_ms,
+        "margin_p5_ms": s.margin_p5_ms,
+        # the 10 tightest streams: (margin ms, where in the audio, s)
+        "margins_tightest": sorted(
+            (round(m * 1000.0, 1), round(r.playback.margin_at_s or 0.0, 2))
+            for r in result.records
+            if r.outcome is Outcome.OK and (m := r.playback.margin_s) is not None
+        )[:10],
     }
 
 

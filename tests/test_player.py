@@ -64,6 +64,17 @@ def test_empty_chunks_are_ignored_and_do_not_start_playback() -> None:
     assert result.stalls_s == ()
 
 
+def test_the_margin_is_the_least_audio_left_as_a_chunk_arrived() -> None:
+    # h after each chunk: 0.5, 1.0 (0.3 left as it came), 1.2 (0.1 left: the least), 2.2
+    result = play([(0.0, 0.5), (0.2, 0.5), (0.9, 0.2), (1.0, 1.0)])
+    assert result.margin_s == pytest.approx(0.1)
+    assert result.margin_at_s == pytest.approx(1.0)  # after the first two chunks' audio
+    stalled = play([(0.0, 0.5), (0.3, 0.5), (1.2, 0.5)])  # 0.2 s dry before the third
+    assert stalled.margin_s == pytest.approx(-0.2)
+    assert stalled.margin_at_s == pytest.approx(1.0)
+    assert play([(0.0, 0.5)]).margin_s is None  # one chunk: nothing arrived while playing
+
+
 def test_feed_returns_the_stall() -> None:
     player = Player()
     assert player.feed(0.0, 0.1) == 0.0
@@ -136,6 +147,9 @@ def test_summary_by_hand() -> None:
     assert s.ttfa_max_ms == pytest.approx(1500.0)
     # RTF (end-to-end / audio): smooth 1.0/2, choppy 2.8/2, slight 1.45/3
     assert s.rtf_p50 == pytest.approx(0.5)
+    # margins: smooth 0.2, choppy -0.3, slight -0.05 (the rejected stream has none)
+    assert s.margin_p1_ms == pytest.approx(-300.0 + 0.02 * 250.0)
+    assert s.margin_p5_ms == pytest.approx(-300.0 + 0.1 * 250.0)
 
 
 def test_summary_counts_xrt_from_the_window_when_given() -> None:
