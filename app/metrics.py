@@ -134,6 +134,12 @@ class Metrics:
             "Estimated audio seconds the pipeline produces per wall second",
             registry=r,
         )
+        self.stage_capacity_gauge = Gauge(
+            "playhead_stage_capacity_audio_seconds_per_second",
+            "Each stage's estimate (talker, vocoder); the pipeline's is the smaller",
+            ["stage"],
+            registry=r,
+        )
         self.streams = Counter(
             "playhead_streams", "Finished streams by final state", ["state"], registry=r
         )
@@ -245,4 +251,7 @@ class Metrics:
             self.parked_streams.set(engine_stats.parked_streams)
             self.draining_streams.set(engine_stats.draining_streams)
             self.capacity_gauge.set(engine_stats.capacity_audio_s_per_s)
+            stage = self.stage_capacity_gauge
+            stage.labels("talker").set(engine_stats.talker_capacity_audio_s_per_s)
+            stage.labels("vocoder").set(engine_stats.vocoder_capacity_audio_s_per_s)
         return generate_latest(self.registry)

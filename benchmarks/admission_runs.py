@@ -75,17 +75,25 @@ def _log(message: str) -> None:
 
 
 @contextmanager
-def capacity_readings(url: str, period_s: float = 0.5) -> Iterator[list[float]]:
-    """The server's capacity model reading (its /metrics gauge), every `period_s` while
-    the block runs: what admission compared the load with."""
-    readings: list[float] = []
+def capacity_readings(url: str, period_s: float = 0.5) -> Iterator[list[tuple[float, ...]]]:
+    """The server's capacity model reading and its stages' (its /metrics gauges: the
+    pipeline, the talker, the vocoder), every `period_s` while the block runs: what
+    admission compared the load with, and which stage set it."""
+    readings: list[tuple[float, ...]] = []
     stop = threading.Event()
+    stage = "playhead_stage_capacity_audio_seconds_per_second"
 
     def sample() -> None:
         with httpx.Client(base_url=url, timeout=5.0) as client:
             while not stop.wait(period_s):
                 text = client.get("/metrics").text
-                readings.append(metric(text, "playhead_capacity_audio_seconds_per_second"))
+                readings.append(
+                    (
+                        metric(text, "playhead_capacity_audio_seconds_per_second"),
+                        metric(text, stage, 'stage="talker"'),
+                        metric(text, stage, 'stage="vocoder"'),
+                    )
+                )
 
     thread = threading.Thread(target=sample, daemon=True)
     thread.start()
@@ -116,7 +124,7 @@ def one_run(
         )
         _log(f"run {index + 1}: {policy.label} probe {by_policy[policy.label]:.2f} audio s/s")
 
-    measured: list[tuple[float, int, LoadResult, list[float]]] = []
+    measured: list[tuple[float, int, LoadResult, list[tuple[float, ...]]]] = []
     for i, f in enumerate(factors):
         if i < len(policies):
             probe(policies[i])
@@ -134,11 +142,20 @@ def one_run(
         row = run_row(Policy("served", window, True), result, capacity)
         row["factor"] = f
         row["offered_per_capacity"] = n / capacity
+        model = [r[0] for r in readings]
         row["model_capacity"] = {
-            "mean": statistics.fmean(readings) if readings else None,
-            "min": min(readings, default=None),
-            "max": max(readings, default=None),
-            "every_0_5_s": [round(r, 2) for r in readings],
+            "mean": statistics.fmean(model) if model else None,
+            "min": min(model, default=None),
+            "max": max(model, default=None),
+            "every_0_5_s": [round(r, 2) for r in model],
+            # each stage's reading, and how often the talker's was the smaller (set it)
+            "talker_mean": statistics.fmean(r[1] for r in readings) if readings else None,
+            "vocoder_mean": statistics.fmean(r[2] for r in readings) if readings else None,
+            "talker_set_share": (
+                sum(1 for r in readings if 0 < r[1] < r[2]) / len(readings) if readings else None
+            ),
+            "talker_every_0_5_s": [round(r[1], 2) for r in readings],
+            "vocoder_every_0_5_s": [round(r[2], 2) for r in readings],
         }
         row["playing_per_capacity"] = float(row["listening_mean"]) / capacity
         row["playing_per_larger_probe"] = float(row["listening_mean"]) / max(by_policy.values())

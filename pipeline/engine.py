@@ -25,6 +25,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 
 from pipeline.admission import (
@@ -420,7 +421,12 @@ class Engine:
         return self.capacity(now_s)
 
     def stats(self) -> EngineStats:
-        return self.book.stats(self.capacity())
+        now_s = self._clock()
+        return replace(
+            self.book.stats(self.capacity(now_s)),
+            talker_capacity_audio_s_per_s=self.talker.rate.value(now_s),
+            vocoder_capacity_audio_s_per_s=self.vocoder.rate.value(now_s),
+        )
 
     def traces(self, stream_id: str) -> list[str]:
         """Where the engine still holds this stream (empty once it is finished)."""

@@ -135,6 +135,9 @@ class EngineStats:
     policy: str  # the scheduler's policy
     draining_streams: int = 0  # all audio emitted, consumer still reading
     queued_frames: int = 0  # talker frames not yet vocoded, over all streams
+    # each stage's reading (pipeline/capacity.py): the pipeline's is the smaller
+    talker_capacity_audio_s_per_s: float = 0.0
+    vocoder_capacity_audio_s_per_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,7 +58,13 @@ async def test_the_engine_is_calibrated_before_start_returns(make_engine: Engine
     # 2 x 8 x 80 ms of audio: the vocoder's rate is a few hundred audio s per s
     assert engine.calibrated_capacity > 10
     assert engine.calibrations == 1
-    assert engine.stats().capacity_audio_s_per_s == pytest.approx(engine.calibrated_capacity)
+    stats = engine.stats()
+    assert stats.capacity_audio_s_per_s == pytest.approx(engine.calibrated_capacity)
+    # the pipeline's reading is its slower stage's; each is reported
+    assert stats.talker_capacity_audio_s_per_s > 0 and stats.vocoder_capacity_audio_s_per_s > 0
+    assert stats.capacity_audio_s_per_s == pytest.approx(
+        min(stats.talker_capacity_audio_s_per_s, stats.vocoder_capacity_audio_s_per_s)
+    )
     # each stage's rate from its calibration calls seeds its saturated reading
     assert engine.vocoder.rate.baseline > 0 and engine.talker.rate.baseline > 0
     assert engine.calibrated_capacity == pytest.approx(

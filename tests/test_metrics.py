@@ -94,6 +94,19 @@ def test_the_capacity_gauge_comes_from_the_scrape_only() -> None:
     assert metric_value(text, "playhead_capacity_audio_seconds_per_second") == 7.5
 
 
+def test_each_stage_reports_its_own_capacity() -> None:
+    """Which stage bounds the pipeline's estimate, on one scrape."""
+    stats = _stats(
+        capacity_audio_s_per_s=7.5,
+        talker_capacity_audio_s_per_s=31.0,
+        vocoder_capacity_audio_s_per_s=7.5,
+    )
+    text = Metrics().render(stats).decode()
+    name = "playhead_stage_capacity_audio_seconds_per_second"
+    assert metric_value(text, name, 'stage="talker"') == 31.0
+    assert metric_value(text, name, 'stage="vocoder"') == 7.5
+
+
 def test_two_apps_do_not_share_counters() -> None:
     first, second = Metrics(), Metrics()
     first.stall("a", 1.0)
