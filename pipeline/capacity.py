@@ -22,7 +22,10 @@ time on every worker, with more calls than workers (so its calls paid the full
 contention, and one call that hung is no reading), the median of the latest `BUCKETS`
 such bins. It is kept fresh by new saturated bins (a busy period, a calibration), and
 forgotten after `STALE_WINDOWS` windows without one; the start-up calibration
-(Engine.calibrate), which saturates both stages, seeds it (`set_baseline`).
+(Engine.calibrate), which saturates both stages, seeds it (`set_baseline`) and is the
+reading once it is forgotten. Forgotten soon, because a low reading holds itself: admission
+then keeps the stage under saturation, so no bin replaces it (on the voice a reading of
+0.78 C held for 15 s of a 20 s point with 12 windows; docs/admission.md).
 
 The pipeline's capacity is the slower stage's (`pipeline_capacity`). (A cores bound,
 `cores / (talker cost + vocoder cost)`, was tried: the per-call costs are measured under
@@ -39,7 +42,7 @@ from collections import deque
 
 BUCKETS = 5  # saturation bins per window (1 s with the default 5 s window)
 SATURATED = 0.9  # busy share per worker above which a bin counts as saturated
-STALE_WINDOWS = 12  # a saturated reading older than this many windows is dropped
+STALE_WINDOWS = 1  # a saturated reading older than this many windows is dropped
 _MIN_AUDIO_S = 1e-9
 
 
