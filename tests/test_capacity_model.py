@@ -48,16 +48,19 @@ def test_partial_load_reads_what_the_workers_would_sustain() -> None:
     assert rate.value(8.0) == pytest.approx(20.0)
 
 
-def test_it_never_reads_above_what_the_stage_sustained_saturated() -> None:
+def test_it_reads_no_more_than_the_stage_sustained_saturated_for_a_window() -> None:
     """Saturated (both workers busy all along), the calls cost more (they share the
-    cores): 0.16 s per audio s. Lightly loaded later, they cost 0.1: the reading stays
-    at the saturated 12.5, not 20."""
+    cores): 0.16 s per audio s. Lightly loaded after, they cost 0.1: for a window the
+    reading stays at the saturated 12.5, not 20; then (no calibration here) the per-call
+    reading is all there is."""
     rate = CapacityEstimate(WINDOW_S, workers=2)
     calls(rate, 0.0, 8.0, call_s=0.16, audio_s=1.0, workers=2)
     assert rate.sustained(9.0) == pytest.approx(12.5)
-    calls(rate, 9.0, 17.0, call_s=0.1, audio_s=1.0, duty=0.3)
+    calls(rate, 9.0, 13.0, call_s=0.1, audio_s=1.0, duty=0.3)
+    assert rate.value(13.0) == pytest.approx(12.5)
+    calls(rate, 13.0, 17.0, call_s=0.1, audio_s=1.0, duty=0.3)
     assert rate.cost_s_per_audio_s(17.0) == pytest.approx(0.1)
-    assert rate.value(17.0) == pytest.approx(12.5)
+    assert rate.value(17.0) == pytest.approx(20.0)
     # the calibration seeds it before any saturated bin
     seeded = CapacityEstimate(WINDOW_S, workers=2)
     seeded.set_baseline(11.0)
@@ -75,6 +78,19 @@ def test_a_short_slow_patch_moves_it_little_and_a_lasting_one_fully() -> None:
     # it lasts: within half a window the slow cost is the reading
     calls(rate, 8.0, 14.0, call_s=0.4, audio_s=1.0, duty=0.5)
     assert rate.value(14.0) == pytest.approx(2.5)
+
+
+def test_a_low_saturated_reading_does_not_hold_itself() -> None:
+    """A slow patch while saturated reads low; admission then keeps the stage under
+    saturation, so no saturated bin replaces it. After a window without one it is
+    forgotten: the calibration bounds the per-call reading again."""
+    rate = CapacityEstimate(WINDOW_S, workers=2)
+    rate.set_baseline(11.0)
+    calls(rate, 0.0, 8.0, call_s=0.2, audio_s=1.0, workers=2)  # saturated, slow: 10
+    assert rate.value(8.5) == pytest.approx(10.0)
+    # the stage runs at 70%, its calls at the usual 0.16 s: never saturated
+    calls(rate, 8.5, 20.0, call_s=0.16, audio_s=1.0, duty=0.7, workers=2)
+    assert rate.value(20.0) == pytest.approx(11.0)  # min(12.5 per call, 11 calibrated)
 
 
 def test_a_saturated_reading_goes_stale() -> None:
