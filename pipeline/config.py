@@ -41,8 +41,9 @@ class BackendConfig:
 @dataclass(frozen=True)
 class TalkerConfig:
     batch: int = 1  # most open segments stepped together in one talker step
-    # a second lane (thread) for streams' first talker work while the first lane is busy,
-    # where the backend's steps may run side by side (`capabilities.concurrent_talker_steps`)
+    # a second lane (thread) for urgent streams (no audio yet, or under urgent_slack_s of it
+    # ahead) while the first lane is busy, where the backend's steps may run side by side
+    # (`capabilities.concurrent_talker_steps`)
     urgent_lane: bool = True
     high_water_s: float = 8.0  # a stream this many seconds of audio ahead gets no talker work
     # ... unless the talker would otherwise idle (work-conserving; scheduling/talker.py)
