@@ -260,7 +260,6 @@ class TalkerQueue:
     ) -> TalkerPlan:
         """The next step's streams. `retry_in_s` is exact whenever the batch is not full
         (only then does the talker wait on it)."""
-        chosen: list[str] = []
         limit_s = now_s + config.high_water_s + HIGH_WATER_SLACK_S
         retry: list[float] = []
         cap_s = config.max_queued_s
@@ -278,31 +277,16 @@ class TalkerQueue:
                 yield item
 
         with_horizon = under_mark()
-        # 1. protected players: the earliest run-out times, within the safety margin
-        pending: tuple[float, int, str] | None = None
-        for item in with_horizon:
-            if item[0] - now_s > config.safety_margin_s:
-                pending = item
-                break
-            if not skip(item[2]):
-                chosen.append(item[2])
-                if len(chosen) == config.batch:
-                    return TalkerPlan(tuple(chosen), None)
-        # 2. everyone else by deadline: the rest of those with a horizon, those with frames
-        # but no audio yet (they run out at now + queued), and fresh streams (first-audio
-        # deadline, never held back)
+        # those with frames but no audio yet run out at now + queued
         no_audio_limit_s = limit_s if cap_s is None else min(limit_s, now_s + cap_s)
         no_audio = itertools.takewhile(
             lambda item: item[0] <= no_audio_limit_s, self._no_audio(now_s)
         )
         if cap_s is not None:  # exact: a sum can round up to the limit
             no_audio = (i for i in no_audio if entries[i[2]].queued_audio_s <= cap_s)
-        rest = itertools.chain((pending,) if pending is not None else (), with_horizon)
-        for _, _, stream_id in heapq.merge(rest, no_audio, self._fresh):
-            if not skip(stream_id):
-                chosen.append(stream_id)
-                if len(chosen) == config.batch:
-                    return TalkerPlan(tuple(chosen), None)
+        chosen = self._choose(now_s, config, with_horizon, no_audio, skip)
+        if len(chosen) == config.batch:
+            return TalkerPlan(tuple(chosen), None)
         for _ in with_horizon:  # drain: the first stream above the mark sets the retry
             pass
         if not chosen and config.run_ahead:  # the talker would idle: run ahead
@@ -344,24 +328,37 @@ class TalkerQueue:
         playing = itertools.takewhile(
             lambda item: item[0] < urgent_limit_s, self._walk_with_horizon(now_s)
         )
+        return tuple(self._choose(now_s, config, playing, no_audio, skip))
+
+    def _choose(
+        self,
+        now_s: float,
+        config: TalkerOrderConfig,
+        with_horizon: Iterator[tuple[float, int, str]],
+        no_audio: Iterator[tuple[float, int, str]],
+        skip: Callable[[str], bool],
+    ) -> list[str]:
+        """Up to `batch` streams: 1. protected players (the earliest run-out times of
+        `with_horizon`, within the safety margin); 2. everyone else by deadline: the rest
+        of `with_horizon`, `no_audio` and the fresh streams (first-audio deadline, never
+        held back). Each iterator yields (run-out or deadline, order, id) in order."""
         chosen: list[str] = []
-        # protected players first, as in `plan`; then everyone by deadline
         pending: tuple[float, int, str] | None = None
-        for item in playing:
+        for item in with_horizon:
             if item[0] - now_s > config.safety_margin_s:
                 pending = item
                 break
             if not skip(item[2]):
                 chosen.append(item[2])
                 if len(chosen) == config.batch:
-                    return tuple(chosen)
-        rest = itertools.chain((pending,) if pending is not None else (), playing)
+                    return chosen
+        rest = itertools.chain((pending,) if pending is not None else (), with_horizon)
         for _, _, stream_id in heapq.merge(rest, no_audio, self._fresh):
             if not skip(stream_id):
                 chosen.append(stream_id)
                 if len(chosen) == config.batch:
                     break
-        return tuple(chosen)
+        return chosen
 
     # internals
 
