@@ -154,5 +154,9 @@ class CapacityEstimate:
 
 def pipeline_capacity(talker: CapacityEstimate, vocoder: CapacityEstimate, now_s: float) -> float:
     """The pipeline's rate: the slower stage's (0 when neither is measured)."""
-    rates = [rate for rate in (talker.value(now_s), vocoder.value(now_s)) if rate > 0]
-    return min(rates) if rates else 0.0
+    return slower_stage(talker.value(now_s), vocoder.value(now_s))
+
+
+def slower_stage(*rates: float) -> float:
+    """The pipeline's rate from its stages' readings: the smallest measured (0: none)."""
+    return min((rate for rate in rates if rate > 0), default=0.0)

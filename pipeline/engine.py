@@ -37,7 +37,7 @@ from pipeline.admission import (
 from pipeline.backend import Backend, Voice, backend_capabilities
 from pipeline.book import Wakes, build_book, vocoder_workers
 from pipeline.calibration import measure
-from pipeline.capacity import pipeline_capacity
+from pipeline.capacity import pipeline_capacity, slower_stage
 from pipeline.config import AloneConfig, EngineConfig, TalkerConfig, TextConfig, VocoderConfig
 from pipeline.errors import NotReady, UnknownVoice
 from pipeline.events import EngineEvents, EngineStats, GuardedEvents, NullEvents
@@ -422,10 +422,11 @@ class Engine:
 
     def stats(self) -> EngineStats:
         now_s = self._clock()
+        talker, vocoder = self.talker.rate.value(now_s), self.vocoder.rate.value(now_s)
         return replace(
-            self.book.stats(self.capacity(now_s)),
-            talker_capacity_audio_s_per_s=self.talker.rate.value(now_s),
-            vocoder_capacity_audio_s_per_s=self.vocoder.rate.value(now_s),
+            self.book.stats(slower_stage(talker, vocoder)),
+            talker_capacity_audio_s_per_s=talker,
+            vocoder_capacity_audio_s_per_s=vocoder,
         )
 
     def traces(self, stream_id: str) -> list[str]:
