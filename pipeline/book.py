@@ -21,7 +21,7 @@ from pipeline.admission import start_phase_chunks
 from pipeline.backend import AbortHandle, Backend, Voice
 from pipeline.config import AloneConfig, TalkerConfig, TextConfig, VocoderConfig
 from pipeline.events import EngineEvents, EngineStats
-from pipeline.load import Load
+from pipeline.load import ALWAYS_URGENT, Load, UrgentSlack
 from pipeline.records import StreamRecord
 from pipeline.stream import Stream, StreamState
 from pipeline.table import StreamTable
@@ -70,8 +70,7 @@ class StreamBook:
         even_tail: bool = True,
         yield_slack_s: float = 0.0,
         prepares: bool = False,
-        urgent_slack_s: float = float("inf"),
-        alone_urgent_slack_s: float | None = None,
+        urgent: UrgentSlack = ALWAYS_URGENT,
         new_abort: Callable[[], AbortHandle] | None = None,
     ) -> None:
         self.scheduler = scheduler
@@ -103,8 +102,7 @@ class StreamBook:
             work_ahead=work_ahead,
             even_tail=even_tail,
             yield_slack_s=yield_slack_s,
-            urgent_slack_s=urgent_slack_s,
-            alone_urgent_slack_s=alone_urgent_slack_s,
+            urgent=urgent,
             new_abort=new_abort,
         )
         self.talker = TalkerCore(
@@ -115,8 +113,7 @@ class StreamBook:
             events=events,
             wake=wakes.talker,
             prepares=prepares,
-            urgent_slack_s=urgent_slack_s,
-            alone_urgent_slack_s=alone_urgent_slack_s,
+            urgent=urgent,
         )
         self.vocoder.talker = self.talker
 
@@ -239,8 +236,7 @@ def build_book(
         even_tail=alone.even_tail,
         yield_slack_s=vocoder.yield_slack_s,
         prepares=capabilities.prepares_segments and alone.prepare_next,
-        urgent_slack_s=talker.urgent_slack_s,
-        alone_urgent_slack_s=alone.urgent_slack_s,
+        urgent=UrgentSlack(talker.urgent_slack_s, alone.urgent_slack_s),
         new_abort=backend.vocode_abort if capabilities.aborts_vocode else None,
     )
 

@@ -15,6 +15,7 @@ docs/architecture.md, "A stream alone"):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -30,3 +31,21 @@ class Load:
     def alone(self) -> bool:
         """At most one stream has work: the machine is its own."""
         return self.working <= 1
+
+
+@dataclass(frozen=True, slots=True)
+class UrgentSlack:
+    """Below how much audio ahead of its player a stream is urgent, to the talker (its
+    segment's small first step, its place on the second lane) and to the vocoder (its
+    chunk waits for no lookahead): `shared_s` (`talker.urgent_slack_s`), or `alone_s`
+    for a stream alone (`alone.urgent_slack_s`; None: the same)."""
+
+    shared_s: float = math.inf
+    alone_s: float | None = None
+
+    def limit_s(self, load: Load) -> float:
+        return self.alone_s if load.alone and self.alone_s is not None else self.shared_s
+
+
+# no limit: every stream urgent (the cores' default where no config says otherwise)
+ALWAYS_URGENT = UrgentSlack()

@@ -42,7 +42,7 @@ from pipeline.backend import Backend, SegmentTiming, TalkRequest, TalkStep
 from pipeline.config import TalkerConfig
 from pipeline.errors import BackendError
 from pipeline.events import EngineEvents
-from pipeline.load import Load
+from pipeline.load import ALWAYS_URGENT, Load, UrgentSlack
 from pipeline.records import OpenSegment, StreamRecord
 from pipeline.stream import StreamState
 from pipeline.table import StreamTable
@@ -158,12 +158,10 @@ class TalkerCore:
         events: EngineEvents,
         wake: Callable[[], None],
         prepares: bool = False,
-        urgent_slack_s: float = float("inf"),
-        alone_urgent_slack_s: float | None = None,
+        urgent: UrgentSlack = ALWAYS_URGENT,
     ) -> None:
         """`prepares`: the backend prepares segments (a stream alone gets its next one
-        prepared). `urgent_slack_s` / `alone_urgent_slack_s` (None: the same): see the
-        module doc."""
+        prepared). `urgent`: see the module doc."""
         self._table = table
         self._scheduler: PlaybackScheduler = table.scheduler
         self._vocoder = vocoder
@@ -172,10 +170,7 @@ class TalkerCore:
         self._events = events
         self._wake = wake
         self._prepares = prepares
-        self._urgent_slack_s = urgent_slack_s
-        self._alone_urgent_slack_s = (
-            urgent_slack_s if alone_urgent_slack_s is None else alone_urgent_slack_s
-        )
+        self._urgent_slack = urgent
         self.queue = TalkerQueue(first_chunk_s)
         self._orphans: list[OpenSegment] = []  # segments of ended streams, to close
         self._waits_on_vocoder = False  # the last plan was empty; woken when it idles
@@ -240,7 +235,7 @@ class TalkerCore:
         orphans: list[OpenSegment] = []
         if urgent_only:
             step_ids = self.queue.plan_urgent(
-                now_s, self.order, self._urgent_slack_s, skip=self._busy
+                now_s, self.order, self._urgent_slack.shared_s, skip=self._busy
             )
         else:
             orphans, self._orphans = self._orphans, []
@@ -298,8 +293,7 @@ class TalkerCore:
             if queued_s <= 0.0:
                 return True
             slack_s = 0.0
-        limit_s = self._alone_urgent_slack_s if load.alone else self._urgent_slack_s
-        return max(slack_s, 0.0) + queued_s < limit_s
+        return max(slack_s, 0.0) + queued_s < self._urgent_slack.limit_s(load)
 
     def _busy(self, stream_id: str) -> bool:
         record = self._table.records[stream_id]

@@ -37,7 +37,7 @@ import numpy as np
 from pipeline.backend import AbortHandle, VocodeItem
 from pipeline.errors import BackendError
 from pipeline.events import EngineEvents
-from pipeline.load import Load
+from pipeline.load import ALWAYS_URGENT, Load, UrgentSlack
 from pipeline.records import InFlight, StreamRecord
 from pipeline.table import StreamTable
 from scheduling import Chunk, ChunkPlanner
@@ -70,15 +70,13 @@ class VocoderCore:
         work_ahead: bool = True,
         even_tail: bool = True,
         yield_slack_s: float = 0.0,
-        urgent_slack_s: float = 0.0,
-        alone_urgent_slack_s: float | None = None,
+        urgent: UrgentSlack = ALWAYS_URGENT,
         new_abort: Callable[[], AbortHandle] | None = None,
     ) -> None:
         """`workers`: vocode calls that may run at once; `work_ahead`: a stream alone
-        may have that many chunks in flight (see the module doc). `urgent_slack_s` /
-        `alone_urgent_slack_s` (None: the same): a stream whose player has less audio
-        ahead than this (or none yet) is urgent to the planner, whose chunk then waits
-        for no lookahead (the talker's `talker.urgent_slack_s` / `alone.urgent_slack_s`).
+        may have that many chunks in flight (see the module doc). `urgent`: a stream whose
+        player has less audio ahead than its limit (or none yet) is urgent to the planner,
+        whose chunk then waits for no lookahead.
         `new_abort`: the backend's `vocode_abort`, where it can end a call early."""
         self._table = table
         self._scheduler = table.scheduler
@@ -91,10 +89,7 @@ class VocoderCore:
         self._yield_slack_s = yield_slack_s if self._workers > 1 else 0.0
         # urgency only changes a plan where chunks have lookahead: no lookup per plan otherwise
         self._cuts_short = planner.config.right_context_frames > 0
-        self._urgent_slack_s = urgent_slack_s
-        self._alone_urgent_slack_s = (
-            urgent_slack_s if alone_urgent_slack_s is None else alone_urgent_slack_s
-        )
+        self._urgent = urgent
         self._new_abort = new_abort
         self.talker: TalkerSide = _NoTalker()
         self._dirty: dict[str, StreamRecord] = {}  # chunk plan out of date
@@ -289,8 +284,7 @@ class VocoderCore:
         urgent = False
         if self._cuts_short:
             slack_s = self._scheduler.slack_s(stream_id, now_s)
-            limit_s = self._alone_urgent_slack_s if load.alone else self._urgent_slack_s
-            urgent = slack_s is None or slack_s < limit_s
+            urgent = slack_s is None or slack_s < self._urgent.limit_s(load)
         return self.planner.next_chunk(
             stream_id, segment.available_frames, done, stream_done, split, urgent
         )

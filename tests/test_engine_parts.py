@@ -19,6 +19,7 @@ from pipeline.book import StreamBook, Wakes
 from pipeline.config import SimConfig, TalkerConfig, TextConfig
 from pipeline.events import NullEvents
 from pipeline.frames import Segment, StreamFrames
+from pipeline.load import UrgentSlack
 from pipeline.records import OpenSegment, StreamRecord
 from pipeline.stream import Stream
 from pipeline.talker_core import TalkOutcome, TalkPlan, run_talk, talker_order
@@ -155,7 +156,7 @@ def test_a_segment_is_urgent_until_its_stream_has_a_second_of_audio_ahead() -> N
     backend = _sim(1000)  # a segment per step
     voice = backend.voices()[0]
     frame_s = voice.samples_per_frame / voice.sample_rate_hz
-    book = _fake_clock_book(now, ChunkingConfig(chunk_frames=20), urgent_slack_s=1.0)
+    book = _fake_clock_book(now, ChunkingConfig(chunk_frames=20), urgent=UrgentSlack(1.0))
     text = "One two three four five sixty. Six seven eight nine ten."  # 25 frames, then more
     records = []
     for _ in range(3):
@@ -190,7 +191,7 @@ def test_a_chunk_waits_for_its_lookahead_unless_its_player_is_close_to_running_d
     step; at 102.0 (0.56 s ahead, under talker.urgent_slack_s) 6 frames go now, the last
     2 their lookahead, and the next chunk starts after them."""
     book = _fake_clock_book(
-        [100.0], ChunkingConfig(chunk_frames=8, right_context_frames=2), urgent_slack_s=1.0
+        [100.0], ChunkingConfig(chunk_frames=8, right_context_frames=2), urgent=UrgentSlack(1.0)
     )
     backend = _sim(10)
     voice = backend.voices()[0]
@@ -228,7 +229,7 @@ def test_before_its_first_audio_a_stream_is_urgent_by_the_audio_talked(
     (2 s) are not, 3 frames are."""
     backend = _sim(1000)  # a segment per step
     voice = backend.voices()[0]
-    book = _fake_clock_book([100.0], ChunkingConfig(chunk_frames=20), urgent_slack_s=1.0)
+    book = _fake_clock_book([100.0], ChunkingConfig(chunk_frames=20), urgent=UrgentSlack(1.0))
     stream, record = _submitted(book, voice, f"{first} Six seven eight.")
     plan, outcome = _talk(book, backend, 100.0)
     assert _opened(plan, record).request.urgent  # nothing talked yet
@@ -249,7 +250,7 @@ def test_a_stream_alone_is_urgent_only_closer_to_its_player(others: int) -> None
     backend = _sim(1000)  # a segment per step
     voice = backend.voices()[0]
     book = _fake_clock_book(
-        now, ChunkingConfig(chunk_frames=20), batch=2, urgent_slack_s=1.0, alone_urgent_slack_s=0.3
+        now, ChunkingConfig(chunk_frames=20), batch=2, urgent=UrgentSlack(1.0, 0.3)
     )
     _, record = _submitted(book, voice, "One two three four five sixty. Six seven eight.")
     plan, outcome = _talk(book, backend, 100.0)
