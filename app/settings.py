@@ -70,6 +70,10 @@ DEFAULT_CHUNKING = ChunkingConfig(
     left_context_frames=8,
     right_context_frames=8,
 )
+# The Piper scheduling of configs/default.yaml: a safety margin above the ramp's first
+# chunk (93 ms), so that a player that has just started is protected at once and its
+# second chunk is never passed over for newcomers' first chunks (docs/admission.md).
+DEFAULT_SCHEDULING = SchedulingConfig(safety_margin_ms=100.0)
 
 
 class SettingsError(ValueError):
@@ -189,7 +193,7 @@ _CORE_SECTIONS: dict[str, Any] = {
     "vocoder": _section(VocoderConfig),
     "alone": _section(AloneConfig),
     "engine": _section(EngineConfig),
-    "scheduling": _section(SchedulingConfig),
+    "scheduling": _section(SchedulingConfig, lambda: DEFAULT_SCHEDULING),
     "chunking": _section(ChunkingConfig, lambda: DEFAULT_CHUNKING),
     "admission": _section(AdmissionConfig),
     "websocket": _section(WebSocketConfig),

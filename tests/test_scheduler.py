@@ -493,3 +493,21 @@ def test_ack_sets_horizon_to_at_plus_unplayed(chunks, emitted_at_s, played_s, at
     s.ack_playback("A", played_s, at_s)
     assert s.horizon_s("A") == at_s + (emitted_s - played_s)
     assert s.emitted_audio_s("A") == emitted_s
+
+
+def test_the_shipped_margin_protects_a_player_from_its_first_chunk_on():
+    # The Piper deployment (configs/default.yaml): a player whose first chunk (the ramp's
+    # 8 frames, 93 ms) has just left is served before a backlog of newcomers whose
+    # first-chunk deadlines are long overdue, at every turn of its first chunk's playout.
+    # With a margin under 93 ms its second chunk waited behind them and stalled.
+    from app.settings import DEFAULT_CHUNKING, DEFAULT_SCHEDULING
+
+    first_chunk_s = DEFAULT_CHUNKING.ramp[0] * 256 / 22050
+    s = PlaybackScheduler(DEFAULT_SCHEDULING)
+    newcomers = [f"N{i}" for i in range(30)]
+    for i, stream_id in enumerate(newcomers):
+        s.admit(stream_id, 99.5 + i * 0.001)
+    s.record_audio("P", DEFAULT_CHUNKING.ramp[0] * 256, 22050, 100.0)
+    assert s.horizon_s("P") == pytest.approx(100.0 + first_chunk_s)
+    for now_s in (100.0, 100.01, 100.03, 100.05, 100.08):
+        assert s.select(now_s, [*newcomers, "P"]) == ["P"], now_s

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from app.encoding_config import EncodingConfig
 from app.settings import (
     DEFAULT_CHUNKING,
+    DEFAULT_SCHEDULING,
     OPENAI_MODEL_IDS,
     SECTIONS,
     ServerConfig,
@@ -59,7 +60,7 @@ def test_no_file_gives_the_built_in_defaults():
     assert settings.encoding == EncodingConfig()
     assert settings.backend == BackendConfig()
     assert settings.talker == TalkerConfig()
-    assert settings.scheduling == SchedulingConfig()
+    assert settings.scheduling == DEFAULT_SCHEDULING
     assert settings.admission == AdmissionConfig()
     assert settings.chunking == DEFAULT_CHUNKING
 
@@ -78,7 +79,7 @@ def test_default_yaml_loads_as_the_piper_deployment():
     settings = load_settings(CONFIGS / "default.yaml", environ={})
     assert settings.backend.kind == "piper"
     assert settings.scheduling == SchedulingConfig(
-        policy="edf", active_stream_window=1, first_chunk_ms=100.0, safety_margin_ms=50.0
+        policy="edf", active_stream_window=1, first_chunk_ms=100.0, safety_margin_ms=100.0
     )
     assert settings.chunking == ChunkingConfig(
         chunk_frames=64,
