@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from app.settings import DEFAULT_CHUNKING, DEFAULT_SCHEDULING
 from scheduling import PlaybackScheduler, SchedulingConfig
 from scheduling.policies import EdfPolicy
 
@@ -500,14 +501,12 @@ def test_the_shipped_margin_protects_a_player_from_its_first_chunk_on():
     # 8 frames, 93 ms) has just left is served before a backlog of newcomers whose
     # first-chunk deadlines are long overdue, at every turn of its first chunk's playout.
     # With a margin under 93 ms its second chunk waited behind them and stalled.
-    from app.settings import DEFAULT_CHUNKING, DEFAULT_SCHEDULING
-
-    first_chunk_s = DEFAULT_CHUNKING.ramp[0] * 256 / 22050
+    samples_per_frame, rate_hz = 256, 22050  # the bundled Piper voice's frames
     s = PlaybackScheduler(DEFAULT_SCHEDULING)
     newcomers = [f"N{i}" for i in range(30)]
     for i, stream_id in enumerate(newcomers):
         s.admit(stream_id, 99.5 + i * 0.001)
-    s.record_audio("P", DEFAULT_CHUNKING.ramp[0] * 256, 22050, 100.0)
-    assert s.horizon_s("P") == pytest.approx(100.0 + first_chunk_s)
+    s.record_audio("P", DEFAULT_CHUNKING.ramp[0] * samples_per_frame, rate_hz, 100.0)
+    assert s.horizon_s("P") == pytest.approx(100.093, abs=1e-3)  # 93 ms of audio
     for now_s in (100.0, 100.01, 100.03, 100.05, 100.08):
         assert s.select(now_s, [*newcomers, "P"]) == ["P"], now_s
