@@ -419,17 +419,18 @@ def _stall_places(players: list[Player]) -> dict[str, Any]:
 async def engine_run(engine: Any, streams: int, duration_s: float, ramp_s: float, texts):
     rng = random.Random(streams)
     records: list[tuple[float | None, Player]] = []
-    stop_at = time.monotonic() + duration_s
+    clock = asyncio.get_running_loop().time  # time.monotonic, or a virtual loop's time
+    stop_at = clock() + duration_s
 
     async def client() -> None:
         await asyncio.sleep(rng.uniform(0, ramp_s))  # arrivals spread over the run's start
-        while time.monotonic() < stop_at:
-            player, sent, first = Player(), time.monotonic(), None
+        while clock() < stop_at:
+            player, sent, first = Player(), clock(), None
             stream = engine.submit(rng.choice(texts), voice=engine.backend.default_voice())
             rate = engine.backend.sample_rate_hz
             try:
                 async for pcm in stream.chunks():
-                    now = time.monotonic()
+                    now = clock()
                     first = now if first is None else first
                     player.feed(now, len(pcm) / rate)
             finally:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 
 from pipeline.backend import Backend, backend_capabilities
+from pipeline.backends.gpu_model import GpuModelConfig
 from pipeline.backends.registry import (
     BackendContext,
     BackendEntry,
@@ -49,6 +50,12 @@ def _codec_lm(config: CodecLMConfig, context: BackendContext) -> Backend:
     return CodecLMBackend(config)
 
 
+def _gpu_model(config: GpuModelConfig, context: BackendContext) -> Backend:
+    from pipeline.backends.gpu_model import GpuModelBackend
+
+    return GpuModelBackend(config)
+
+
 def _codec_lm_missing() -> str | None:
     from pipeline.backends.codec_lm.extra import missing_extra  # asks, imports nothing
 
@@ -60,6 +67,8 @@ register(BackendEntry("sim", SimConfig, _sim))  # set costs, a checkable signal 
 register(BackendEntry("piper", PiperConfig, _piper))  # Piper (VITS) voices, ONNX Runtime
 # CSM + Mimi on torch: the codec-lm extra
 register(BackendEntry("codec_lm", CodecLMConfig, _codec_lm, unavailable=_codec_lm_missing))
+# the codec LM's steps and turns at a GPU cost table's times (no GPU, no torch)
+register(BackendEntry("gpu_model", GpuModelConfig, _gpu_model))
 
 
 def build_backend(

@@ -1,0 +1,265 @@
+"""The engine on the H200's measured costs, without a GPU:
+
+    python -m benchmarks.gpu_model --out DIR [--seconds 15] [--real-seconds 15]
+
+The Engine as served, on the gpu_model backend (pipeline/backends/gpu_model.py: the
+codec-LM backend's steps and Mimi turns at a cost table's times), with gpu_check's load:
+N clients looping over the corpus, arriving over the first 5 s, each played by a 1x
+player. It writes DIR/gpu-model.json and prints:
+
+1. reproduction: each GPU run's engine table (benchmarks/results/gpu-check-*.json) beside
+   the model's prediction of it, on the engine settings of that run's code (ramp [2, 4],
+   admission off) and the run's own measured costs (its table read from its JSON: step
+   times, the prefill step, Mimi turns; the host and per-token constants of the 14:53
+   fit, not refitted), on a virtual clock;
+2. the engine as configured (configs/gpu-h200.yaml) at N = 1, 64, 128, 256, in virtual
+   time and in real time (this machine's clock: the engine's own CPU time counts), for
+   the byte tokenizer's prompts and CSM's (4 characters a token).
+
+Virtual time (benchmarks/virtual_time.py) makes the same decisions every run whatever
+else the machine does; real time shows the engine's own host work on top.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.gpu_check import ROOT, corpus, engine_run, load_sections
+from benchmarks.player import percentile
+from benchmarks.virtual_time import SpentTime, VirtualTimeLoop, virtual_stages
+from pipeline.backends.gpu_costs import GpuCostTable, load_cost_table, table_from_dict
+from pipeline.backends.gpu_model import GpuModelBackend, GpuModelConfig
+from scheduling import AdmissionConfig
+
+TABLE = ROOT / "configs" / "gpu-costs" / "h200-20261204-1453.yaml"
+DESIGN = ROOT / "configs" / "gpu-h200.yaml"
+BASELINE = ROOT / "configs" / "codec-lm-1b-random.yaml"
+RESULTS = ROOT / "benchmarks" / "results"
+STREAMS = (1, 64, 128, 256)
+RAMP_S = 5.0
+# the runs reproduced: (label, its JSON, the engine settings of its code)
+RUNS = (
+    ("14:53", RESULTS / "gpu-check-20261204-145831.json", ["chunking.ramp=[2, 4]"]),
+    ("14:39", RESULTS / "gpu-check-20261204-144423.json", ["chunking.ramp=[2, 4]"]),
+)
+BOUNDS = {"stall_free": 0.10, "ttfa_p50_s": 0.25, "step_ms_p50": 0.15}
+
+
+def table_from_run(path: Path, fitted: GpuCostTable) -> GpuCostTable:
+    """A GPU run's costs as a table: its measured step, prefill step and Mimi turns; the
+    constants it does not measure (host time, prefill per token) from `fitted`."""
+    run = json.loads(path.read_text())
+    if "cost_table" in run:  # recorded by gpu_check itself since 2026-12-05
+        return table_from_dict(run["cost_table"])
+    steps = {int(b): ms for b, ms in run["step_ms"].items()}
+    rows = {b: max(fitted.row_multiple, b) for b in steps}
+    decode_keys = sorted({k for _, k in fitted.decode_ms})[0]
+    return dataclasses.replace(
+        fitted,
+        name=path.stem,
+        source=f"{path.name}; host and per-token constants of {fitted.name}",
+        decode_ms={(rows[b], decode_keys): ms for b, ms in steps.items()},
+        prefill_ms={64: round(run["step_with_arrival_ms"] - steps[64], 2)},
+        mimi_turn_ms={(int(k), 16): round(ms, 2) for k, ms in run["vocoder_turn_ms"].items()},
+    )
+
+
+def model_config(sections: dict[str, Any], chars_per_token: float) -> GpuModelConfig:
+    """The gpu_model section matching a codec-LM config's shapes."""
+    lm = sections["codec_lm"]
+    return GpuModelConfig(
+        prompt_chars_per_token=chars_per_token,
+        frames_per_char=lm.frames_per_char,
+        min_frames_per_segment=lm.min_frames_per_segment,
+        max_frames_per_segment=lm.max_frames_per_segment,
+        max_prompt_tokens=lm.max_prompt_tokens,
+        prefill_chunk_tokens=lm.prefill_chunk_tokens,
+        prefill_rows=lm.prefill_rows,
+        overlap_steps=lm.overlap_steps,
+    )
+
+
+def _calls(calls: list[tuple], prefill: bool) -> dict[str, Any]:
+    if not calls:
+        return {"calls": 0}
+    ms = [c[0] * 1e3 for c in calls]
+    out = {
+        "calls": len(ms),
+        "ms_p50": round(percentile(ms, 50), 2),
+        "ms_p90": round(percentile(ms, 90), 2),
+        "items_mean": round(sum(c[1] for c in calls) / len(ms), 1),
+    }
+    if prefill:
+        out["with_prefill"] = round(sum(1 for c in calls if c[2]) / len(ms), 3)
+        # gpu_check before 2026-12-05 counted as `with_prefill` the steps in which a
+        # prompt ended (048f89d's _Timed), this share
+        out["with_prompt_end"] = round(sum(1 for c in calls if c[3]) / len(ms), 3)
+    return out
+
+
+async def _point(backend, sections, streams: int, seconds: float, clock) -> dict[str, Any]:
+    from pipeline.engine import Engine
+
+    engine = Engine(
+        backend,
+        scheduling=sections["scheduling"],
+        chunking=sections["chunking"],
+        admission=AdmissionConfig(enabled=False),
+        engine=sections["engine"],
+        talker=dataclasses.replace(sections["talker"], batch=max(streams, 1)),
+        text=sections["text"],
+        clock=clock,
+    )
+    await engine.start()
+    try:
+        row = await engine_run(engine, streams, seconds, min(RAMP_S, seconds / 3), corpus())
+    finally:
+        await engine.stop()
+    row["talker_steps"] = _calls(backend.step_calls, prefill=True)
+    row["vocoder_calls"] = _calls(backend.vocode_calls, prefill=False)
+    return row
+
+
+def run_point(
+    mode: str,
+    table: GpuCostTable,
+    sections: dict[str, Any],
+    streams: int,
+    seconds: float,
+    chars_per_token: float = 1.0,
+) -> dict[str, Any]:
+    """One engine run at N streams, `mode` 'virtual_time' or 'real_time'."""
+    config = model_config(sections, chars_per_token)
+    started = time.perf_counter()
+    if mode == "real_time":
+        backend = GpuModelBackend(config, table)
+        row = asyncio.run(_point(backend, sections, streams, seconds, time.monotonic))
+    elif mode == "virtual_time":
+        loop, spent = VirtualTimeLoop(), SpentTime()
+        backend = GpuModelBackend(config, table, sleep=spent, clock=loop.time)
+        try:
+            with virtual_stages(spent):
+                row = loop.run_until_complete(
+                    _point(backend, sections, streams, seconds, loop.time)
+                )
+        finally:
+            loop.close()
+    else:
+        raise ValueError(f"mode must be real_time or virtual_time, got {mode!r}")
+    row["wall_s"] = round(time.perf_counter() - started, 1)
+    return row
+
+
+def _line(label: str, row: dict[str, Any]) -> str:
+    p50, p99 = row["ttfa_p50_s"] or 0.0, row["ttfa_p99_s"] or 0.0
+    steps, places = row.get("talker_steps", {}), row["stall_places"]
+    return (
+        f"{label:>14} {row['stall_free']:6.0%} {p50 * 1e3:7.0f} {p99 * 1e3:7.0f} "
+        f"{steps.get('ms_p50', float('nan')):7.1f} {steps.get('with_prefill', float('nan')):6.2f} "
+        f"{steps.get('with_prompt_end', float('nan')):6.2f} "
+        f"{places['stalls']:6d} {places['in_first_0_5_s']:6d} {places['audio_at_p50_s']!s:>6}"
+    )
+
+
+HEADER = (
+    f"{'':>14} {'free':>6} {'p50 ms':>7} {'p99 ms':>7} {'step ms':>7} {'w/ pf':>6} {'pf end':>6} "
+    f"{'stalls':>6} {'<0.5s':>6} {'at s':>6}"
+)
+
+
+def _within(measured: dict[str, Any], predicted: dict[str, Any]) -> dict[str, bool]:
+    out = {"stall_free": abs(measured["stall_free"] - predicted["stall_free"]) <= 0.10}
+    m, p = measured["ttfa_p50_s"], predicted["ttfa_p50_s"]
+    out["ttfa_p50_s"] = m is not None and p is not None and abs(p - m) <= 0.25 * m
+    if "talker_steps" in measured:
+        m, p = measured["talker_steps"]["ms_p50"], predicted["talker_steps"]["ms_p50"]
+        out["step_ms_p50"] = abs(p - m) <= 0.15 * m
+    return out
+
+
+def reproduce(fitted: GpuCostTable, seconds: float, streams=STREAMS) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for label, path, settings in RUNS:
+        run = json.loads(path.read_text())
+        table = table_from_run(path, fitted)
+        sections = load_sections(BASELINE, ["engine.calibration_calls=0", *settings])
+        print(f"\n== {label} ({path.name}), ramp {list(sections['chunking'].ramp)} ==")
+        print(HEADER)
+        rows = {}
+        for n in streams:
+            measured = run["engine"].get(str(n))
+            if measured is None:
+                continue
+            predicted = run_point("virtual_time", table, sections, n, seconds)
+            within = _within(measured, predicted)
+            rows[n] = {"measured": measured, "predicted": predicted, "within": within}
+            if "talker_steps" in measured:  # its `with_prefill` counted prompts ending
+                steps = measured["talker_steps"]
+                measured = {
+                    **measured,
+                    "talker_steps": {
+                        "ms_p50": steps["ms_p50"],
+                        "with_prompt_end": steps["with_prefill"],
+                    },
+                }
+            if "stall_places" not in measured:  # the 14:39 run recorded no stall places
+                measured = {
+                    **measured,
+                    "stall_places": predicted["stall_places"]
+                    | {"stalls": -1, "in_first_0_5_s": -1, "audio_at_p50_s": "-"},
+                }
+            print(_line(f"N={n} measured", measured))
+            print(_line("predicted", predicted), " within bounds:", within, flush=True)
+        out[label] = {"table": table.to_dict(), "streams": rows}
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--table", type=Path, default=TABLE)
+    parser.add_argument("--config", type=Path, default=DESIGN, help="the engine as designed")
+    parser.add_argument("--seconds", type=float, default=15.0, help="each virtual-time run")
+    parser.add_argument("--real-seconds", type=float, default=15.0, help="each real-time run")
+    parser.add_argument("--streams", type=int, nargs="+", default=list(STREAMS))
+    parser.add_argument("--skip", nargs="*", default=[], choices=["reproduce", "real_time"])
+    parser.add_argument("--print-grid", action="store_true", help="the table's every bucket")
+    args = parser.parse_args(argv)
+    table = load_cost_table(args.table)
+    figures: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "table": table.to_dict(),
+    }
+    if args.print_grid:
+        print(json.dumps(table.grid(), indent=1))
+    if "reproduce" not in args.skip:
+        figures["reproduction"] = reproduce(table, args.seconds)
+    sections = load_sections(args.config, ["engine.calibration_calls=0"])
+    figures["config"] = str(args.config.relative_to(ROOT))
+    for tokenizer, chars_per_token in (("byte", 1.0), ("csm", 4.0)):
+        modes = ["virtual_time"] + ([] if "real_time" in args.skip else ["real_time"])
+        for mode in modes:
+            seconds = args.seconds if mode == "virtual_time" else args.real_seconds
+            print(f"\n== {mode}, {tokenizer} prompts, {args.config.name} ==")
+            print(HEADER)
+            rows = {}
+            for n in args.streams:
+                row = run_point(mode, table, sections, n, seconds, chars_per_token)
+                rows[n] = row
+                print(_line(f"N={n}", row), f" ({row['wall_s']} s)", flush=True)
+            key = mode if tokenizer == "byte" else f"{mode}_csm_prompts"
+            figures[key] = rows
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "gpu-model.json").write_text(json.dumps(figures, indent=1, default=str))
+    print(f"written: {args.out / 'gpu-model.json'}")
+    return figures
+
+
+if __name__ == "__main__":
+    main()
