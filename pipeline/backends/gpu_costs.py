@@ -1,8 +1,10 @@
 """The GPU cost table: what one codec-LM step and one Mimi turn cost on a GPU, as data.
 
 A table is what `benchmarks/gpu_check.py` measured on one GPU (its JSON's `cost_table`),
-or a YAML file in configs/gpu-costs/ fitted to such a run. It holds measured cells only;
-every other shape is filled by the rules below, and `grid()` marks which is which.
+or a YAML file in configs/gpu-costs/ fitted to such a run. It holds measured cells only
+(or, for a field listed in `estimated`, cells derived from measured ones by a rule its
+`source` states); every other shape is filled by the rules below, and `grid()` marks
+which is which.
 
 - talker decode: ms of a step making one frame for every row, per (row bucket, key
   bucket). Fill: piecewise linear in rows through the measured rows (of the nearest
@@ -91,6 +93,8 @@ class GpuCostTable:
     # {(K, frames): ms}: one batched Mimi turn of K chunks of `frames` frames each
     mimi_turn_ms: Mapping[tuple[int, int], float]
     prefill_makes_frames: bool = False  # see the module doc
+    # fields whose cells are derived, not measured (the source says how)
+    estimated: tuple[str, ...] = ()
     row_multiple: int = 4
     max_rows: int = 320
     key_bucket_tokens: int = 128
@@ -119,6 +123,11 @@ class GpuCostTable:
             value = getattr(self, name)
             if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"cost table {self.name}: {name} must be >= 0, got {value!r}")
+        fields = ("decode_ms", "prefill_ms", "mimi_turn_ms")
+        if not isinstance(self.estimated, tuple) or not set(self.estimated) <= set(fields):
+            raise ConfigError(
+                f"cost table {self.name}: estimated lists fields among {', '.join(fields)}"
+            )
         if not isinstance(self.prefill_makes_frames, bool):
             raise ConfigError(f"cost table {self.name}: prefill_makes_frames must be a bool")
         for name in ("row_multiple", "max_rows", "key_bucket_tokens", "max_keys"):
@@ -178,20 +187,29 @@ class GpuCostTable:
             total += _interpolate(points, k * frames_bucket, None)
         return total
 
+    def _measured(self, field: str, key: object) -> bool:
+        return field not in self.estimated and key in getattr(self, field)
+
     def grid(self) -> dict[str, Any]:
         """Every bucket's cost, each marked measured or filled (by the module doc's rules)."""
         decode = {
-            f"{r}x{k}": {"ms": round(self.decode(r, k), 3), "measured": (r, k) in self.decode_ms}
+            f"{r}x{k}": {
+                "ms": round(self.decode(r, k), 3),
+                "measured": self._measured("decode_ms", (r, k)),
+            }
             for r in self.row_buckets
             for k in self.key_buckets
         }
         tokens = sorted({*self.prefill_ms, *(64 * n for n in (1, 2, 4, 8, 16, 32))})
         prefill = {
-            str(t): {"ms": round(self.prefill(t), 3), "measured": t in self.prefill_ms}
+            str(t): {"ms": round(self.prefill(t), 3), "measured": self._measured("prefill_ms", t)}
             for t in tokens
         }
         mimi = {
-            f"{k}x{f}": {"ms": round(self.mimi(k, f), 3), "measured": (k, f) in self.mimi_turn_ms}
+            f"{k}x{f}": {
+                "ms": round(self.mimi(k, f), 3),
+                "measured": self._measured("mimi_turn_ms", (k, f)),
+            }
             for k in self.mimi_batches
             for f in self.mimi_frames
         }
@@ -202,6 +220,7 @@ class GpuCostTable:
         return {
             "name": self.name,
             "source": self.source,
+            "estimated": list(self.estimated),
             "talker": {
                 "row_multiple": self.row_multiple,
                 "max_rows": self.max_rows,
@@ -261,7 +280,7 @@ def table_from_dict(data: Mapping[str, Any]) -> GpuCostTable:
     field otherwise."""
     if not isinstance(data, dict):
         raise ConfigError("cost table: a mapping with name, source, talker and mimi")
-    unknown = set(data) - {"name", "source", "talker", "mimi"}
+    unknown = set(data) - {"name", "source", "estimated", "talker", "mimi"}
     if unknown:
         raise ConfigError(f"cost table: unknown field(s) {', '.join(sorted(unknown))}")
     talker_keys = {
@@ -282,11 +301,12 @@ def table_from_dict(data: Mapping[str, Any]) -> GpuCostTable:
     for field in ("prefill_ms_per_token", "host_ms_per_step", "host_ms_per_segment"):
         if field not in talker:
             raise ConfigError(f"cost table {name}: talker.{field} missing")
-    sizes = {k: talker[k] for k in ("row_multiple", "max_rows", "key_bucket_tokens", "max_keys")}
-    sizes = {k: v for k, v in sizes.items() if v is not None}
+    names = ("row_multiple", "max_rows", "key_bucket_tokens", "max_keys")
+    sizes = {k: talker[k] for k in names if talker.get(k) is not None}
     return GpuCostTable(
         name=name,
         source=str(data.get("source") or ""),
+        estimated=tuple(data.get("estimated") or ()),
         decode_ms={
             (r, k): ms
             for (r, k), ms in _cells(
