@@ -22,7 +22,8 @@ and said so. The printed text and a JSON of the figures go to `--out` (gpu-check
 .json). `--device cpu --tiny` runs every part on the tiny model, small and short: a smoke
 test (tests/test_gpu_check.py) so the GPU session does not meet a typo.
 
-Imports only pipeline/, scheduling/, benchmarks/player.py, torch, transformers and yaml.
+Imports only pipeline/, scheduling/, benchmarks/player.py and virtual_time.py, torch,
+transformers and yaml.
 """
 
 from __future__ import annotations
@@ -42,7 +43,10 @@ import numpy as np
 import yaml
 
 from benchmarks.player import STALL_TOLERANCE_S, Player, percentile
+from benchmarks.virtual_time import SpentTime, VirtualTimeLoop, virtual_stages
 from pipeline.backend import TalkRequest, VocodeItem
+from pipeline.backends.gpu_costs import GpuCostTable, load_cost_table, table_from_dict
+from pipeline.backends.gpu_model import GpuModelBackend, GpuModelConfig
 from pipeline.config import CodecLMConfig, EngineConfig, TalkerConfig, TextConfig
 from scheduling import AdmissionConfig, ChunkingConfig, SchedulingConfig
 
@@ -416,17 +420,41 @@ def _stall_places(players: list[Player]) -> dict[str, Any]:
     }
 
 
-async def engine_run(engine: Any, streams: int, duration_s: float, ramp_s: float, texts):
+async def engine_run(
+    engine: Any, streams: int, duration_s: float, ramp_s: float, texts, admitted: bool = False
+):
+    """N clients looping over `texts`; `admitted`: each request through admission as the
+    API's (reserve, wait in its queue, submit), a refused one retried after its
+    Retry-After (at most 1 s), TTFA counted from the first try."""
+    from pipeline.errors import Rejected
+
     rng = random.Random(streams)
     records: list[tuple[float | None, Player]] = []
+    rejected = [0]
     clock = asyncio.get_running_loop().time  # time.monotonic, or a virtual loop's time
     stop_at = clock() + duration_s
+
+    async def admit() -> Any:
+        text, voice = rng.choice(texts), engine.backend.default_voice()
+        while admitted:
+            try:
+                reservation = engine.reserve()
+                try:
+                    await reservation.wait_start()
+                except BaseException:
+                    reservation.release()
+                    raise
+                return engine.submit(text, voice=voice, reservation=reservation)
+            except Rejected as refused:
+                rejected[0] += 1
+                await asyncio.sleep(min(refused.retry_after_s, 1.0))
+        return engine.submit(text, voice=voice)
 
     async def client() -> None:
         await asyncio.sleep(rng.uniform(0, ramp_s))  # arrivals spread over the run's start
         while clock() < stop_at:
             player, sent, first = Player(), clock(), None
-            stream = engine.submit(rng.choice(texts), voice=engine.backend.default_voice())
+            stream = await admit()
             rate = engine.backend.sample_rate_hz
             try:
                 async for pcm in stream.chunks():
@@ -445,17 +473,273 @@ async def engine_run(engine: Any, streams: int, duration_s: float, ramp_s: float
     done = [(t, p) for t, p in records if t is not None]
     free = [all(s < STALL_TOLERANCE_S for s in p.stalls_s) for _, p in done]
     ttfas = [t for t, _ in done]
+    margins = [p.margin_s for _, p in done if p.margin_s is not None]
     return {
+        # the least audio ahead as a chunk arrived, 1st percentile over streams (negative:
+        # a stall): how close to stalling the stall-free ones came
+        "margin_p1_s": round(percentile(margins, 1), 3) if margins else None,
         "stall_places": _stall_places([p for _, p in done]),
         "requests": len(done),
+        **({"rejected": rejected[0]} if admitted else {}),
         "stall_free": sum(free) / len(free) if free else 0.0,
         "ttfa_p50_s": percentile(ttfas, 50) if ttfas else None,
         "ttfa_p99_s": percentile(ttfas, 99) if ttfas else None,
     }
 
 
+# == the cost table: this run's measured costs as the GPU model reads them
+# (pipeline/backends/gpu_costs.py), recorded in the JSON as `cost_table` ==
+
+
+def cost_table_from_figures(
+    figures: dict[str, Any], sections: dict[str, Any], unmeasured: GpuCostTable
+) -> dict[str, Any]:
+    """The table of what this run measured: the talker step per row bucket (its batches),
+    the prefill a step with an arriving prompt paid on top of the step alone (its first
+    `prefill_chunk_tokens` tokens), Mimi's turn per K (chunks of chunk + left-context
+    frames); the host constants, not measured here, from `unmeasured`."""
+    lm, chunking = sections["codec_lm"], sections["chunking"]
+    steps = {int(b): float(ms) for b, ms in figures.get("step_ms", {}).items()}
+    if not steps:
+        raise ValueError("no talker step measured: no cost table")
+    rows: dict[int, float] = {}
+    for batch, ms in sorted(steps.items()):  # the larger batch of a shared bucket
+        rows[max(lm.row_multiple, -(-batch // lm.row_multiple) * lm.row_multiple)] = ms
+    # talker_steps' prompts are the corpus's long sentences: keys in the 256 bucket
+    decode = [{"rows": r, "keys": 2 * lm.key_bucket_tokens, "ms": ms} for r, ms in rows.items()]
+    arrival = figures.get("step_with_arrival_ms")
+    batch = 64 if 64 in steps else max(steps)
+    prefill_ms = max(0.0, arrival - steps[batch]) if arrival is not None else None
+    frames = chunking.chunk_frames + chunking.left_context_frames
+    turns = figures.get("vocoder_turn_ms", {})
+    table = {
+        "name": f"gpu-check {time.strftime('%Y-%m-%d %H:%M', time.gmtime())}",
+        "source": (
+            "measured by benchmarks/gpu_check.py: talker steps overlapped as served, the "
+            f"prefill of an arriving prompt's first {lm.prefill_chunk_tokens} tokens at "
+            f"batch {batch}, Mimi turns of {frames}-frame chunks; host constants and the "
+            f"prefill's per-token rule not measured, from {unmeasured.name}"
+        ),
+        "estimated": [] if prefill_ms is not None else ["prefill_ms"],
+        "talker": {
+            "row_multiple": lm.row_multiple,
+            "max_rows": lm.max_rows,
+            "key_bucket_tokens": lm.key_bucket_tokens,
+            "max_keys": lm.max_prompt_tokens + lm.max_frames_per_segment,
+            "decode_ms": [{**c, "ms": round(c["ms"], 3)} for c in decode],
+            "prefill_ms": [
+                {
+                    "tokens": lm.prefill_chunk_tokens,
+                    "ms": round(
+                        prefill_ms
+                        if prefill_ms is not None
+                        else unmeasured.prefill(lm.prefill_chunk_tokens),
+                        3,
+                    ),
+                }
+            ],
+            "prefill_ms_per_token": unmeasured.prefill_ms_per_token,
+            "prefill_makes_frames": False,  # since 42ab416: a prefill is the backbone only
+            "host_ms_per_step": unmeasured.host_ms_per_step,
+            "host_ms_per_segment": unmeasured.host_ms_per_segment,
+        },
+        "mimi": {
+            "max_batch": max(1, lm.vocoder_max_batch),
+            "max_frames": max(4, lm.vocoder_max_frames),
+            "turn_ms": [
+                {"chunks": int(k), "frames": frames, "ms": round(float(ms), 3)}
+                for k, ms in sorted(turns.items(), key=lambda kv: int(kv[0]))
+            ],
+        },
+    }
+    table_from_dict(table)  # the schema's own checks
+    return table
+
+
+def cost_table_section(report: Report, sections: dict[str, Any]) -> GpuCostTable:
+    unmeasured = load_cost_table(GpuModelConfig().cost_table)
+    table = cost_table_from_figures(report.figures, sections, unmeasured)
+    report.figures["cost_table"] = table
+    built = table_from_dict(table)
+    report("\n== cost table (the GPU model's costs, measured here; JSON: cost_table) ==")
+    report(
+        "decode ms by rows: "
+        + ", ".join(f"{c['rows']}: {c['ms']:.1f}" for c in table["talker"]["decode_ms"])
+    )
+    pf = table["talker"]["prefill_ms"][0]
+    report(f"prefill of {pf['tokens']} tokens on top of a step: {pf['ms']:.1f} ms")
+    report(
+        "Mimi turn ms by K: "
+        + ", ".join(f"{c['chunks']}: {c['ms']:.1f}" for c in table["mimi"]["turn_ms"])
+    )
+    report(
+        f"not measured here (from {unmeasured.name}): host {built.host_ms_per_step} ms a step "
+        f"+ {built.host_ms_per_segment} ms a segment, prefill +{built.prefill_ms_per_token} "
+        "ms a token past the measured"
+    )
+    return built
+
+
+# == the model's prediction (pipeline/backends/gpu_model.py): the same Engine and load on
+# the gpu_model backend replaying a cost table, on a virtual clock or in real time ==
+
+MODEL_RAMP_S = 5.0
+
+
+def model_config(sections: dict[str, Any], chars_per_token: float) -> GpuModelConfig:
+    """The gpu_model section matching a codec-LM config's shapes."""
+    lm = sections["codec_lm"]
+    return GpuModelConfig(
+        prompt_chars_per_token=chars_per_token,
+        frames_per_char=lm.frames_per_char,
+        min_frames_per_segment=lm.min_frames_per_segment,
+        max_frames_per_segment=lm.max_frames_per_segment,
+        max_prompt_tokens=lm.max_prompt_tokens,
+        prefill_chunk_tokens=lm.prefill_chunk_tokens,
+        prefill_rows=lm.prefill_rows,
+        overlap_steps=lm.overlap_steps,
+    )
+
+
+def _calls(calls: list[tuple], prefill: bool) -> dict[str, Any]:
+    if not calls:
+        return {"calls": 0}
+    ms = [c[0] * 1e3 for c in calls]
+    out = {
+        "calls": len(ms),
+        "ms_p50": round(percentile(ms, 50), 2),
+        "ms_p90": round(percentile(ms, 90), 2),
+        "items_mean": round(sum(c[1] for c in calls) / len(ms), 1),
+    }
+    if prefill:
+        out["with_prefill"] = round(sum(1 for c in calls if c[2]) / len(ms), 3)
+        # gpu_check before 2026-12-05 counted as `with_prefill` the steps in which a
+        # prompt ended (048f89d's _Timed), this share
+        out["with_prompt_end"] = round(sum(1 for c in calls if c[3]) / len(ms), 3)
+    return out
+
+
+def admission_config(path: Path) -> AdmissionConfig:
+    """The config file's admission section (as served)."""
+    body = (yaml.safe_load(path.read_text()) or {}).get("admission") or {}
+    return AdmissionConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in body.items()})
+
+
+async def _point(
+    backend, sections, streams: int, seconds: float, clock, admission: AdmissionConfig | None
+) -> dict[str, Any]:
+    from pipeline.engine import Engine
+
+    engine = Engine(
+        backend,
+        scheduling=sections["scheduling"],
+        chunking=sections["chunking"],
+        admission=admission or AdmissionConfig(enabled=False),
+        engine=sections["engine"],
+        talker=dataclasses.replace(sections["talker"], batch=max(streams, 1)),
+        text=sections["text"],
+        clock=clock,
+    )
+    await engine.start()
+    try:
+        row = await engine_run(
+            engine,
+            streams,
+            seconds,
+            min(MODEL_RAMP_S, seconds / 3),
+            corpus(),
+            admission is not None,
+        )
+    finally:
+        await engine.stop()
+    row["talker_steps"] = _calls(backend.step_calls, prefill=True)
+    row["vocoder_calls"] = _calls(backend.vocode_calls, prefill=False)
+    return row
+
+
+def run_point(
+    mode: str,
+    table: GpuCostTable,
+    sections: dict[str, Any],
+    streams: int,
+    seconds: float,
+    chars_per_token: float = 1.0,
+    admission: AdmissionConfig | None = None,
+) -> dict[str, Any]:
+    """One engine run at N streams, `mode` 'virtual_time' or 'real_time'; with `admission`
+    the clients go through it as the API's do (else it is off, as in gpu_check)."""
+    config = model_config(sections, chars_per_token)
+    started = time.perf_counter()
+    if mode == "real_time":
+        backend = GpuModelBackend(config, table)
+        row = asyncio.run(_point(backend, sections, streams, seconds, time.monotonic, admission))
+    elif mode == "virtual_time":
+        loop, spent = VirtualTimeLoop(), SpentTime()
+        backend = GpuModelBackend(config, table, sleep=spent, clock=loop.time)
+        try:
+            with virtual_stages(spent):
+                row = loop.run_until_complete(
+                    _point(backend, sections, streams, seconds, loop.time, admission)
+                )
+        finally:
+            loop.close()
+    else:
+        raise ValueError(f"mode must be real_time or virtual_time, got {mode!r}")
+    row["wall_s"] = round(time.perf_counter() - started, 1)
+    return row
+
+
+def predict_beside(
+    report: Report, table: GpuCostTable, runs: dict[str, dict[str, Any]], seconds: float
+) -> None:
+    """The model's prediction of every engine figure measured (`runs`: label -> the
+    sections it ran with): this run's cost table, the same engine settings and load,
+    byte-tokenizer prompts as the random model's, on a virtual clock; printed beside the
+    measurement, kept in each row with its error."""
+    report(
+        "\n== the GPU model's prediction beside each engine figure (this run's cost table, "
+        "virtual clock, byte-tokenizer prompts) =="
+    )
+    report(f"{'':>22} {'N':>4} {'stall-free':>10} {'TTFA p50':>9} {'TTFA p99':>9} {'step p50':>9}")
+    for label, sections in runs.items():
+        for streams, row in report.figures.get(label, {}).items():
+            model = run_point("virtual_time", table, sections, streams, seconds)
+            steps = model["talker_steps"]
+            row["predicted"] = {
+                k: model[k] for k in ("stall_free", "ttfa_p50_s", "ttfa_p99_s", "stall_places")
+            } | {"step_ms_p50": steps.get("ms_p50"), "with_prefill": steps.get("with_prefill")}
+            error: dict[str, float | None] = {
+                "stall_free_points": round(100 * (model["stall_free"] - row["stall_free"]), 1)
+            }
+            for key, measured, predicted in (
+                ("ttfa_p50", row["ttfa_p50_s"], model["ttfa_p50_s"]),
+                ("ttfa_p99", row["ttfa_p99_s"], model["ttfa_p99_s"]),
+                ("step_p50", row["talker_steps"].get("ms_p50"), steps.get("ms_p50")),
+            ):
+                ok = measured and predicted is not None
+                error[f"{key}_rel"] = round(predicted / measured - 1, 3) if ok else None
+            row["prediction_error"] = error
+            for name, got, step in (
+                (f"{label} measured", row, row["talker_steps"].get("ms_p50")),
+                ("model", model, steps.get("ms_p50")),
+            ):
+                p50, p99 = (got["ttfa_p50_s"] or 0.0) * 1e3, (got["ttfa_p99_s"] or 0.0) * 1e3
+                report(
+                    f"{name:>22} {streams:4d} {got['stall_free']:10.0%} {p50:9.1f} {p99:9.1f} "
+                    f"{step or float('nan'):9.1f}"
+                )
+            report(f"{'model error':>22} {streams:4d} {error}")
+
+
 async def engine_checks(
-    report, backend, sections, streams_list, duration_s, ramp_s, deadline, label="engine"
+    report,
+    backend,
+    sections,
+    streams_list,
+    duration_s,
+    ramp_s,
+    deadline,
+    label="engine",
 ):
     from pipeline.engine import Engine
 
@@ -498,6 +782,7 @@ async def engine_checks(
         report(f"     stalls: {row['stall_places']}")
         report(f"     talker steps: {row['talker_steps']}")
         report(f"     vocoder calls: {row['vocoder_calls']}")
+
         if row["stall_free"] >= STALL_FREE_TARGET and row["requests"] and p99 <= TTFA_P99_TARGET_S:
             best = streams
     if label != "engine":
@@ -581,6 +866,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         mimi_graph_failures=len(vgraphs.failed),
     )
     texts = corpus()
+    model: dict[str, GpuCostTable] = {}  # this run's cost table, once measured
     parts = [
         ("talker", lambda: talker_steps(report, backend, texts, sizes["batches"], sizes["steps"])),
         ("buckets", lambda: bucket_checks(report, backend, texts, sizes["check_steps"])),
@@ -628,6 +914,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 ),
             )
         )
+    runs = {"engine": sections} | {
+        f"engine_ramp_{'_'.join(map(str, r))}": dict(
+            sections, chunking=dataclasses.replace(sections["chunking"], ramp=r)
+        )
+        for r in sizes["ramps"]
+    }
+    parts.append(("cost table", lambda: model.update(table=cost_table_section(report, sections))))
+    parts.append(
+        (
+            "model",
+            lambda: model.get("table") and predict_beside(report, model["table"], runs, duration_s),
+        )
+    )
     for part, run in parts:
         if time.monotonic() > deadline:
             report(f"\n== {part}: skipped, --budget-s spent ==")

@@ -23,26 +23,20 @@ else the machine does; real time shows the engine's own host work on top.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import json
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.gpu_check import ROOT, corpus, engine_run, load_sections
-from benchmarks.player import percentile
-from benchmarks.virtual_time import SpentTime, VirtualTimeLoop, virtual_stages
+from benchmarks.gpu_check import ROOT, load_sections, run_point
 from pipeline.backends.gpu_costs import GpuCostTable, load_cost_table, table_from_dict
-from pipeline.backends.gpu_model import GpuModelBackend, GpuModelConfig
-from scheduling import AdmissionConfig
 
 TABLE = ROOT / "configs" / "gpu-costs" / "h200-20261204-1453.yaml"
 DESIGN = ROOT / "configs" / "gpu-h200.yaml"
 BASELINE = ROOT / "configs" / "codec-lm-1b-random.yaml"
 RESULTS = ROOT / "benchmarks" / "results"
 STREAMS = (1, 64, 128, 256)
-RAMP_S = 5.0
 # the runs reproduced: (label, its JSON, the engine settings of its code)
 RUNS = (
     ("14:53", RESULTS / "gpu-check-20261204-145831.json", ["chunking.ramp=[2, 4]"]),
@@ -70,92 +64,6 @@ def table_from_run(path: Path, fitted: GpuCostTable) -> GpuCostTable:
     )
 
 
-def model_config(sections: dict[str, Any], chars_per_token: float) -> GpuModelConfig:
-    """The gpu_model section matching a codec-LM config's shapes."""
-    lm = sections["codec_lm"]
-    return GpuModelConfig(
-        prompt_chars_per_token=chars_per_token,
-        frames_per_char=lm.frames_per_char,
-        min_frames_per_segment=lm.min_frames_per_segment,
-        max_frames_per_segment=lm.max_frames_per_segment,
-        max_prompt_tokens=lm.max_prompt_tokens,
-        prefill_chunk_tokens=lm.prefill_chunk_tokens,
-        prefill_rows=lm.prefill_rows,
-        overlap_steps=lm.overlap_steps,
-    )
-
-
-def _calls(calls: list[tuple], prefill: bool) -> dict[str, Any]:
-    if not calls:
-        return {"calls": 0}
-    ms = [c[0] * 1e3 for c in calls]
-    out = {
-        "calls": len(ms),
-        "ms_p50": round(percentile(ms, 50), 2),
-        "ms_p90": round(percentile(ms, 90), 2),
-        "items_mean": round(sum(c[1] for c in calls) / len(ms), 1),
-    }
-    if prefill:
-        out["with_prefill"] = round(sum(1 for c in calls if c[2]) / len(ms), 3)
-        # gpu_check before 2026-12-05 counted as `with_prefill` the steps in which a
-        # prompt ended (048f89d's _Timed), this share
-        out["with_prompt_end"] = round(sum(1 for c in calls if c[3]) / len(ms), 3)
-    return out
-
-
-async def _point(backend, sections, streams: int, seconds: float, clock) -> dict[str, Any]:
-    from pipeline.engine import Engine
-
-    engine = Engine(
-        backend,
-        scheduling=sections["scheduling"],
-        chunking=sections["chunking"],
-        admission=AdmissionConfig(enabled=False),
-        engine=sections["engine"],
-        talker=dataclasses.replace(sections["talker"], batch=max(streams, 1)),
-        text=sections["text"],
-        clock=clock,
-    )
-    await engine.start()
-    try:
-        row = await engine_run(engine, streams, seconds, min(RAMP_S, seconds / 3), corpus())
-    finally:
-        await engine.stop()
-    row["talker_steps"] = _calls(backend.step_calls, prefill=True)
-    row["vocoder_calls"] = _calls(backend.vocode_calls, prefill=False)
-    return row
-
-
-def run_point(
-    mode: str,
-    table: GpuCostTable,
-    sections: dict[str, Any],
-    streams: int,
-    seconds: float,
-    chars_per_token: float = 1.0,
-) -> dict[str, Any]:
-    """One engine run at N streams, `mode` 'virtual_time' or 'real_time'."""
-    config = model_config(sections, chars_per_token)
-    started = time.perf_counter()
-    if mode == "real_time":
-        backend = GpuModelBackend(config, table)
-        row = asyncio.run(_point(backend, sections, streams, seconds, time.monotonic))
-    elif mode == "virtual_time":
-        loop, spent = VirtualTimeLoop(), SpentTime()
-        backend = GpuModelBackend(config, table, sleep=spent, clock=loop.time)
-        try:
-            with virtual_stages(spent):
-                row = loop.run_until_complete(
-                    _point(backend, sections, streams, seconds, loop.time)
-                )
-        finally:
-            loop.close()
-    else:
-        raise ValueError(f"mode must be real_time or virtual_time, got {mode!r}")
-    row["wall_s"] = round(time.perf_counter() - started, 1)
-    return row
-
-
 def _line(label: str, row: dict[str, Any]) -> str:
     p50, p99 = row["ttfa_p50_s"] or 0.0, row["ttfa_p99_s"] or 0.0
     steps, places = row.get("talker_steps", {}), row["stall_places"]
@@ -163,13 +71,18 @@ def _line(label: str, row: dict[str, Any]) -> str:
         f"{label:>14} {row['stall_free']:6.0%} {p50 * 1e3:7.0f} {p99 * 1e3:7.0f} "
         f"{steps.get('ms_p50', float('nan')):7.1f} {steps.get('with_prefill', float('nan')):6.2f} "
         f"{steps.get('with_prompt_end', float('nan')):6.2f} "
-        f"{places['stalls']:6d} {places['in_first_0_5_s']:6d} {places['audio_at_p50_s']!s:>6}"
+        f"{places['stalls']:6d} {places['in_first_0_5_s']:6d} {places['audio_at_p50_s']!s:>6} "
+        f"{_ms(row.get('margin_p1_s')):>7}"
     )
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.0f}"
 
 
 HEADER = (
     f"{'':>14} {'free':>6} {'p50 ms':>7} {'p99 ms':>7} {'step ms':>7} {'w/ pf':>6} {'pf end':>6} "
-    f"{'stalls':>6} {'<0.5s':>6} {'at s':>6}"
+    f"{'stalls':>6} {'<0.5s':>6} {'at s':>6} {'margin':>7}"
 )
 
 

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from benchmarks import gpu_check
+from pipeline.backends.gpu_costs import table_from_dict
 
 
 def test_the_gpu_check_runs_every_part_on_the_tiny_model(tmp_path: Path, capsys) -> None:
@@ -45,6 +46,17 @@ def test_the_gpu_check_runs_every_part_on_the_tiny_model(tmp_path: Path, capsys)
     for row in (figures["engine"][4], figures["engine_ramp_2_4"][4]):
         assert row["talker_steps"]["calls"] > 0 and row["vocoder_calls"]["calls"] > 0
         assert row["stall_places"]["stalls"] >= 0
+    # the run's costs as the GPU model reads them, and its prediction beside each figure
+    table = table_from_dict(figures["cost_table"])
+    assert table.decode(1, 128) == figures["step_ms"][4]  # batches 1 and 4: the 4-row bucket
+    assert table.decode(8, 128) == figures["step_ms"][8]
+    assert table.mimi(1, 16) == round(figures["vocoder_turn_ms"][1], 3)
+    for row in (figures["engine"][1], figures["engine"][4], figures["engine_ramp_2_4"][4]):
+        assert 0.0 <= row["predicted"]["stall_free"] <= 1.0
+        assert row["prediction_error"]["stall_free_points"] == round(
+            100 * (row["predicted"]["stall_free"] - row["stall_free"]), 1
+        )
+    assert "model error" in printed and "cost table" in printed
     assert set(figures["profile"]) == {"graph", "eager"}
     assert figures["late_graph_keys"] == []
     assert -100 < figures["mimi_bf16_snr_db"] < 200

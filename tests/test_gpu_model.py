@@ -147,7 +147,7 @@ def test_bad_input_is_refused() -> None:
 
 def test_the_registry_builds_it_from_its_section() -> None:
     backend = build_backend("gpu_model", GpuModelConfig(prompt_chars_per_token=4.0))
-    assert backend.table.name == "h200-20261204-1453"
+    assert backend.table.name == "h200-20261204-1453-backbone-prefill"
     assert backend.prompt_tokens("a" * 300) == 75 + 5
 
 

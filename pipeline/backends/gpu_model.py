@@ -52,7 +52,8 @@ PROMPT_EXTRA_TOKENS = 5
 class GpuModelConfig:
     """The `gpu_model` section: which cost table, and the codec-LM backend's shapes."""
 
-    cost_table: str = "configs/gpu-costs/h200-20261204-1453.yaml"  # relative: repo root
+    # relative: the repository root; the default: the costs for the code as it is now
+    cost_table: str = "configs/gpu-costs/h200-20261204-1453-backbone-prefill.yaml"
     speakers: int = 2
     sample_rate_hz: int = 24000
     samples_per_frame: int = 1920  # Mimi: 80 ms frames
