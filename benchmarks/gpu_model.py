@@ -5,16 +5,20 @@
 The Engine as served, on the gpu_model backend (pipeline/backends/gpu_model.py: the
 codec-LM backend's steps and Mimi turns at a cost table's times), with gpu_check's load:
 N clients looping over the corpus, arriving over the first 5 s, each played by a 1x
-player. It writes DIR/gpu-model.json and prints:
+player, admission off (as gpu_check). It writes DIR/gpu-model.json and prints:
 
 1. reproduction: each GPU run's engine table (benchmarks/results/gpu-check-*.json) beside
-   the model's prediction of it, on the engine settings of that run's code (ramp [2, 4],
-   admission off) and the run's own measured costs (its table read from its JSON: step
-   times, the prefill step, Mimi turns; the host and per-token constants of the 14:53
-   fit, not refitted), on a virtual clock;
-2. the engine as configured (configs/gpu-h200.yaml) at N = 1, 64, 128, 256, in virtual
-   time and in real time (this machine's clock: the engine's own CPU time counts), for
-   the byte tokenizer's prompts and CSM's (4 characters a token).
+   the model's prediction of it, on the engine settings of that run's code (ramp [2, 4])
+   and that run's own measured costs: the 14:53 run's table as shipped
+   (configs/gpu-costs/h200-20261204-1453.yaml, read from its JSON, nothing fitted), the
+   14:39 run's read from its JSON the same way (not refitted), on a virtual clock;
+2. the engine as configured for the GPU (configs/codec-lm-1b-random.yaml) on the costs of
+   the code as it is now (--table, the backbone-only prefill's cell derived), at N = 1,
+   64, 128, 256, on a virtual clock and in real time (this machine's clock: the engine's
+   own CPU time counts, shared with whatever else runs here), for the byte tokenizer's
+   prompts (`real_time`, `virtual_time`) and CSM's (4 characters a token, `*_csm_prompts`);
+3. the ramp A/B (the ramp before and the one kept) at N = 256 by the prefill's cost;
+4. as served: the clients through admission, as the API's (`as_served`).
 
 Virtual time (benchmarks/virtual_time.py) makes the same decisions every run whatever
 else the machine does; real time shows the engine's own host work on top.
@@ -29,12 +33,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.gpu_check import ROOT, load_sections, run_point
+from benchmarks.gpu_check import ROOT, admission_config, load_sections, run_point
 from pipeline.backends.gpu_costs import GpuCostTable, load_cost_table, table_from_dict
 
-TABLE = ROOT / "configs" / "gpu-costs" / "h200-20261204-1453.yaml"
-DESIGN = ROOT / "configs" / "gpu-h200.yaml"
-BASELINE = ROOT / "configs" / "codec-lm-1b-random.yaml"
+MEASURED = ROOT / "configs" / "gpu-costs" / "h200-20261204-1453.yaml"  # the 048f89d code's
+TABLE = ROOT / "configs" / "gpu-costs" / "h200-20261204-1453-backbone-prefill.yaml"  # today's
+DESIGN = ROOT / "configs" / "codec-lm-1b-random.yaml"  # the engine as served on the GPU
 RESULTS = ROOT / "benchmarks" / "results"
 STREAMS = (1, 64, 128, 256)
 # the runs reproduced: (label, its JSON, the engine settings of its code)
@@ -42,6 +46,10 @@ RUNS = (
     ("14:53", RESULTS / "gpu-check-20261204-145831.json", ["chunking.ramp=[2, 4]"]),
     ("14:39", RESULTS / "gpu-check-20261204-144423.json", ["chunking.ramp=[2, 4]"]),
 )
+# the ramp A/B: the ramp before and the one kept, at these prefill costs (ms a step carrying
+# 64 tokens: today's derived 2.4, and dearer, should the GPU measure it so)
+AB_RAMPS = ((2, 3, 5), (2, 2, 3, 4, 6))
+AB_PREFILL_MS = (2.4, 12.0, 16.0, 20.0)
 BOUNDS = {"stall_free": 0.10, "ttfa_p50_s": 0.25, "step_ms_p50": 0.15}
 
 
@@ -100,8 +108,9 @@ def reproduce(fitted: GpuCostTable, seconds: float, streams=STREAMS) -> dict[str
     out: dict[str, Any] = {}
     for label, path, settings in RUNS:
         run = json.loads(path.read_text())
-        table = table_from_run(path, fitted)
-        sections = load_sections(BASELINE, ["engine.calibration_calls=0", *settings])
+        # the 14:53 run's own table is the one shipped (read from the same JSON)
+        table = fitted if label == "14:53" else table_from_run(path, fitted)
+        sections = load_sections(DESIGN, ["engine.calibration_calls=0", *settings])
         print(f"\n== {label} ({path.name}), ramp {list(sections['chunking'].ramp)} ==")
         print(HEADER)
         rows = {}
@@ -133,33 +142,65 @@ def reproduce(fitted: GpuCostTable, seconds: float, streams=STREAMS) -> dict[str
     return out
 
 
+def ab_ramps(table: GpuCostTable, sections, seconds: float, streams: int = 256) -> list:
+    """The ramp A/B at N streams on a virtual clock, at each prefill cost of AB_PREFILL_MS."""
+    print(f"\n== A/B: the ramp, N = {streams}, by the prefill's cost (virtual time) ==")
+    print(f"{'prefill ms':>10} {'ramp':>16}  " + HEADER.strip())
+    rows = []
+    for prefill_ms in AB_PREFILL_MS:
+        costs = dataclasses.replace(table, prefill_ms={64: prefill_ms})
+        for ramp in AB_RAMPS:
+            arm = dict(sections, chunking=dataclasses.replace(sections["chunking"], ramp=ramp))
+            row = run_point("virtual_time", costs, arm, streams, seconds)
+            rows.append({"prefill_ms": prefill_ms, "ramp": list(ramp), **row})
+            print(f"{prefill_ms:10.1f} {list(ramp)!s:>16}  " + _line("", row).strip(), flush=True)
+    return rows
+
+
+def as_served(table: GpuCostTable, config: Path, seconds: float, streams=STREAMS) -> dict:
+    """The clients through admission as the API's (the config's admission section and
+    start-up calibration), on a virtual clock."""
+    sections = load_sections(config, [])
+    admission = admission_config(config)
+    print(f"\n== as served: through admission ({config.name}), virtual time ==")
+    print(HEADER, " requests rejected")
+    rows = {}
+    for n in streams:
+        row = run_point("virtual_time", table, sections, n, seconds, admission=admission)
+        rows[n] = row
+        print(_line(f"N={n}", row), f" {row['requests']} {row['rejected']}", flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--table", type=Path, default=TABLE)
+    parser.add_argument("--table", type=Path, default=TABLE, help="the costs designed on")
     parser.add_argument("--config", type=Path, default=DESIGN, help="the engine as designed")
     parser.add_argument("--seconds", type=float, default=15.0, help="each virtual-time run")
     parser.add_argument("--real-seconds", type=float, default=15.0, help="each real-time run")
     parser.add_argument("--streams", type=int, nargs="+", default=list(STREAMS))
-    parser.add_argument("--skip", nargs="*", default=[], choices=["reproduce", "real_time"])
+    parser.add_argument(
+        "--skip", nargs="*", default=[], choices=["reproduce", "real_time", "ab", "as_served"]
+    )
     parser.add_argument("--print-grid", action="store_true", help="the table's every bucket")
     args = parser.parse_args(argv)
     table = load_cost_table(args.table)
     figures: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "table": table.to_dict(),
+        "config": str(args.config.relative_to(ROOT)),
     }
     if args.print_grid:
         print(json.dumps(table.grid(), indent=1))
     if "reproduce" not in args.skip:
-        figures["reproduction"] = reproduce(table, args.seconds)
+        figures["reproduction"] = reproduce(load_cost_table(MEASURED), args.seconds)
     sections = load_sections(args.config, ["engine.calibration_calls=0"])
-    figures["config"] = str(args.config.relative_to(ROOT))
     for tokenizer, chars_per_token in (("byte", 1.0), ("csm", 4.0)):
         modes = ["virtual_time"] + ([] if "real_time" in args.skip else ["real_time"])
         for mode in modes:
             seconds = args.seconds if mode == "virtual_time" else args.real_seconds
-            print(f"\n== {mode}, {tokenizer} prompts, {args.config.name} ==")
+            print(f"\n== {mode}, {tokenizer} prompts, {args.config.name}, {table.name} ==")
             print(HEADER)
             rows = {}
             for n in args.streams:
@@ -168,6 +209,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 print(_line(f"N={n}", row), f" ({row['wall_s']} s)", flush=True)
             key = mode if tokenizer == "byte" else f"{mode}_csm_prompts"
             figures[key] = rows
+    if "ab" not in args.skip:
+        figures["ab_ramp"] = ab_ramps(table, sections, args.seconds)
+    if "as_served" not in args.skip:
+        figures["as_served"] = as_served(table, args.config, args.seconds, args.streams)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gpu-model.json").write_text(json.dumps(figures, indent=1, default=str))
     print(f"written: {args.out / 'gpu-model.json'}")

@@ -156,7 +156,7 @@ def test_the_engine_on_the_model_plays_every_stream(mode: str) -> None:
     """Two looping clients through the Engine: every stream played without a stall, the
     steps at the table's cost for their shape (exact on the virtual clock)."""
     table = _table()
-    sections = load_sections(gpu_model.BASELINE, ["engine.calibration_calls=0"])
+    sections = load_sections(gpu_model.DESIGN, ["engine.calibration_calls=0"])
     row = gpu_model.run_point(mode, table, sections, 2, 1.5)
     assert row["requests"] >= 2 and row["stall_free"] == 1.0
     steps = row["talker_steps"]
