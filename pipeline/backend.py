@@ -237,6 +237,14 @@ class Backend(Protocol):
         `capabilities.aborts_vocode`; the default raises."""
         raise NotImplementedError(f"{type(self).__name__} cannot abort a vocode call")
 
+    def sustained_streams(self) -> float | None:
+        """Streams at 1x the backend's batched loop sustains, from its own figures of what
+        a step and a decode cost by batch (a GPU codec LM: a step costs nearly the same
+        at 1 and 256 rows, so what its calls produce at light load says nothing of it);
+        the engine's capacity then (audio s per s). None (the default): the engine
+        measures its capacity from the calls it sees (pipeline/capacity.py)."""
+        return None
+
 
 # each capability and the operations a backend must define itself when it claims it
 _OPERATIONS = {

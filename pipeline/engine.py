@@ -94,6 +94,9 @@ class Engine:
         # hooks that raise are logged, never passed into the loops
         self._events = GuardedEvents(events if events is not None else NullEvents())
         self._voices = backend.voices()
+        # a batched loop's capacity, said by the backend (0: measured, pipeline/capacity.py)
+        declared = getattr(backend, "sustained_streams", None)
+        self._sustained_streams = float((declared() if declared else None) or 0.0)
         self._scheduling = scheduling
         self._talker_config = talker
         self._text_config = text
@@ -412,6 +415,8 @@ class Engine:
 
     def capacity(self, now_s: float | None = None) -> float:
         """Audio seconds per wall second the pipeline sustains (pipeline/capacity.py)."""
+        if self._sustained_streams:  # a batched loop's own figure (Backend.sustained_streams)
+            return self._sustained_streams
         now_s = self._clock() if now_s is None else now_s
         return pipeline_capacity(self.talker.rate, self.vocoder.rate, now_s)
 

@@ -4,13 +4,14 @@ overlapped), and the Engine runs on it in real and virtual time."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 import pytest
 
 from benchmarks import gpu_model
-from benchmarks.gpu_check import load_sections
+from benchmarks.gpu_check import ROOT, load_sections
 from pipeline.backend import TalkRequest, VocodeItem
 from pipeline.backends import build_backend
 from pipeline.backends.gpu_costs import table_from_dict
@@ -163,3 +164,81 @@ def test_the_engine_on_the_model_plays_every_stream(mode: str) -> None:
     if mode == "virtual_time":  # overlapped decode steps of the 4-row bucket: 20 ms each
         assert steps["ms_p50"] == pytest.approx(20.0, abs=0.5)
     assert math.isfinite(row["ttfa_p50_s"])
+
+
+def test_the_streams_its_loop_sustains_come_from_the_table() -> None:
+    """The most rows whose step with a full prefill fits in a frame (80 ms): 8 here
+    (bucket 8: 20.8 + a 512-token prefill 52.8 + host 1 + 0.5 x 8 = 78.6 ms; bucket 16
+    needs 22.4 ms)."""
+    backend, _ = _backend(overlap=True)
+    assert backend.sustained_streams() == 8.0
+
+
+def test_the_engine_reads_its_capacity_from_a_batched_backend() -> None:
+    from pipeline.engine import Engine
+    from scheduling import AdmissionConfig
+
+    sections = load_sections(gpu_model.DESIGN, ["engine.calibration_calls=0"])
+    backend, _ = _backend(overlap=True)
+    engine = Engine(
+        backend,
+        scheduling=sections["scheduling"],
+        chunking=sections["chunking"],
+        admission=AdmissionConfig(),
+        engine=sections["engine"],
+        talker=sections["talker"],
+        text=sections["text"],
+    )
+    assert engine.capacity(0.0) == 8.0
+
+
+def test_admission_holds_a_batched_loop_at_what_it_sustains_under_overload() -> None:
+    """16 clients against a loop that sustains 8 streams: admission refuses (429s), the
+    streams it admits all play without a stall; under what it sustains, none is refused
+    (virtual time)."""
+    from scheduling import AdmissionConfig
+
+    sections = load_sections(gpu_model.DESIGN, ["engine.calibration_calls=0"])
+    admission = AdmissionConfig(
+        enabled=True, max_streams=0, capacity_headroom=1.0, start_cost=0.0, queue_max_wait_s=0.2
+    )
+    row = gpu_model.run_point("virtual_time", _table(), sections, 16, 4.0, admission=admission)
+    assert row["rejected"] > 0
+    assert row["requests"] > 0 and row["stall_free"] == 1.0
+    # a step of 40-42 ms whatever the batch sustains 66 streams (the host's 0.5 ms a
+    # segment binds); its calls at light load produce 80 / 40 audio s per s a stream:
+    # read as capacity, with a start counting 1 more and 0.9 of it used, admission
+    # would refuse the second of 16 clients arriving together
+    slow = dataclasses.replace(
+        _table(),
+        decode_ms={(4, 128): 40.0, (64, 128): 42.0},
+        prefill_ms={64: 1.0},
+        prefill_ms_per_token=0.001,
+    )
+    assert GpuModelBackend(table=slow).sustained_streams() == 66.0
+    admission = dataclasses.replace(admission, capacity_headroom=0.9, start_cost=1.0)
+    row = gpu_model.run_point("virtual_time", slow, sections, 16, 4.0, admission=admission)
+    assert row["rejected"] == 0 and row["stall_free"] == 1.0
+
+
+def test_the_served_model_config_runs_the_gpu_configs_engine() -> None:
+    """configs/gpu-h200.yaml serves the gpu_model backend with codec-lm-1b-random.yaml's
+    engine settings and shapes, through the settings loader."""
+    from app.settings import load_settings
+
+    model = load_settings(ROOT / "configs" / "gpu-h200.yaml", [], environ={})
+    gpu = load_settings(ROOT / "configs" / "codec-lm-1b-random.yaml", [], environ={})
+    assert model.backend.kind == "gpu_model"
+    for section in ("talker", "text", "scheduling", "chunking", "admission"):
+        assert getattr(model, section) == getattr(gpu, section), section
+    shapes = model.backend_config()
+    for name in (
+        "frames_per_char",
+        "min_frames_per_segment",
+        "max_frames_per_segment",
+        "max_prompt_tokens",
+        "prefill_chunk_tokens",
+        "prefill_rows",
+        "overlap_steps",
+    ):
+        assert getattr(shapes, name) == getattr(gpu.codec_lm, name), name

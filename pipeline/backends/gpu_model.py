@@ -313,6 +313,26 @@ class GpuModelBackend(Backend):
             for item in items
         ]
 
+    def sustained_streams(self) -> float | None:
+        """Streams at 1x the table's loop sustains: the most rows whose step, carrying a
+        full prefill (`prefill_rows` x `prefill_chunk_tokens` tokens) at the longest keys,
+        takes at most a frame's playing time, and at most the streams Mimi keeps up with
+        (its largest measured turn's chunks of 8 new frames each, one frame per 80 ms)."""
+        cfg, table = self.config, self.table
+        frame_ms = 1000.0 * self.samples_per_frame / self.sample_rate_hz
+        prefill_ms = table.prefill(cfg.prefill_rows * cfg.prefill_chunk_tokens)
+        rows = [
+            n
+            for n in range(1, table.max_rows + 1)
+            if table.decode(n, table.max_keys) + prefill_ms + table.host(n) <= frame_ms
+        ]
+        if not rows:
+            return None
+        chunks = table.mimi_max_batch
+        turn_ms = table.mimi(chunks, 16)  # 8 new frames + 8 of context, as measured
+        mimi_streams = chunks * 8 * frame_ms / turn_ms if turn_ms > 0 else float("inf")
+        return float(min(max(rows), mimi_streams))
+
     def close(self) -> None:
         self._collect(self._in_flight)
         self._in_flight = None
