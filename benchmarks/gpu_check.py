@@ -46,8 +46,8 @@ from benchmarks.player import STALL_TOLERANCE_S, Player, percentile
 from benchmarks.virtual_time import SpentTime, VirtualTimeLoop, virtual_stages
 from pipeline.backend import TalkRequest, VocodeItem
 from pipeline.backends.gpu_costs import GpuCostTable, load_cost_table, table_from_dict
-from pipeline.backends.gpu_model import GpuModelBackend, GpuModelConfig
-from pipeline.config import CodecLMConfig, EngineConfig, TalkerConfig, TextConfig
+from pipeline.backends.gpu_model import GpuModelBackend
+from pipeline.config import CodecLMConfig, EngineConfig, GpuModelConfig, TalkerConfig, TextConfig
 from scheduling import AdmissionConfig, ChunkingConfig, SchedulingConfig
 
 CORPUS = Path(__file__).with_name("corpus.txt")

@@ -269,6 +269,45 @@ CODEC_LM_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
+class GpuModelConfig:
+    """The gpu_model backend (pipeline/backends/gpu_model.py): which GPU cost table it
+    replays, and the codec-LM backend's shapes it replays them in."""
+
+    # relative: the repository root; the default: the costs for the code as it is now
+    cost_table: str = "configs/gpu-costs/h200-20261204-1453-backbone-prefill.yaml"
+    speakers: int = 2
+    sample_rate_hz: int = 24000
+    samples_per_frame: int = 1920  # Mimi: 80 ms frames
+    prompt_chars_per_token: float = 1.0  # 1: the byte tokenizer; ~4: CSM's own
+    frames_per_char: float = 0.8
+    min_frames_per_segment: int = 2
+    max_frames_per_segment: int = 300
+    max_prompt_tokens: int = 320
+    prefill_chunk_tokens: int = 64
+    prefill_rows: int = 8
+    overlap_steps: bool = True
+
+    def __post_init__(self) -> None:
+        check_text("cost_table", self.cost_table)
+        for name in (
+            "speakers",
+            "sample_rate_hz",
+            "samples_per_frame",
+            "min_frames_per_segment",
+            "max_frames_per_segment",
+            "max_prompt_tokens",
+            "prefill_chunk_tokens",
+            "prefill_rows",
+        ):
+            check_int(name, getattr(self, name), 1)
+        check_positive("prompt_chars_per_token", self.prompt_chars_per_token)
+        check_positive("frames_per_char", self.frames_per_char)
+        check_bool("overlap_steps", self.overlap_steps)
+        if self.max_frames_per_segment < self.min_frames_per_segment:
+            raise ConfigError("max_frames_per_segment must be >= min_frames_per_segment")
+
+
+@dataclass(frozen=True)
 class CodecLMConfig:
     """The codec-LM backend (CSM + Mimi, pipeline/backends/codec_lm): where the model comes
     from, how it runs, how long a segment may get, and the sizes of a random-weight model."""

@@ -317,7 +317,8 @@ def test_the_settings_have_a_section_per_registered_kind(tiny: BackendEntry) -> 
     assert backend.samples_per_frame == 480
     with pytest.raises(
         SettingsError,
-        match=r"--set: backend\.kind: kind must be one of sim, piper, codec_lm, gpu_model, tiny, got",
+        match=r"--set: backend\.kind: kind must be one of sim, piper, codec_lm, gpu_model, "
+        r"tiny, got",
     ):
         load_settings(None, ["backend.kind=gpu"], environ={})
     with pytest.raises(SettingsError, match=r"backend\.kind tiny: registered after the settings"):

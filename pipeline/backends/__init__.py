@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 
 from pipeline.backend import Backend, backend_capabilities
-from pipeline.backends.gpu_model import GpuModelConfig
 from pipeline.backends.registry import (
     BackendContext,
     BackendEntry,
@@ -24,6 +23,7 @@ from pipeline.backends.registry import (
 from pipeline.config import (
     BackendConfig,
     CodecLMConfig,
+    GpuModelConfig,
     PiperConfig,
     SimConfig,
     TalkerConfig,

@@ -6,8 +6,8 @@ instead of computed: the engine, its scheduling and its drivers run as served, o
 machine without a GPU, in real time or on a virtual clock.
 
 Talker: a segment's prompt is CSM's (bos + "[speaker]text" + eos) counted in tokens,
-`prompt_chars_per_token` characters a token (1: the random model's byte tokenizer, 305
-tokens for 300 characters; 4: about CSM's own). As in codec_lm/launches.py, a step
+`prompt_chars_per_token` UTF-8 bytes of text a token (1: the random model's byte
+tokenizer, 305 tokens for 300 characters; 4: about CSM's own). As in codec_lm/launches.py, a step
 prefills the next `prefill_chunk_tokens` of at most `prefill_rows` prompts among the
 segments given (in their order), then decodes one frame for each segment past its prompt
 (a prompt ending in this step's prefill makes its first frame in the same step: in the
@@ -40,50 +40,11 @@ import numpy as np
 from pipeline.backend import AbortHandle, Backend, TalkRequest, TalkStep, VocodeItem, Voice
 from pipeline.backends.gpu_costs import GpuCostTable, bucket_of, load_cost_table
 from pipeline.backends.sim import encode_sim_signal
-from scheduling.errors import ConfigError
-from scheduling.validation import check_bool, check_int, check_positive, check_text
+from pipeline.config import GpuModelConfig
 
 VOICE_PREFIX = "speaker-"
 # CSM's prompt around the text: bos, "[", the speaker digit, "]", eos
 PROMPT_EXTRA_TOKENS = 5
-
-
-@dataclass(frozen=True)
-class GpuModelConfig:
-    """The `gpu_model` section: which cost table, and the codec-LM backend's shapes."""
-
-    # relative: the repository root; the default: the costs for the code as it is now
-    cost_table: str = "configs/gpu-costs/h200-20261204-1453-backbone-prefill.yaml"
-    speakers: int = 2
-    sample_rate_hz: int = 24000
-    samples_per_frame: int = 1920  # Mimi: 80 ms frames
-    prompt_chars_per_token: float = 1.0  # 1: the byte tokenizer; ~4: CSM's own
-    frames_per_char: float = 0.8
-    min_frames_per_segment: int = 2
-    max_frames_per_segment: int = 300
-    max_prompt_tokens: int = 320
-    prefill_chunk_tokens: int = 64
-    prefill_rows: int = 8
-    overlap_steps: bool = True
-
-    def __post_init__(self) -> None:
-        check_text("cost_table", self.cost_table)
-        for name in (
-            "speakers",
-            "sample_rate_hz",
-            "samples_per_frame",
-            "min_frames_per_segment",
-            "max_frames_per_segment",
-            "max_prompt_tokens",
-            "prefill_chunk_tokens",
-            "prefill_rows",
-        ):
-            check_int(name, getattr(self, name), 1)
-        check_positive("prompt_chars_per_token", self.prompt_chars_per_token)
-        check_positive("frames_per_char", self.frames_per_char)
-        check_bool("overlap_steps", self.overlap_steps)
-        if self.max_frames_per_segment < self.min_frames_per_segment:
-            raise ConfigError("max_frames_per_segment must be >= min_frames_per_segment")
 
 
 @dataclass(eq=False)
@@ -181,8 +142,8 @@ class GpuModelBackend(Backend):
 
     def prompt_tokens(self, text: str) -> int:
         """Tokens of the segment's prompt (the module doc)."""
-        chars = len(text.encode()) if self.config.prompt_chars_per_token == 1.0 else len(text)
-        return math.ceil(chars / self.config.prompt_chars_per_token) + PROMPT_EXTRA_TOKENS
+        utf8_bytes = len(text.encode())
+        return math.ceil(utf8_bytes / self.config.prompt_chars_per_token) + PROMPT_EXTRA_TOKENS
 
     def max_frames(self, text: str, speed: float = 1.0) -> int:
         cfg = self.config
