@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import copy
 import dataclasses
+import itertools
 import json
 import random
 import sys
@@ -616,6 +617,9 @@ def _calls(calls: list[tuple], prefill: bool) -> dict[str, Any]:
         # gpu_check before 2026-12-05 counted as `with_prefill` the steps in which a
         # prompt ended (048f89d's _Timed), this share
         out["with_prompt_end"] = round(sum(1 for c in calls if c[3]) / len(ms), 3)
+        # the engine's own time between a step's return and the next step's call
+        gaps = [b[4] - (a[4] + a[0]) for a, b in itertools.pairwise(calls)]
+        out["gap_ms_p50"] = round(1e3 * percentile(gaps, 50), 2) if gaps else None
     return out
 
 

@@ -116,8 +116,8 @@ class GpuModelBackend(Backend):
         self._gpu_free_at_s = -math.inf
         self.open_segments = 0
         # what each call was given and cost (gpu_model benchmarks read them)
-        # seconds, segments, prefill rows, prompts ended
-        self.step_calls: list[tuple[float, int, int, int]] = []
+        # seconds, segments, prefill rows, prompts ended, when it began (the clock's)
+        self.step_calls: list[tuple[float, int, int, int, float]] = []
         self.vocode_calls: list[tuple[float, int]] = []  # seconds, chunks
         self._voices = [
             Voice(
@@ -223,13 +223,8 @@ class GpuModelBackend(Backend):
             ready_s = self._collect(launch)
         cost_s = max(launched_s, ready_s) - now_s
         self._sleep(cost_s)
-        self.step_calls.append(
-            (
-                cost_s,
-                len(segments),
-                *((launch.prefill_rows, launch.prompts_ended) if launch else (0, 0)),
-            )
-        )
+        counts = (launch.prefill_rows, launch.prompts_ended) if launch else (0, 0)
+        self.step_calls.append((cost_s, len(segments), *counts, now_s))
         return [self._outcome(s) for s in segments]
 
     def _outcome(self, s: ModelSegment) -> TalkStep:
