@@ -492,6 +492,41 @@ async def engine_run(
 # (pipeline/backends/gpu_costs.py), recorded in the JSON as `cost_table` ==
 
 
+def prefill_costs(report: Report, backend: Any, texts: list[str], batch: int) -> None:
+    """What prefill adds to a step, by prompt tokens carried: a step of `batch` talking
+    segments carrying the first chunk of 1 and of `prefill_rows` arriving 300-character
+    prompts, against the same step without, each timed alone and synchronised (the cost
+    table's `prefill_ms`)."""
+    report("\n== prefill: a step carrying arriving prompts, against the same step without ==")
+    long_texts = [t for t in texts if len(t) > 60] or texts
+    lm = backend.config
+    out: dict[int, float] = {}
+    for arriving in sorted({1, lm.prefill_rows}):
+        segments = open_talking(backend, long_texts, batch)
+        newcomers = [
+            backend.open_segment(_request(backend, ("word " * 80)[:LONG_PROMPT_CHARS], 9000 + i))
+            for i in range(arriving)
+        ]
+        try:
+            backend.step(segments)
+            timed = []
+            for group in (segments, [*segments, *newcomers]):
+                _sync(backend)
+                start = time.perf_counter()
+                backend.step(group)
+                _sync(backend)
+                timed.append((time.perf_counter() - start) * 1e3)
+        finally:
+            close_segments(backend, [*segments, *newcomers])
+        tokens = sum(min(lm.prefill_chunk_tokens, len(n.prompt)) for n in newcomers)
+        out[tokens] = round(max(0.0, timed[1] - timed[0]), 3)
+        report(
+            f"{arriving} arriving ({tokens} tokens) at batch {batch}: {timed[1]:.1f} ms "
+            f"against {timed[0]:.1f} ms without: +{out[tokens]:.1f} ms"
+        )
+    report.figures["prefill_ms_by_tokens"] = out
+
+
 def cost_table_from_figures(
     figures: dict[str, Any], sections: dict[str, Any], unmeasured: GpuCostTable
 ) -> dict[str, Any]:
@@ -510,18 +545,20 @@ def cost_table_from_figures(
     decode = [{"rows": r, "keys": 2 * lm.key_bucket_tokens, "ms": ms} for r, ms in rows.items()]
     arrival = figures.get("step_with_arrival_ms")
     batch = 64 if 64 in steps else max(steps)
-    prefill_ms = max(0.0, arrival - steps[batch]) if arrival is not None else None
+    prefill = {int(t): float(ms) for t, ms in figures.get("prefill_ms_by_tokens", {}).items()}
+    if not prefill and arrival is not None:  # the step with one arriving prompt, less one alone
+        prefill = {lm.prefill_chunk_tokens: max(0.0, arrival - steps[batch])}
     frames = chunking.chunk_frames + chunking.left_context_frames
     turns = figures.get("vocoder_turn_ms", {})
     table = {
         "name": f"gpu-check {time.strftime('%Y-%m-%d %H:%M', time.gmtime())}",
         "source": (
             "measured by benchmarks/gpu_check.py: talker steps overlapped as served, the "
-            f"prefill of an arriving prompt's first {lm.prefill_chunk_tokens} tokens at "
-            f"batch {batch}, Mimi turns of {frames}-frame chunks; host constants and the "
-            f"prefill's per-token rule not measured, from {unmeasured.name}"
+            f"prefill of arriving prompts' first chunks at batch {batch} (by tokens), Mimi "
+            f"turns of {frames}-frame chunks; host constants and the prefill's per-token "
+            f"rule past the measured not measured, from {unmeasured.name}"
         ),
-        "estimated": [] if prefill_ms is not None else ["prefill_ms"],
+        "estimated": [] if prefill else ["prefill_ms"],
         "talker": {
             "row_multiple": lm.row_multiple,
             "max_rows": lm.max_rows,
@@ -529,15 +566,10 @@ def cost_table_from_figures(
             "max_keys": lm.max_prompt_tokens + lm.max_frames_per_segment,
             "decode_ms": [{**c, "ms": round(c["ms"], 3)} for c in decode],
             "prefill_ms": [
-                {
-                    "tokens": lm.prefill_chunk_tokens,
-                    "ms": round(
-                        prefill_ms
-                        if prefill_ms is not None
-                        else unmeasured.prefill(lm.prefill_chunk_tokens),
-                        3,
-                    ),
-                }
+                {"tokens": t, "ms": round(ms, 3)}
+                for t, ms in sorted(
+                    (prefill or {64: unmeasured.prefill(lm.prefill_chunk_tokens)}).items()
+                )
             ],
             "prefill_ms_per_token": unmeasured.prefill_ms_per_token,
             "prefill_makes_frames": False,  # since 42ab416: a prefill is the backbone only
@@ -567,8 +599,10 @@ def cost_table_section(report: Report, sections: dict[str, Any]) -> GpuCostTable
         "decode ms by rows: "
         + ", ".join(f"{c['rows']}: {c['ms']:.1f}" for c in table["talker"]["decode_ms"])
     )
-    pf = table["talker"]["prefill_ms"][0]
-    report(f"prefill of {pf['tokens']} tokens on top of a step: {pf['ms']:.1f} ms")
+    report(
+        "prefill on top of a step, by tokens carried: "
+        + ", ".join(f"{c['tokens']}: {c['ms']:.1f} ms" for c in table["talker"]["prefill_ms"])
+    )
     report(
         "Mimi turn ms by K: "
         + ", ".join(f"{c['chunks']}: {c['ms']:.1f}" for c in table["mimi"]["turn_ms"])
@@ -873,6 +907,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     model: dict[str, GpuCostTable] = {}  # this run's cost table, once measured
     parts = [
         ("talker", lambda: talker_steps(report, backend, texts, sizes["batches"], sizes["steps"])),
+        ("prefill", lambda: prefill_costs(report, backend, texts, 4 if tiny else 64)),
         ("buckets", lambda: bucket_checks(report, backend, texts, sizes["check_steps"])),
         (
             "vocoder",

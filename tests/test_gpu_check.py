@@ -51,6 +51,9 @@ def test_the_gpu_check_runs_every_part_on_the_tiny_model(tmp_path: Path, capsys)
     assert table.decode(1, 128) == figures["step_ms"][4]  # batches 1 and 4: the 4-row bucket
     assert table.decode(8, 128) == figures["step_ms"][8]
     assert table.mimi(1, 16) == round(figures["vocoder_turn_ms"][1], 3)
+    # the prefill by tokens carried: 1 and prefill_rows (4) arriving prompts' first chunks
+    assert sorted(figures["prefill_ms_by_tokens"]) == [32, 128]
+    assert table.prefill_ms == figures["prefill_ms_by_tokens"]
     for row in (figures["engine"][1], figures["engine"][4], figures["engine_ramp_2_4"][4]):
         assert 0.0 <= row["predicted"]["stall_free"] <= 1.0
         assert row["prediction_error"]["stall_free_points"] == round(
