@@ -7,24 +7,28 @@ machine without a GPU, in real time or on a virtual clock.
 
 Talker: a segment's prompt is CSM's (bos + "[speaker]text" + eos) counted in tokens,
 `prompt_chars_per_token` UTF-8 bytes of text a token (1: the random model's byte
-tokenizer, 305 tokens for 300 characters; 4: about CSM's own). As in codec_lm/launches.py, a step
-prefills the next `prefill_chunk_tokens` of at most `prefill_rows` prompts among the
-segments given (in their order), then decodes one frame for each segment past its prompt
-(a prompt ending in this step's prefill makes its first frame in the same step: in the
-decode, or with the table's `prefill_makes_frames` in the prefill pass itself). A
-segment holds the lowest free KV slot; the decode runs the row bucket holding the highest
-slot in the step. Its GPU time is the table's decode(rows, keys) + prefill(tokens). It
-ends after min(max_frames, max(min_frames, ceil(frames_per_char x characters / speed)))
-frames. With `overlap_steps` a call launches step n and waits for step n-1 (the GPU runs
-them back to back, from when the host has launched them), so frames come one call late,
-as codec_lm's. The host's own time per call (the table's host cost) comes first.
+tokenizer, 305 tokens for 300 characters; 4: about CSM's own). As in
+codec_lm/launches.py, a step prefills the next `prefill_chunk_tokens` of at most
+`prefill_rows` prompts among the segments given (in their order), then decodes one frame
+for each segment past its prompt (a prompt ending in this step's prefill makes its first
+frame in the same step: in the decode, or with the table's `prefill_makes_frames` in the
+prefill pass itself). A segment holds the lowest free KV slot; the decode runs the row
+bucket holding the highest slot in the step. Its GPU time is the table's decode(rows,
+keys) + prefill(tokens). It ends after min(max_frames, max(min_frames,
+ceil(frames_per_char x characters / speed))) frames. With `overlap_steps` a call launches
+step n and waits for step n-1 (the GPU runs them back to back, from when the host has
+launched them), so frames come one call late, as codec_lm's. The host's own time per
+call (the table's host cost) comes first.
 
 Vocoder: one Mimi turn of K chunks costs the table's mimi(K, longest chunk's frames).
 
+`sustained_streams` says the streams its loop holds at 1x, from the table: admission's
+capacity (pipeline/backend.py).
+
 Frames and PCM are the sim backend's checkable signal: frame (stream tag, index), PCM
-that encodes both (pipeline/backends/sim.py), so exactly-once delivery is checked as
-with the sim. Costs are spent with `sleep`, and `clock` says when a call starts (the
-engine's clock: time.monotonic, or a virtual loop's time with benchmarks/virtual_time.py).
+that encodes both (pipeline/backends/sim.py), readable with `decode_sim_signal`. Costs
+are spent with `sleep`, and `clock` says when a call starts (the engine's clock:
+time.monotonic, or a virtual loop's time with benchmarks/virtual_time.py).
 """
 
 from __future__ import annotations
