@@ -23,7 +23,7 @@ from typing import Annotated, Protocol
 
 from fastapi import Depends, FastAPI, Request
 
-from app.errors import ServiceUnavailable
+from app.errors import ServiceUnavailable, shutting_down_error
 from app.metrics import Metrics
 from app.settings import Settings
 from app.streaming import EncoderThreads
@@ -88,8 +88,6 @@ class AppState:
         """Why there is no engine to serve with: loading, failed to load, shutting down, or
         stopped."""
         if self._drain_deadline_s is not None:
-            from app.shutdown import shutting_down_error
-
             return shutting_down_error(self.drain_left_s())
         if self.load_error is not None:
             return ServiceUnavailable(
