@@ -37,7 +37,10 @@ BackendFactory = Callable[[], Backend]
 class Service(Protocol):
     """Something served beside the HTTP routes over the same engine (the Wyoming server,
     app/wyoming/): `open` at startup, before the model loads (an error fails the
-    startup), `close` at shutdown, before the engine stops."""
+    startup), `close` at shutdown, before the engine stops. `bind` (the CLI, before the
+    server starts) takes its port at once: OSError with a sentence if it cannot."""
+
+    def bind(self) -> None: ...
 
     async def open(self) -> None: ...
 
