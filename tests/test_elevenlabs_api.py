@@ -29,6 +29,7 @@ from api_support import (
 )
 
 from app.elevenlabs.sockets import ws_alignment
+from app.settings import SettingsError, load_settings
 from pipeline.alignment import CharTiming
 from pipeline.normalize import normalize_mapped
 
@@ -654,3 +655,16 @@ async def test_a_single_socket_message_without_text_is_answered_at_once(
             with pytest.raises(websockets.ConnectionClosed) as closed:
                 await ws.recv()
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+
+
+async def test_the_contexts_per_socket_are_the_setting() -> None:
+    with live_server(sim_settings("websocket.max_contexts=2", "admission.enabled=false")) as live:
+        async with websockets.connect(ws_url(live, "multi-stream-input")) as ws:
+            for n in range(3):
+                await ws.send(json.dumps({"text": " ", "context_id": f"c{n}"}))
+            async with asyncio.timeout(2.0):
+                error = json.loads(await ws.recv())
+    assert error["error"] == "max_active_contexts_exceeded" and error["contextId"] == "c2"
+    assert error["message"].startswith("At most 2 contexts")
+    with pytest.raises(SettingsError, match=r"websocket\.max_contexts: "):
+        load_settings(None, ["websocket.max_contexts=0"], environ={})

@@ -66,7 +66,6 @@ from pipeline.alignment import CharTiming
 logger = logging.getLogger("playhead.elevenlabs")
 
 router = APIRouter()
-MAX_CONTEXTS = 5  # open contexts per socket, as ElevenLabs allows
 DEFAULT_CONTEXT = "default"  # the single socket's context, and a multi message's without id
 INACTIVITY_TIMEOUT_RANGE_S = (1, 180)  # ElevenLabs' inactivity_timeout (default 20 s)
 CLOSE_NORMAL, CLOSE_POLICY, CLOSE_TOO_BIG, CLOSE_TRY_AGAIN = 1000, 1008, 1009, 1013
@@ -143,10 +142,11 @@ class Connection:
     # Contexts.
 
     def _new_context(self, context_id: str, settings: Any) -> Context:
-        if len(self.contexts) >= MAX_CONTEXTS:
+        max_contexts = self.state.settings.websocket.max_contexts
+        if len(self.contexts) >= max_contexts:
             raise Refused(
                 InvalidRequest(
-                    f"At most {MAX_CONTEXTS} contexts may be open on one socket; close one "
+                    f"At most {max_contexts} contexts may be open on one socket; close one "
                     "(close_context) first.",
                     code="max_active_contexts_exceeded",
                 ),

@@ -19,7 +19,6 @@ import os
 import socket
 
 from app.state import AppState
-from app.wyoming.protocol import MAX_HEADER_BYTES
 from app.wyoming.session import Session
 
 logger = logging.getLogger("playhead.wyoming")
@@ -64,14 +63,14 @@ class WyomingServer:
         try:
             if bound is not None:
                 self._server = await asyncio.start_server(
-                    self._accept, sock=bound, limit=MAX_HEADER_BYTES, start_serving=False
+                    self._accept, sock=bound, limit=config.max_line_bytes, start_serving=False
                 )
             else:
                 self._server = await asyncio.start_server(
                     self._accept,
                     host=config.host,
                     port=config.port,
-                    limit=MAX_HEADER_BYTES,
+                    limit=config.max_line_bytes,
                     start_serving=False,
                 )
         except OSError as exc:
