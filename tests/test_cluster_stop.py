@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -110,3 +112,97 @@ def test_sigterm_drains_and_leaves_no_ray_process(tmp_path: Path, attempt: int) 
         left = {pid: name for pid, name in tree.items() if _alive(pid)}
     assert not left, f"left running after the stop: {left}"
     assert "Traceback" not in (tmp_path / "serve.log").read_text(errors="replace")
+
+
+def _ready_ray_head(proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "ray start --head exited: " + log.read_text()[-2000:]
+        if "Ray runtime started" in log.read_text(errors="replace"):
+            return
+        time.sleep(0.3)
+    pytest.fail("the Ray head did not start")
+
+
+def test_joined_to_a_cluster_it_stops_only_what_it_started(tmp_path: Path) -> None:
+    """`cluster.ray_address`: SIGTERM ends Playhead's application (and the Serve it
+    started) but leaves the cluster, every process of its head, running."""
+    ray_port, port = _free_port(), _free_port()
+    # no token: the driver would look for the head's in Ray's default temp dir
+    env = dict(
+        os.environ, PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled"
+    )
+    ray_bin = str(Path(sys.executable).with_name("ray"))
+    head_argv = [ray_bin, "start", "--head", "--block", f"--port={ray_port}", "--num-cpus=2"]
+    # a short temp dir: Ray's unix socket paths under pytest's tmp_path pass 107 bytes
+    temp_dir = tempfile.mkdtemp(prefix="ph-ray-", dir="/tmp")
+    head_argv += ["--include-dashboard=false", f"--temp-dir={temp_dir}"]
+    head_log = (tmp_path / "head.log").open("wb")
+    head = subprocess.Popen(head_argv, cwd=tmp_path, env=env, stdout=head_log, stderr=head_log)
+    serve_log = (tmp_path / "serve.log").open("wb")
+    proc: subprocess.Popen[bytes] | None = None
+    cluster: dict[int, str] = {}
+    try:
+        _ready_ray_head(head, tmp_path / "head.log")
+        cluster.update(_tree(head.pid))
+        argv = ["serve", "--replicas", "1", "--port", str(port), "--set", "backend.kind=sim"]
+        argv += ["--set", f"cluster.ray_address=127.0.0.1:{ray_port}"]
+        argv += ["--set", "server.log_level=warning"]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "app", *argv],
+            cwd=tmp_path,
+            env=env,
+            stdout=serve_log,
+            stderr=serve_log,
+        )
+        _wait_ready(f"http://127.0.0.1:{port}", proc)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(STOP_TIMEOUT_S) == 0
+        assert head.poll() is None  # the cluster runs on
+        gone = {pid: name for pid, name in cluster.items() if not _alive(pid)}
+        assert not gone, f"processes of the cluster it joined were stopped: {gone}"
+        with pytest.raises(httpx.TransportError):  # its proxy (Serve, which it started) is gone
+            httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        # the head this test started, all of it (SIGTERM would drain it for 30 s)
+        for pid in {*cluster, *_tree(head.pid)} if head.poll() is None else cluster:
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(pid).kill()
+        head.wait()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        head_log.close()
+        serve_log.close()
+        print((tmp_path / "serve.log").read_text(errors="replace")[-3000:])
+    assert "Traceback" not in (tmp_path / "serve.log").read_text(errors="replace")
+
+
+def test_a_process_left_after_the_shutdown_that_ignores_sigterm_is_killed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The net under ray.shutdown(): a leftover (as the DashboardAgent was seen, an orphan
+    ignoring SIGTERM) gets SIGTERM, then SIGKILL, and one log line names it."""
+    from app.cluster import launch
+
+    stubborn = subprocess.Popen(
+        [sys.executable, "-c", "import signal, time\n"
+         "signal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\n"
+         "time.sleep(600)"],
+        stdout=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert stubborn.stdout is not None and stubborn.stdout.readline() == b"ready\n"
+        with caplog.at_level("WARNING", logger="playhead.cluster"):
+            launch._end_leftovers([psutil.Process(stubborn.pid)])
+        assert not _alive(stubborn.pid)  # ended (and reaped) by then
+    finally:
+        if stubborn.poll() is None:
+            stubborn.kill()
+            stubborn.wait()
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert (
+        line.startswith("ended 1 Ray process(es) left after its shutdown")
+        and "1 needed SIGKILL" in line
+    )

@@ -52,6 +52,7 @@ LEFTOVER_TERM_WAIT_S = 3.0
 class Started:
     """What `start` started (`stop` stops only that)."""
 
+    connected: bool  # the connection to Ray (none was open before)
     local_ray: bool  # a local Ray (not joined to cluster.ray_address, not running before)
     serve: bool  # Serve's controller and proxy (none was running before)
 
@@ -111,10 +112,11 @@ def connect(settings: Settings) -> None:
 def start(settings: Settings) -> None:
     """Connect, start Serve's HTTP proxy, run the application; returns once it runs."""
     global _started
-    local_ray = not ray.is_initialized() and settings.cluster.ray_address is None
+    connected = not ray.is_initialized()
+    local_ray = connected and settings.cluster.ray_address is None
     connect(settings)
     serve_running = _get_global_client(raise_if_no_controller_running=False) is not None
-    _started = Started(local_ray=local_ray, serve=not serve_running)
+    _started = Started(connected=connected, local_ray=local_ray, serve=not serve_running)
     server = settings.server
     serve.start(http_options={"host": server.host, "port": server.port})
     serve.run(
@@ -147,16 +149,26 @@ def stop() -> None:
         if started.serve:
             serve.shutdown()  # ours: the controller and the proxy too
     finally:
-        ray.shutdown()  # a local Ray: stopped; a joined cluster: disconnected
+        if started.connected:
+            ray.shutdown()  # a local Ray: stopped; a joined cluster: disconnected
         if ours:
             _end_leftovers(ours)
 
 
 def _descendants() -> list[psutil.Process]:
+    """This process's descendants that are Ray's (raylet, gcs_server, ray::... workers)."""
     try:
-        return psutil.Process(os.getpid()).children(recursive=True)
+        children = psutil.Process(os.getpid()).children(recursive=True)
     except psutil.Error:
         return []
+    return [p for p in children if _is_ray(p)]
+
+
+def _is_ray(process: psutil.Process) -> bool:
+    try:
+        return any("ray" in part for part in process.cmdline()[:2])
+    except psutil.Error:
+        return False
 
 
 def _end_leftovers(processes: list[psutil.Process]) -> None:
