@@ -79,7 +79,7 @@ def ws_url(server: LiveServer, query: str = f"api_key={KEY}&cartesia_version={VE
     return server.base_url.replace("http", "ws") + "/tts/websocket?" + query
 
 
-def request(context_id: str, transcript: str, **fields: Any) -> str:
+def request(context_id: str, transcript: str | None, **fields: Any) -> str:
     message = {
         "model_id": "sonic-2",
         "voice": {"mode": "id", "id": CARTESIA_UUID},
@@ -459,6 +459,8 @@ async def test_capacity_refusal_is_an_error_message_with_the_context() -> None:
     ("[]", "invalid_request"),
     (json.dumps({"cancel": True}), "invalid_request"),
     (json.dumps({"context_id": "never", "cancel": True}), "context_not_found"),
+    (json.dumps({"context_id": "x", "continue": False}), "missing_field"),
+    (request("x", None), "missing_field"),  # transcript: null
     (json.dumps({"transcript": "Hi.", "output_format": RAW}), "missing_field"),
     (request("x", "Hi.", output_format={"container": "mp3", "sample_rate": 8000}),
      "invalid_output_format"),
