@@ -29,6 +29,13 @@ CONFIG_ENV = "PLAYHEAD_CONFIG"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 log = logging.getLogger("playhead.cli")
+# why --wyoming-port and --replicas are refused together, said at start-up
+WYOMING_WITH_REPLICAS = (
+    "--wyoming-port (wyoming.enabled) cannot be combined with --replicas (cluster.replicas): "
+    "Ray Serve routes only HTTP to the replicas, each of which admits its own streams, so a "
+    "Wyoming port would bypass that admission; serve Wyoming from a single server "
+    "(cluster.replicas 0)"
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -120,7 +127,7 @@ def _serve(settings: Settings, path: Path | Traversable) -> int:
     configure_logging(server.log_level, LOG_FORMAT)
     if settings.cluster.replicas:
         if settings.wyoming.enabled:
-            print("playhead: error: the Wyoming server needs cluster.replicas 0", file=sys.stderr)
+            print(f"playhead: error: {WYOMING_WITH_REPLICAS}", file=sys.stderr)
             return 2
         return _serve_cluster(settings)
     try:
@@ -132,6 +139,14 @@ def _serve(settings: Settings, path: Path | Traversable) -> int:
         return 2
     import uvicorn
 
+    app = create_app(settings)
+    state = find_app_state(app)
+    try:
+        for service in state.services if state is not None else ():
+            service.bind()  # the Wyoming port: in use is this one line, before anything starts
+    except OSError as exc:
+        print(f"playhead: error: {exc.strerror}", file=sys.stderr)
+        return 2
     log.info(
         "settings from %s; backend %s; policy %s K=%d",
         path,
@@ -139,7 +154,6 @@ def _serve(settings: Settings, path: Path | Traversable) -> int:
         settings.scheduling.policy,
         settings.scheduling.active_stream_window,
     )
-    app = create_app(settings)
     config = uvicorn.Config(
         app,
         host=server.host,
@@ -150,7 +164,7 @@ def _serve(settings: Settings, path: Path | Traversable) -> int:
         timeout_graceful_shutdown=2,
     )
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: uvicorn raises it again at exit
-        GracefulServer(config, find_app_state(app)).run()
+        GracefulServer(config, state).run()
     return 0
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -115,6 +116,15 @@ class RateLimited(ApiError):
 class ServiceUnavailable(ApiError):
     status_code = 503
     error_type = "server_error"
+
+
+def shutting_down_error(retry_after_s: float) -> ServiceUnavailable:
+    """What a request gets while the server drains (app/shutdown.py) or has stopped."""
+    return ServiceUnavailable(
+        "The server is shutting down; retry on another instance or shortly.",
+        code="shutting_down",
+        headers={"Retry-After": str(max(1, math.ceil(retry_after_s)))},
+    )
 
 
 _TYPE_NAMES = {

@@ -36,10 +36,9 @@ from app.encoding_config import EncodingConfig
 from app.settings_moves import MOVED_FIELDS, REMOVED_FIELDS
 from app.ws.config import WebSocketConfig
 from app.wyoming.config import WyomingConfig
-from pipeline.backends import backend_entries, backend_entry
+from pipeline.backends import BackendConfig, backend_entries, backend_entry
 from pipeline.config import (
     AloneConfig,
-    BackendConfig,
     EngineConfig,
     NormalizeConfig,
     TalkerConfig,

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import signal
 from collections.abc import Sequence
 from types import FrameType
@@ -31,7 +30,7 @@ import uvicorn
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.errors import ServiceUnavailable
+from app.errors import shutting_down_error
 from app.security import ErrorShape, render_for
 
 if TYPE_CHECKING:
@@ -40,14 +39,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("playhead.app")
 
 DRAIN_POLL_S = 0.05
-
-
-def shutting_down_error(retry_after_s: float) -> ServiceUnavailable:
-    return ServiceUnavailable(
-        "The server is shutting down; retry on another instance or shortly.",
-        code="shutting_down",
-        headers={"Retry-After": str(max(1, math.ceil(retry_after_s)))},
-    )
 
 
 class DrainMiddleware:

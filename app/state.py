@@ -23,7 +23,7 @@ from typing import Annotated, Protocol
 
 from fastapi import Depends, FastAPI, Request
 
-from app.errors import ServiceUnavailable
+from app.errors import ServiceUnavailable, shutting_down_error
 from app.metrics import Metrics
 from app.settings import Settings
 from app.streaming import EncoderThreads
@@ -37,7 +37,10 @@ BackendFactory = Callable[[], Backend]
 class Service(Protocol):
     """Something served beside the HTTP routes over the same engine (the Wyoming server,
     app/wyoming/): `open` at startup, before the model loads (an error fails the
-    startup), `close` at shutdown, before the engine stops."""
+    startup), `close` at shutdown, before the engine stops. `bind` (the CLI, before the
+    server starts) takes its port at once: OSError with a sentence if it cannot."""
+
+    def bind(self) -> None: ...
 
     async def open(self) -> None: ...
 
@@ -88,8 +91,6 @@ class AppState:
         """Why there is no engine to serve with: loading, failed to load, shutting down, or
         stopped."""
         if self._drain_deadline_s is not None:
-            from app.shutdown import shutting_down_error
-
             return shutting_down_error(self.drain_left_s())
         if self.load_error is not None:
             return ServiceUnavailable(

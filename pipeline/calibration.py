@@ -1,18 +1,23 @@
 """The engine's start-up calibration (Engine.calibrate): internal streams run through both
 stages at once, saturating them; each stage's rate from its calls' costs, paid under that
 full contention, at most the audio put out per wall second meanwhile, seeds the capacity
-model's saturated reading (pipeline/capacity.py)."""
+model's saturated reading (pipeline/capacity.py).
+
+`measure` is given the parts it runs (`CalibrationRun`), not the Engine: the engine
+imports this module, and this module imports none of the engine's."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass
 
-if TYPE_CHECKING:
-    from pipeline.engine import Engine
-    from pipeline.stream import Stream
+from pipeline.backend import Voice
+from pipeline.book import StreamBook
+from pipeline.stream import Stream
+from pipeline.talker import Talker
+from pipeline.vocoder import Vocoder
 
 log = logging.getLogger("playhead.engine")
 
@@ -30,59 +35,70 @@ async def _read_out(stream: Stream) -> None:
         pass
 
 
-async def measure(engine: Engine, streams: list[Stream]) -> float:
-    """Engine.calibrate's measurement: see there. Returns the calibrated capacity."""
-    config = engine._config
+@dataclass(frozen=True)
+class CalibrationRun:
+    """What one calibration runs on and for how long (Engine.calibrate builds it)."""
+
+    book: StreamBook
+    talker: Talker
+    vocoder: Vocoder
+    voice: Voice  # the default voice
+    count: int  # calibration streams, at once
+    ramp_turns: int  # the first vocoder turns (the chunk ramp): run, not measured
+    calls: int  # vocoder turns measured (engine.calibration_calls)
+    max_s: float  # at most this long (engine.calibration_max_s)
+    clock: Callable[[], float]
+    current: Callable[[], object]  # the engine's running calibration (a submit ends it)
+    capacity: Callable[[float], float]  # the engine's capacity at a time
+
+
+async def measure(run: CalibrationRun, streams: list[Stream]) -> float | None:
+    """Engine.calibrate's measurement: see there. Returns the calibrated capacity, None
+    when nothing was measured (a submit ended it, or no vocoder turn ran)."""
     loop = asyncio.get_running_loop()
-    book = engine.book
-    voice = engine.resolve_voice(engine._backend.default_voice())
-    count = max(2, engine._scheduling.active_stream_window, min(engine._talker_config.batch, 16))
-    turns_before = engine.vocoder.turns
-    for rate in (engine.vocoder.rate, engine.talker.rate):
+    book, talker, vocoder = run.book, run.talker, run.vocoder
+    turns_before = vocoder.turns
+    for rate in (vocoder.rate, talker.rate):
         rate.set_baseline(0.0)  # measure afresh
     started_s = loop.time()
 
     def running() -> bool:
-        return engine._calibration is streams and loop.time() - started_s < config.calibration_max_s
+        return run.current() is streams and loop.time() - started_s < run.max_s
 
-    now_s = engine._clock()
-    for _ in range(count):
-        stream = book.add_stream(voice, speed=1.0, now_s=now_s)
+    now_s = run.clock()
+    for _ in range(run.count):
+        stream = book.add_stream(run.voice, speed=1.0, now_s=now_s)
         book.add_text(stream.id, CALIBRATION_TEXT, final=True)
         streams.append(stream)
     readers = [asyncio.ensure_future(_read_out(stream)) for stream in streams]
-    # the first chunks of a stream are small (the ramp): a loaded server decodes
-    # steady chunks, so the turns of the ramp are run but not measured
-    window = max(1, engine._scheduling.active_stream_window)
-    ramp_turns = math.ceil(count * max(1, len(engine._chunking.ramp)) / window)
     try:
         while (
             running()
-            and engine.vocoder.turns - turns_before < ramp_turns
+            and vocoder.turns - turns_before < run.ramp_turns
             and not all(reader.done() for reader in readers)
         ):
             await asyncio.sleep(0.005)
-        engine.vocoder.rate.reset()
-        engine.talker.rate.reset()
-        turns_before = engine.vocoder.turns
-        measured_from_s = engine._clock()
+        vocoder.rate.reset()
+        talker.rate.reset()
+        turns_before = vocoder.turns
+        measured_from_s = run.clock()
         audio_before_s = sum(stream.stats.audio_s for stream in streams)
         while (
             running()
-            and engine.vocoder.turns - turns_before < config.calibration_calls
+            and vocoder.turns - turns_before < run.calls
             and not all(reader.done() for reader in readers)
         ):
             await asyncio.sleep(0.005)
         # what the pipeline sustained, saturated: audio out per wall second
-        measured_s = engine._clock() - measured_from_s
+        measured_s = run.clock() - measured_from_s
         audio_s = sum(stream.stats.audio_s for stream in streams) - audio_before_s
         sustained = audio_s / measured_s if measured_s > 0 else 0.0
     finally:
         for reader in readers:
             reader.cancel()
         await asyncio.gather(*readers, return_exceptions=True)
-    if engine._calibration is not streams:  # a submit ended it
-        return engine.calibrated_capacity
+    if run.current() is not streams:  # a submit ended it
+        return None
     for stream in streams:
         book.cancel(stream.id)
     # the talker closes the calibration's open segments (orphans), and the vocoder's
@@ -91,31 +107,30 @@ async def measure(engine: Engine, streams: list[Stream]) -> float:
     # waiting before this point and nothing wakes it, so that waited out
     # calibration_max_s (5 s at start-up, in about 2% of starts on the sim backend)
     while running() and (
-        book.talker.has_orphans or engine.talker.lanes_busy or book.vocoder.turns_running
+        book.talker.has_orphans or talker.lanes_busy or book.vocoder.turns_running
     ):
         await asyncio.sleep(0.002)
-    if engine._calibration is not streams or engine.vocoder.turns == turns_before:
-        return engine.calibrated_capacity
+    if run.current() is not streams or vocoder.turns == turns_before:
+        return None
     # Each stage's rate from its calls' costs, all paid under the full contention of a
     # saturated pipeline, and at most the audio the pipeline put out per wall second
     # meanwhile (never above what it sustained), seeds its saturated reading; busy
     # periods refresh it (pipeline/capacity.py). On a shared 2-core machine the first
     # read 0.7-1.3 C and the second about 0.55 C (the calibration's streams start
     # together: their first sentences hold the vocoder back for a part of it).
-    now_s = engine._clock()
-    for rate in (engine.vocoder.rate, engine.talker.rate):
+    now_s = run.clock()
+    for rate in (vocoder.rate, talker.rate):
         cost = rate.cost_s_per_audio_s(now_s)
         model = rate.workers / cost if cost else 0.0
         rate.set_baseline(min(model, sustained) if sustained > 0 else model)
-    engine.calibrated_capacity = engine.capacity(now_s)
-    engine.calibrations += 1
+    capacity = run.capacity(now_s)
     log.info(
         "calibrated in %.2f s: vocoder %.1f, talker %.1f audio s/s; capacity %.1f streams "
         "at 1x (audio out meanwhile %.1f audio s/s)",
         loop.time() - started_s,
-        engine.vocoder.rate.baseline,
-        engine.talker.rate.baseline,
-        engine.calibrated_capacity,
+        vocoder.rate.baseline,
+        talker.rate.baseline,
+        capacity,
         sustained,
     )
-    return engine.calibrated_capacity
+    return capacity

@@ -26,19 +26,6 @@ ORT_OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "all")
 
 
 @dataclass(frozen=True)
-class BackendConfig:
-    # which backend serves: a registered kind (pipeline/backends/__init__.py: piper, the
-    # real voice; sim; codec_lm)
-    kind: str = "piper"
-
-    def __post_init__(self) -> None:
-        # imported here: the registry imports the backends' configuration classes from here
-        from pipeline.backends import backend_entry
-
-        backend_entry(self.kind)  # ConfigError listing the registered kinds
-
-
-@dataclass(frozen=True)
 class TalkerConfig:
     batch: int = 1  # most open segments stepped together in one talker step
     # a second lane (thread) for urgent streams (no audio yet, or under urgent_slack_s of it

@@ -36,7 +36,7 @@ from pipeline.admission import (
 )
 from pipeline.backend import Backend, Voice, backend_capabilities
 from pipeline.book import Wakes, build_book, vocoder_workers
-from pipeline.calibration import measure
+from pipeline.calibration import CalibrationRun, measure
 from pipeline.capacity import pipeline_capacity, slower_stage
 from pipeline.config import AloneConfig, EngineConfig, TalkerConfig, TextConfig, VocoderConfig
 from pipeline.errors import NotReady, UnknownVoice
@@ -245,7 +245,28 @@ class Engine:
         return measured
 
     async def _calibrate(self, streams: list[Stream]) -> float:
-        return await measure(self, streams)
+        count = max(2, self._scheduling.active_stream_window, min(self._talker_config.batch, 16))
+        # the first chunks of a stream are small (the ramp): a loaded server decodes
+        # steady chunks, so the turns of the ramp are run but not measured
+        window = max(1, self._scheduling.active_stream_window)
+        run = CalibrationRun(
+            book=self.book,
+            talker=self.talker,
+            vocoder=self.vocoder,
+            voice=self.resolve_voice(self._backend.default_voice()),
+            count=count,
+            ramp_turns=math.ceil(count * max(1, len(self._chunking.ramp)) / window),
+            calls=self._config.calibration_calls,
+            max_s=self._config.calibration_max_s,
+            clock=self._clock,
+            current=lambda: self._calibration,
+            capacity=self.capacity,
+        )
+        measured = await measure(run, streams)
+        if measured is not None:
+            self.calibrated_capacity = measured
+            self.calibrations += 1
+        return self.calibrated_capacity
 
     def _end_calibration(self, streams: list[Stream]) -> None:
         """Cancel a calibration's streams (not reported) and report events again."""

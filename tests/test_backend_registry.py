@@ -31,6 +31,7 @@ from pipeline.backend import (
     backend_capabilities,
 )
 from pipeline.backends import (
+    BackendConfig,
     BackendContext,
     BackendEntry,
     backend_kinds,
@@ -39,7 +40,7 @@ from pipeline.backends import (
     unregister,
 )
 from pipeline.backends.sim import SimBackend, SimSegment, decode_sim_signal, expected_frames
-from pipeline.config import AloneConfig, BackendConfig, SimConfig, TalkerConfig, VocoderConfig
+from pipeline.config import AloneConfig, SimConfig, TalkerConfig, VocoderConfig
 from scheduling.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent

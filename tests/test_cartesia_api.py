@@ -79,7 +79,7 @@ def ws_url(server: LiveServer, query: str = f"api_key={KEY}&cartesia_version={VE
     return server.base_url.replace("http", "ws") + "/tts/websocket?" + query
 
 
-def request(context_id: str, transcript: str, **fields: Any) -> str:
+def request(context_id: str, transcript: str | None, **fields: Any) -> str:
     message = {
         "model_id": "sonic-2",
         "voice": {"mode": "id", "id": CARTESIA_UUID},
@@ -458,6 +458,9 @@ async def test_capacity_refusal_is_an_error_message_with_the_context() -> None:
     ("nonsense", "invalid_json"),
     ("[]", "invalid_request"),
     (json.dumps({"cancel": True}), "invalid_request"),
+    (json.dumps({"context_id": "never", "cancel": True}), "context_not_found"),
+    (json.dumps({"context_id": "x", "continue": False}), "missing_field"),
+    (request("x", None), "missing_field"),  # transcript: null
     (json.dumps({"transcript": "Hi.", "output_format": RAW}), "missing_field"),
     (request("x", "Hi.", output_format={"container": "mp3", "sample_rate": 8000}),
      "invalid_output_format"),
@@ -475,6 +478,17 @@ async def test_bad_messages_get_errors_and_the_socket_stays(
         assert "context_id" in error and error["status_code"] == 400
         await socket.send(request("ok", "Hello."))
         assert (await receive_until_done(socket, "ok"))[-1]["type"] == "done"
+
+
+async def test_a_cancel_of_a_context_that_is_done_is_quiet(server: LiveServer) -> None:
+    async with websockets.connect(ws_url(server)) as socket:
+        await socket.send(request("once", "Hello."))
+        assert (await receive_until_done(socket, "once"))[-1]["type"] == "done"
+        await socket.send(json.dumps({"context_id": "once", "cancel": True}))
+        await socket.send(request("next", "Hello."))
+        async with asyncio.timeout(10.0):
+            message = json.loads(await socket.recv())
+        assert message["context_id"] == "next" and message["type"] != "error", message
 
 
 async def test_a_closed_context_refuses_more_text(server: LiveServer) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import signal
@@ -15,7 +16,7 @@ import httpx
 import pytest
 import yaml
 
-from app.cli import main
+from app.cli import WYOMING_WITH_REPLICAS, main
 from app.settings import Settings, load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -216,3 +217,26 @@ def test_serve_runs_uvicorn_with_the_settings_and_stops_on_sigint(tmp_path):
     assert re.search(rf"^{line}playhead\.cli: settings from .*sim\.yaml", err, re.M), err
     assert re.search(rf"^{line}uvicorn\.error: Uvicorn running on", err, re.M), err
     assert "Traceback" not in err
+
+
+def test_a_wyoming_port_in_use_is_one_line_without_traceback(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_cli(
+            "serve", "--port", "8598", "--wyoming-port", str(port), "--set", "backend.kind=sim",
+            cwd=tmp_path,
+        )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"playhead: error: cannot listen for Wyoming on 127.0.0.1:{port}: "
+        f"{os.strerror(errno.EADDRINUSE)}\n"
+    )
+
+
+def test_wyoming_with_replicas_is_refused_at_start_up_saying_why(tmp_path):
+    result = run_cli("serve", "--replicas", "2", "--wyoming-port", "8599", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr == f"playhead: error: {WYOMING_WITH_REPLICAS}\n"
+    assert "bypass that admission" in result.stderr

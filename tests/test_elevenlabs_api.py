@@ -29,6 +29,7 @@ from api_support import (
 )
 
 from app.elevenlabs.sockets import ws_alignment
+from app.settings import SettingsError, load_settings
 from pipeline.alignment import CharTiming
 from pipeline.normalize import normalize_mapped
 
@@ -590,3 +591,80 @@ def test_a_client_leaving_mid_stream_frees_its_engine_stream(server: LiveServer)
     left_s = time.monotonic()
     assert _engine_idle(server, timeout_s=1.0)
     assert time.monotonic() - left_s < 1.0
+
+
+# Every malformed message is answered at once (issue #55): the multi-context socket goes on,
+# the single one closes (1008) after the error, as for any refused message there.
+MULTI_MALFORMED = [
+    ({"context_id": "m"}, "invalid_message", "text"),  # no text, nothing to control
+    ({"text": None, "context_id": "m"}, "invalid_message", "text"),
+    ({"context_id": "nowhere", "close_context": True}, "context_not_found", '"nowhere"'),
+    ({"context_id": "nowhere", "flush": True}, "context_not_found", '"nowhere"'),
+    ({"text": "", "context_id": "nowhere", "flush": True}, "context_not_found", '"nowhere"'),
+    ({"text": "Hi. ", "context_id": "m", "flush": "yes"}, "invalid_message", "flush"),
+    ({"context_id": "m", "close_context": 1}, "invalid_message", "close_context"),
+    (
+        {"text": " ", "context_id": "m", "voice_settings": [1]},
+        "invalid_message",
+        "voice_settings",
+    ),
+]
+
+
+async def test_each_malformed_multi_message_is_answered_at_once_and_the_socket_goes_on(
+    server: LiveServer,
+) -> None:
+    async with websockets.connect(ws_url(server, "multi-stream-input")) as ws:
+        for bad, code, param in MULTI_MALFORMED:
+            await ws.send(json.dumps(bad))
+            async with asyncio.timeout(1.0):  # at once, not at the inactivity timeout
+                error = json.loads(await ws.recv())
+            assert error["error"] == code, (bad, error)
+            assert error["contextId"] == bad["context_id"] and error["message"], (bad, error)
+            if param is not None:
+                assert param in error["message"], (bad, error)
+        # what the protocol allows without text is still quiet: keep-alives of either kind
+        for quiet in (
+            {"text": "", "context_id": "nowhere"},
+            {"context_id": "k", "keep_alive": True},
+        ):
+            await ws.send(json.dumps(quiet))
+        await ws.send(json.dumps({"text": "Still here. ", "context_id": "ok"}))
+        await ws.send(json.dumps({"context_id": "ok", "flush": True}))
+        await ws.send(json.dumps({"context_id": "ok", "close_context": True}))
+        audio, messages = await _context_audio(ws, "ok")
+        assert audio and messages[-1] == {"isFinal": True, "contextId": "ok"}
+        # the context ended with isFinal: closing it again names a context that is gone
+        await ws.send(json.dumps({"context_id": "ok", "close_context": True}))
+        async with asyncio.timeout(1.0):
+            error = json.loads(await ws.recv())
+        assert error["error"] == "context_not_found" and error["contextId"] == "ok"
+
+
+@pytest.mark.parametrize(
+    "first", [{"voice_settings": {"speed": 1.0}}, {"text": None}, {"flush": True}]
+)
+async def test_a_single_socket_message_without_text_is_answered_at_once(
+    server: LiveServer, first: dict[str, Any]
+) -> None:
+    async with websockets.connect(ws_url(server, "stream-input")) as ws:
+        await ws.send(json.dumps(first))
+        async with asyncio.timeout(1.0):
+            error = json.loads(await ws.recv())
+            assert error["error"] == "invalid_message" and "text is required" in error["message"]
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await ws.recv()
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+
+
+async def test_the_contexts_per_socket_are_the_setting() -> None:
+    with live_server(sim_settings("websocket.max_contexts=2", "admission.enabled=false")) as live:
+        async with websockets.connect(ws_url(live, "multi-stream-input")) as ws:
+            for n in range(3):
+                await ws.send(json.dumps({"text": " ", "context_id": f"c{n}"}))
+            async with asyncio.timeout(2.0):
+                error = json.loads(await ws.recv())
+    assert error["error"] == "max_active_contexts_exceeded" and error["contextId"] == "c2"
+    assert error["message"].startswith("At most 2 contexts")
+    with pytest.raises(SettingsError, match=r"websocket\.max_contexts: "):
+        load_settings(None, ["websocket.max_contexts=0"], environ={})

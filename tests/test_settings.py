@@ -22,7 +22,8 @@ from app.settings import (
     section_defaults,
 )
 from configs import packaged_config
-from pipeline.config import BackendConfig, TalkerConfig
+from pipeline.backends import BackendConfig
+from pipeline.config import TalkerConfig
 from scheduling import (
     AdmissionConfig,
     ChunkingConfig,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pipeline.backend import TalkRequest, TalkStep, VocodeItem
-from pipeline.backends import build_backend
+from pipeline.backends import BackendConfig, build_backend
 from pipeline.backends.sim import (
     SimBackend,
     decode_sim_signal,
@@ -17,7 +17,6 @@ from pipeline.backends.sim import (
     frames_for_text,
 )
 from pipeline.config import (
-    BackendConfig,
     SimConfig,
     TalkerConfig,
     TextConfig,

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks import voice, voice_report
+from benchmarks import voice, voice_report, voice_targets
 from benchmarks.bench import LoadPlan, Policy
 from benchmarks.loadgen import RequestResult
 from benchmarks.player import Outcome, Player, StreamRecord
@@ -146,20 +146,23 @@ def test_a_single_round_report_reads_as_before() -> None:
 def _single(ours: tuple[float, float], peer: tuple[float, float]) -> dict[str, Any]:
     return {
         server: {"short": {"rtf_p50": rtfs[0]}, "long": {"rtf_p50": rtfs[1]}}
-        for server, rtfs in ((voice.PLAYHEAD, ours), (voice.PIPER, peer))
+        for server, rtfs in ((voice_targets.PLAYHEAD, ours), (voice_targets.PIPER, peer))
     }
 
 
 def test_a_single_requests_rtf_is_judged_against_piper_in_the_same_run() -> None:
     """At most piper's RTF p50 is met, per kind of text; short texts first."""
-    judged = voice.rtf_vs_peer(_single((0.080, 0.075), (0.080, 0.070)))
+    judged = voice_targets.rtf_vs_peer(_single((0.080, 0.075), (0.080, 0.070)))
     assert list(judged) == ["short", "long"]
     assert judged["short"] == {"playhead": 0.080, "peer": 0.080, "ratio": 1.0, "met": True}
     assert judged["long"]["ratio"] == pytest.approx(0.075 / 0.070)
     assert not judged["long"]["met"]
     # no peer (--no-peer): nothing to judge
     assert (
-        voice.rtf_vs_peer({voice.PLAYHEAD: _single((0.08, 0.07), (0.1, 0.1))[voice.PLAYHEAD]}) == {}
+        voice_targets.rtf_vs_peer(
+            {voice_targets.PLAYHEAD: _single((0.08, 0.07), (0.1, 0.1))[voice_targets.PLAYHEAD]}
+        )
+        == {}
     )
 
 
@@ -167,13 +170,13 @@ def test_the_report_states_every_machine_target() -> None:
     """C / limit, the seams and the RTF against piper's each get a met / MISSED line."""
     results: dict[str, Any] = {
         "single_stream": _single((0.094, 0.085), (0.075, 0.075)),
-        "concurrency": {voice.PLAYHEAD: []},
+        "concurrency": {voice_targets.PLAYHEAD: []},
         "runs": [],
         "machine_limit": {"capacity_ratio": 0.82},
         "seams": {"worst_db": 42.74, "median_db": 65.13},
     }
-    results["single_stream"][voice.PLAYHEAD]["short"]["ttfa_p50_ms"] = 55.0
-    t = voice.targets(results)
+    results["single_stream"][voice_targets.PLAYHEAD]["short"]["ttfa_p50_ms"] = 55.0
+    t = voice_targets.targets(results)
     assert t["capacity_ratio_met"] and t["seams_met"]
     assert not any(r["met"] for r in t["rtf_vs_peer"].values())
     lines = voice_report._machine_targets(t)
@@ -185,20 +188,22 @@ def test_the_report_states_every_machine_target() -> None:
     ]
     results["machine_limit"]["capacity_ratio"] = 0.79
     results["seams"]["worst_db"] = 39.9
-    t = voice.targets(results)
+    t = voice_targets.targets(results)
     assert voice_report._machine_targets(t)[:2] == [
         "C / limit 0.79 vs >= 0.8: MISSED.",
         "Seams against whole-segment synthesis: worst 39.9 dB (median 65.1) vs >= 40 dB: MISSED.",
     ]
     del results["machine_limit"], results["seams"]  # --no-limit, and no sweep
-    assert voice_report._machine_targets(voice.targets(results))[0].startswith("Single-request")
+    assert voice_report._machine_targets(voice_targets.targets(results))[0].startswith(
+        "Single-request"
+    )
 
 
 def test_the_0_9c_target_line_gives_the_servers_split_where_the_run_has_it() -> None:
     """The TTFA p99 at 0.9 C, and (runs from 2026-12-02) the server's Server-Timing split
     of a first audio: the wait for a start slot, then submit -> first audio."""
     run = {
-        "label": f"edf K={voice.WINDOW} + admission",
+        "label": f"edf K={voice_targets.WINDOW} + admission",
         "streams": 13,
         "stall_free_share": 1.0,
         "ttfa_p99_ms": 424.0,
@@ -210,22 +215,22 @@ def test_the_0_9c_target_line_gives_the_servers_split_where_the_run_has_it() -> 
     }
     results: dict[str, Any] = {
         "single_stream": _single((0.094, 0.085), (0.075, 0.075)),
-        "concurrency": {voice.PLAYHEAD: []},
+        "concurrency": {voice_targets.PLAYHEAD: []},
         "runs": [run],
         "capacity_audio_s_per_s": 14.0,
     }
-    results["single_stream"][voice.PLAYHEAD]["short"]["ttfa_p50_ms"] = 55.0
+    results["single_stream"][voice_targets.PLAYHEAD]["short"]["ttfa_p50_ms"] = 55.0
     line = (
-        f"At N = 0.9 C (13 streams), edf K={voice.WINDOW} + admission: 100% stall-free, "
+        f"At N = 0.9 C (13 streams), edf K={voice_targets.WINDOW} + admission: 100% stall-free, "
         "TTFA p99 424 ms vs < 300 ms (2 x 429): MISSED."
     )
     split = (
         " The server's split (Server-Timing), p99: waiting for a start slot 251 ms, "
         "submit to first audio 183 ms."
     )
-    assert voice_report._at_0_9c_targets(voice.targets(results)) == [line + split]
+    assert voice_report._at_0_9c_targets(voice_targets.targets(results)) == [line + split]
     del run["server_start_wait_p99_ms"], run["server_first_audio_p99_ms"]  # an older run
-    assert voice_report._at_0_9c_targets(voice.targets(results)) == [line]
+    assert voice_report._at_0_9c_targets(voice_targets.targets(results)) == [line]
 
 
 def test_single_streams_alternate_between_the_servers_text_by_text() -> None:

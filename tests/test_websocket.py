@@ -161,6 +161,9 @@ BAD_MESSAGES = [
     ('{"type": "session.config", "voice": "nobody"}', "voice_not_found", "voice"),
     ('{"type": "session.config", "speed": 9}', "invalid_value", "speed"),
     ('{"type": "input.done"}', "no_utterance", None),
+    ('{"type": "playback.position", "played_ms": 5, "utterance": 3}', "no_utterance", "utterance"),
+    ('{"type": "playback.position", "played_ms": 5, "utterance": -1}', "no_utterance", "utterance"),
+    ('{"type": "playback.position", "played_ms": 5, "utterance": []}', "invalid_type", "utterance"),
     (b"\x00\x01", "invalid_type", None),
 ]
 

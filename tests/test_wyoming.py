@@ -227,6 +227,20 @@ async def test_bad_input_gets_an_error_event_then_the_close(
     assert refusing.engine.in_flight == 0
 
 
+async def test_the_line_and_payload_limits_are_the_settings() -> None:
+    async with serve("wyoming.max_line_bytes=2048", "wyoming.max_payload_bytes=16") as served:
+        reply = await raw_exchange(served.port, b'{"type": "describe"' + b" " * 3000 + b"}\n")
+        assert reply.error is not None and reply.error.code == "event_too_large"
+        assert "2048 bytes (wyoming.max_line_bytes)" in reply.error.text
+        reply = await raw_exchange(served.port, b'{"type": "ping", "payload_length": 17}\n')
+        assert reply.error is not None and reply.error.code == "event_too_large"
+        assert "at most 16 are accepted (wyoming.max_payload_bytes" in reply.error.text
+        async with served.client() as client:  # a payload within the limit is skipped
+            await client.write_event(Event(type="ping", data={}, payload=b"x" * 16))
+            pong = await asyncio.wait_for(client.read_event(), 5)
+        assert pong is not None and pong.type == "pong"
+
+
 async def test_a_chunked_text_over_the_limit_is_refused() -> None:
     async with serve("wyoming.max_text_chars=40") as served:
         async with served.client() as client:
@@ -332,6 +346,8 @@ def test_the_wyoming_section_and_the_command_line_flag(tmp_path) -> None:
         ("idle_timeout_s: 0", "wyoming.idle_timeout_s"),
         ("max_text_chars: 0", "wyoming.max_text_chars"),
         ("host: ''", "wyoming.host"),
+        ("max_line_bytes: 100", "wyoming.max_line_bytes"),
+        ("max_payload_bytes: -1", "wyoming.max_payload_bytes"),
     ]:
         path.write_text(f"wyoming:\n  {body}\n")
         with pytest.raises(SettingsError, match=f"^{path}: {field}: "):

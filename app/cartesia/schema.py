@@ -238,15 +238,15 @@ def parse_speed(data: dict[str, Any]) -> float:
 def parse_generation(
     data: Any, *, socket: bool, containers: tuple[str, ...] = CONTAINERS
 ) -> Generation:
-    """One generation request. On the socket `context_id` is required, `transcript` may be
-    empty (it closes or flushes a context) and only raw audio is sent."""
+    """One generation request. `transcript` is required (a string; on the socket it may be
+    empty: it closes or flushes a context); on the socket `context_id` is required too and
+    only raw audio is sent."""
     if not isinstance(data, dict):
         raise invalid(f"A request must be a JSON object, but got {json_type_name(data)}.")
     transcript = _get(data, "transcript", str, "a string")
     if transcript is None:
-        if not socket:
-            raise invalid("Missing required field 'transcript'.", "missing_field")
-        transcript = ""
+        hint = ' ("" to close or flush a context)' if socket else ""
+        raise invalid(f"Missing required field 'transcript'{hint}.", "missing_field")
     if has_nul(transcript):
         raise invalid("Invalid 'transcript': it contains a NUL character (U+0000).")
     context_id = _get(data, "context_id", str, "a string")

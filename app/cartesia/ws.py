@@ -19,7 +19,9 @@ Server messages, each with `type` and `context_id`: `chunk` (base64 audio, `flus
 context's end), `done` (the context's audio is complete; it is then forgotten), `error`
 (with Cartesia's fields; `context_id` null for a message that named none). `cancel` stops a
 context's audio within the chunk being sent and frees its engine stream; nothing more is
-sent for it, and later text on that context_id is dropped until a `continue: false`.
+sent for it, and later text on that context_id is dropped until a `continue: false`. A
+cancel of a context that is done is quiet (pipecat cancels on every interruption); one
+naming a context never opened on the socket is an `error` (`context_not_found`).
 
 The socket closes on the client's close (every context cancelled), after an error event on
 a message larger than websocket.max_message_bytes (1009), or after websocket.idle_timeout_s
@@ -52,7 +54,7 @@ from app.cartesia.schema import (
     parse_generation,
 )
 from app.cartesia.speech import PROTOCOL, WordCursor, pipeline_error, resolve_voice
-from app.client_json import ClientJsonError, load_client_json
+from app.client_json import ClientJsonError, load_client_json, quote
 from app.metrics import Metrics
 from app.settings import Settings
 from pipeline import Engine, PipelineError, Stream
@@ -64,6 +66,7 @@ CLOSE_NORMAL = 1000
 CLOSE_POLICY = 1008
 CLOSE_TOO_BIG = 1009
 DEAD_IDS_KEPT = 1024  # refused or cancelled context ids whose later text is dropped
+SEEN_IDS_KEPT = 4096  # ids of contexts opened on a socket (a cancel of one done is no error)
 
 
 class CartesiaSocket:
@@ -79,6 +82,7 @@ class CartesiaSocket:
         self.request_id = str(uuid.uuid4())
         self.contexts: dict[str, Context] = {}
         self._dead: OrderedDict[str, None] = OrderedDict()
+        self._seen: OrderedDict[str, None] = OrderedDict()  # every context id opened
         self._send_lock = asyncio.Lock()
 
     # Sending.
@@ -238,6 +242,9 @@ class CartesiaSocket:
         if generation.max_buffer_delay_ms is not None:
             context.buffer_delay_s = generation.max_buffer_delay_ms / 1000.0
         self.contexts[context.id] = context
+        self._seen[context.id] = None
+        while len(self._seen) > SEEN_IDS_KEPT:
+            self._seen.popitem(last=False)
         self._take_text(context, generation)
         context.task = asyncio.create_task(self._run(context), name=f"cartesia-{context.id}")
 
@@ -304,7 +311,12 @@ class CartesiaSocket:
     def _cancel_id(self, context_id: str) -> None:
         context = self.contexts.get(context_id)
         if context is None:
-            return  # done already, or never opened: nothing to stop
+            if context_id in self._seen or context_id in self._dead:
+                return  # done already (pipecat cancels on every interruption): nothing to stop
+            raise CartesiaError(
+                f"cancel: no context {quote(context_id)} was opened on this socket.",
+                error_code="context_not_found",
+            )
         self._cancel(context)
         if not context.text_closed:
             self._bury(context_id)

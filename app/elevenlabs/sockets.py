@@ -27,7 +27,11 @@ so that a client summing the spans (pipecat) gets the audio's times back.
 Errors: before the socket opens, a refusal is an HTTP answer in ElevenLabs' shape (401 key,
 400 output_format, 404 voice, 503 not ready); once open, `{"error", "message", "code",
 "contextId"?}`: a refused context (429: `too_many_concurrent_requests`, with
-`retry_after_s`) or a bad message leaves the socket open (its context, if any, then gets
+`retry_after_s`) or a bad message (not a JSON object; `text` missing or null where the
+protocol needs it: in every message of the single socket, on the multi one unless it
+flushes, closes or keeps alive; a flag or `voice_settings` of the wrong type;
+`flush`/`close_context` naming a context not open: `context_not_found`) is answered at
+once, and leaves the socket open (its context, if any, then gets
 `isFinal`); on the single socket, and for an oversized message or inactivity, the socket
 then closes (1008; 1009 for an oversized message, 1013 for capacity).
 """
@@ -46,6 +50,7 @@ from typing import Any
 from fastapi import APIRouter, WebSocket
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
+from app.client_json import quote
 from app.elevenlabs import errors
 from app.elevenlabs.formats import OutputFormat
 from app.elevenlabs.http import PROTOCOL, output_format, resolve_voice
@@ -61,7 +66,6 @@ from pipeline.alignment import CharTiming
 logger = logging.getLogger("playhead.elevenlabs")
 
 router = APIRouter()
-MAX_CONTEXTS = 5  # open contexts per socket, as ElevenLabs allows
 DEFAULT_CONTEXT = "default"  # the single socket's context, and a multi message's without id
 INACTIVITY_TIMEOUT_RANGE_S = (1, 180)  # ElevenLabs' inactivity_timeout (default 20 s)
 CLOSE_NORMAL, CLOSE_POLICY, CLOSE_TOO_BIG, CLOSE_TRY_AGAIN = 1000, 1008, 1009, 1013
@@ -138,10 +142,11 @@ class Connection:
     # Contexts.
 
     def _new_context(self, context_id: str, settings: Any) -> Context:
-        if len(self.contexts) >= MAX_CONTEXTS:
+        max_contexts = self.state.settings.websocket.max_contexts
+        if len(self.contexts) >= max_contexts:
             raise Refused(
                 InvalidRequest(
-                    f"At most {MAX_CONTEXTS} contexts may be open on one socket; close one "
+                    f"At most {max_contexts} contexts may be open on one socket; close one "
                     "(close_context) first.",
                     code="max_active_contexts_exceeded",
                 ),
@@ -399,10 +404,26 @@ class Connection:
     def _handle(self, data: dict[str, Any]) -> None:
         context_id = data.get("context_id", DEFAULT_CONTEXT) if self.multi else DEFAULT_CONTEXT
         if not isinstance(context_id, str) or not context_id:
-            raise Refused(InvalidRequest("context_id must be a non-empty string."))
+            error = InvalidRequest(
+                "context_id must be a non-empty string.", param="context_id", code="invalid_message"
+            )
+            raise Refused(error)
+        for name in _FLAGS:
+            if data.get(name) is not None and not isinstance(data[name], bool):
+                error = InvalidRequest(
+                    f"{name} must be true or false.", param=name, code="invalid_message"
+                )
+                raise Refused(error, context_id)
+        settings = data.get("voice_settings")
+        if settings is not None and not isinstance(settings, dict):
+            error = InvalidRequest(
+                "voice_settings must be an object.", param="voice_settings", code="invalid_message"
+            )
+            raise Refused(error, context_id)
         text = data.get("text")
         if text is not None and not isinstance(text, str):
-            raise Refused(InvalidRequest("text must be a string.", param="text"), context_id)
+            error = InvalidRequest("text must be a string.", param="text", code="invalid_message")
+            raise Refused(error, context_id)
         if text is not None and has_nul(text):
             error = InvalidRequest(
                 "text contains a NUL character.", param="text", code="invalid_text"
@@ -413,20 +434,28 @@ class Connection:
         flush = data.get("flush") is True
         context = self.contexts.get(context_id)
         if data.get("close_context") is True:
-            if context is not None:
-                if context.end_flushed or context.text_done:
-                    self._end_text(context)
-                else:
-                    self._interrupt(context)
+            if context is None:
+                raise Refused(_no_context(context_id, "close_context"), context_id)
+            if context.end_flushed or context.text_done:
+                self._end_text(context)
+            else:
+                self._interrupt(context)
             return
-        if text is None and not flush:
-            return  # keep_alive (or nothing to do): the socket's activity was noted
+        if text is None:
+            # every message of the single socket carries text (" " first, "" last); on the
+            # multi-context socket, one that flushes, closes or keeps a context alive
+            if not self.multi or not (flush or data.get("keep_alive") is True):
+                raise Refused(_text_required(self.multi), context_id)
+            if not flush:
+                return  # keep_alive: the socket's activity was noted
         if self.multi and text == "" and not flush:
-            return  # a keep-alive
+            return  # a keep-alive (of a context or of the socket)
         if context is None:
             if not text:
-                return  # a flush, or the end, of a text that never began: nothing to say
-            context = self._new_context(context_id, data.get("voice_settings"))
+                if self.multi:  # a flush of a context that is not open
+                    raise Refused(_no_context(context_id, "flush"), context_id)
+                return  # the single socket's end of a text that never began: nothing to say
+            context = self._new_context(context_id, settings)
         elif context.text_done or context.speech.interrupted:
             raise Refused(
                 InvalidRequest(f"The context {context_id!r} is closed.", code="context_closed"),
@@ -436,6 +465,33 @@ class Connection:
             self._end_text(context)  # the single socket's end of text
             return
         self._text(context, text or "", flush)
+
+
+_FLAGS = ("flush", "close_context", "close_socket", "keep_alive", "try_trigger_generation")
+
+
+def _text_required(multi: bool) -> InvalidRequest:
+    if multi:
+        message = (
+            'text is required (a string; "" keeps the context alive) unless the message '
+            "flushes (flush), closes (close_context, close_socket) or keeps alive (keep_alive) "
+            "a context."
+        )
+    else:
+        message = (
+            'text is required in every message (a string: " " first, then the text, "" '
+            "to end), unless the message is close_socket."
+        )
+    return InvalidRequest(message, param="text", code="invalid_message")
+
+
+def _no_context(context_id: str, action: str) -> InvalidRequest:
+    return InvalidRequest(
+        f"{action}: no context {quote(context_id)} is open on this socket (it was never "
+        "opened, or it ended with isFinal).",
+        param="context_id",
+        code="context_not_found",
+    )
 
 
 def _flag(websocket: WebSocket, name: str, default: bool) -> bool:

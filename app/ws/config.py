@@ -1,4 +1,6 @@
-"""The `websocket:` section of the settings: limits of WS /v1/audio/speech/stream."""
+"""The `websocket:` section of the settings: the limits of every WebSocket, Playhead's own
+(WS /v1/audio/speech/stream) and the ElevenLabs and Cartesia sockets (an utterance or a
+context alike)."""
 
 from __future__ import annotations
 
@@ -15,8 +17,12 @@ class WebSocketConfig:
     idle_timeout_s: float = 120.0
     # A larger client message gets an error event and close code 1009.
     max_message_bytes: int = 65536
-    # Text of one utterance, summed over its input.text messages; more: error and close 1008.
+    # Text of one utterance (a context's on the ElevenLabs and Cartesia sockets), summed over
+    # its messages; more: an error (Playhead's socket then closes, 1008).
     max_text_chars: int = 16384
+    # Contexts open at once on one ElevenLabs multi-context socket (ElevenLabs allows 5);
+    # one more: an error, `max_active_contexts_exceeded`.
+    max_contexts: int = 5
 
     def __post_init__(self) -> None:
         check_positive("first_message_timeout_s", self.first_message_timeout_s)
@@ -25,3 +31,4 @@ class WebSocketConfig:
         check_number_in("idle_timeout_s", self.idle_timeout_s, (0, 86400), "s")
         check_int_in("max_message_bytes", self.max_message_bytes, (1024, 16 * 1024 * 1024))
         check_int("max_text_chars", self.max_text_chars, 1)
+        check_int_in("max_contexts", self.max_contexts, (1, 1024))

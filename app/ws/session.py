@@ -472,6 +472,14 @@ class Session:
     def _ack(self, position: PlaybackPosition) -> None:
         if position.utterance is None:
             utterance = self._sending
+        elif not 0 <= position.utterance < self.next_index:
+            # a finished utterance's late position is quiet; one never started is an error
+            raise ProtocolError(
+                f"playback.position names utterance {position.utterance}, which this socket "
+                f"never started (utterances so far: {self.next_index}).",
+                code="no_utterance",
+                param="utterance",
+            )
         else:
             utterance = next((u for u in self.in_flight if u.index == position.utterance), None)
         if utterance is not None and not utterance.cancelled:

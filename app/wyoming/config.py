@@ -29,6 +29,11 @@ class WyomingConfig:
     # No event from the client and nothing being said for this long: an error event, and
     # the connection is closed.
     idle_timeout_s: float = 120.0
+    # The longest event header line (its JSON); longer: an error event, closed.
+    max_line_bytes: int = 65536
+    # The largest payload an event may carry (a TTS request has none: a smaller one is
+    # skipped); larger: an error event, closed.
+    max_payload_bytes: int = 1048576
 
     def __post_init__(self) -> None:
         check_bool("enabled", self.enabled)
@@ -37,3 +42,5 @@ class WyomingConfig:
         check_int("max_text_chars", self.max_text_chars, 1)
         check_positive("idle_timeout_s", self.idle_timeout_s)
         check_number_in("idle_timeout_s", self.idle_timeout_s, (0, 86400), "s")
+        check_int_in("max_line_bytes", self.max_line_bytes, (1024, 16 * 1024 * 1024))
+        check_int_in("max_payload_bytes", self.max_payload_bytes, (0, 256 * 1024 * 1024))

@@ -27,10 +27,6 @@ from app.client_json import ClientJsonError, load_client_json, quote
 from app.errors import ApiError
 from app.text_input import has_nul, words_apart
 
-# The longest header line (its JSON); asyncio's StreamReader limit of each connection.
-MAX_HEADER_BYTES = 64 * 1024
-# A TTS request carries no payload; one this large is refused, a smaller one skipped.
-MAX_PAYLOAD_BYTES = 1024 * 1024
 # A JSON string may spell each character as a 6-byte \uXXXX escape; the rest of `data`
 # (a voice, a context) gets this much on top.
 JSON_BYTES_PER_CHAR = 6
@@ -91,9 +87,15 @@ def _json(raw: bytes, what: str) -> Any:
 
 
 async def read_event(
-    reader: asyncio.StreamReader, *, max_data_bytes: int, first_byte_timeout_s: float
+    reader: asyncio.StreamReader,
+    *,
+    max_line_bytes: int,
+    max_data_bytes: int,
+    max_payload_bytes: int,
+    first_byte_timeout_s: float,
 ) -> Event | None:
     """The next event; None when the client closed the connection (at an event boundary).
+    The reader's own limit (its connection's) is `max_line_bytes` (wyoming.max_line_bytes).
 
     Raises TimeoutError when no event begins within `first_byte_timeout_s` (nothing is
     consumed: reading may go on), FatalEventError for a frame that cannot be read (its
@@ -109,7 +111,9 @@ async def read_event(
             ) from None
         except asyncio.LimitOverrunError:
             raise FatalEventError(
-                f"An event header line is longer than {MAX_HEADER_BYTES} bytes.", "event_too_large"
+                f"An event header line is longer than {max_line_bytes} bytes "
+                "(wyoming.max_line_bytes).",
+                "event_too_large",
             ) from None
     if not line.strip():
         raise FatalEventError("An event header line is empty.", "invalid_event")
@@ -129,10 +133,10 @@ async def read_event(
             f"The event's data has {data_length} bytes; at most {max_data_bytes} are accepted.",
             "event_too_large",
         )
-    if payload_length > MAX_PAYLOAD_BYTES:
+    if payload_length > max_payload_bytes:
         raise FatalEventError(
-            f"The event's payload has {payload_length} bytes; at most {MAX_PAYLOAD_BYTES} are "
-            "accepted (a TTS request has none).",
+            f"The event's payload has {payload_length} bytes; at most {max_payload_bytes} are "
+            "accepted (wyoming.max_payload_bytes; a TTS request has none).",
             "event_too_large",
         )
     try:

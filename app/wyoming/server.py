@@ -15,9 +15,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 
 from app.state import AppState
-from app.wyoming.protocol import MAX_HEADER_BYTES
 from app.wyoming.session import Session
 
 logger = logging.getLogger("playhead.wyoming")
@@ -30,6 +31,7 @@ class WyomingServer:
         self._serving: asyncio.Task[None] | None = None
         self._sessions: dict[asyncio.Task[None], Session] = {}
         self._closed = False
+        self._socket: socket.socket | None = None  # bound by `bind`, listened on by `open`
 
     @property
     def listening(self) -> bool:
@@ -41,17 +43,36 @@ class WyomingServer:
         """Connections being served."""
         return len(self._sessions)
 
+    def bind(self) -> None:
+        """Bind the port now, before the server starts (`playhead serve`): a port in use is
+        then the CLI's one line, not a failed startup's traceback. OSError, with a sentence
+        that names the address, otherwise."""
+        config = self._state.settings.wyoming
+        try:
+            self._socket = socket.create_server((config.host, config.port))
+        except OSError as exc:
+            why = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise OSError(
+                exc.errno, f"cannot listen for Wyoming on {config.host}:{config.port}: {why}"
+            ) from None
+
     async def open(self) -> None:
         self._closed = False
         config = self._state.settings.wyoming
+        bound, self._socket = self._socket, None
         try:
-            self._server = await asyncio.start_server(
-                self._accept,
-                host=config.host,
-                port=config.port,
-                limit=MAX_HEADER_BYTES,
-                start_serving=False,
-            )
+            if bound is not None:
+                self._server = await asyncio.start_server(
+                    self._accept, sock=bound, limit=config.max_line_bytes, start_serving=False
+                )
+            else:
+                self._server = await asyncio.start_server(
+                    self._accept,
+                    host=config.host,
+                    port=config.port,
+                    limit=config.max_line_bytes,
+                    start_serving=False,
+                )
         except OSError as exc:
             raise RuntimeError(
                 f"cannot listen for Wyoming on {config.host}:{config.port}: {exc.strerror or exc}"

@@ -205,7 +205,11 @@ class Session:
         while True:
             try:
                 event = await read_event(
-                    self._reader, max_data_bytes=limit, first_byte_timeout_s=config.idle_timeout_s
+                    self._reader,
+                    max_line_bytes=config.max_line_bytes,
+                    max_data_bytes=limit,
+                    max_payload_bytes=config.max_payload_bytes,
+                    first_byte_timeout_s=config.idle_timeout_s,
                 )
             except TimeoutError:
                 audio_s_ago = time.monotonic() - self._last_audio_s

@@ -12,6 +12,7 @@ import contextlib
 
 from pipeline.backend import Backend, backend_capabilities
 from pipeline.backends.registry import (
+    BackendConfig,
     BackendContext,
     BackendEntry,
     backend_entries,
@@ -21,7 +22,6 @@ from pipeline.backends.registry import (
     unregister,
 )
 from pipeline.config import (
-    BackendConfig,
     CodecLMConfig,
     GpuModelConfig,
     PiperConfig,
@@ -106,6 +106,7 @@ def build_backend(
 
 
 __all__ = [
+    "BackendConfig",
     "BackendContext",
     "BackendEntry",
     "backend_entries",

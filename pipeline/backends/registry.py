@@ -83,6 +83,19 @@ def unregister(kind: str) -> None:
         raise KeyError(f"backend kind {kind!r} is not registered")
 
 
+@dataclass(frozen=True)
+class BackendConfig:
+    """The `backend` section: which registered kind serves (here, beside the registry it
+    checks, so that pipeline/config.py, whose classes the backends import, imports no
+    backend)."""
+
+    # a registered kind (pipeline/backends/__init__.py: piper, the real voice; sim; codec_lm)
+    kind: str = "piper"
+
+    def __post_init__(self) -> None:
+        backend_entry(self.kind)  # ConfigError listing the registered kinds
+
+
 def backend_entries() -> tuple[BackendEntry, ...]:
     """Every registered kind, in the order registered."""
     return tuple(_ENTRIES.values())
