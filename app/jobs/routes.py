@@ -117,6 +117,16 @@ def _audio_left_s(store: JobStore, runner: JobRunner, job: Job) -> float:
 
 
 def _view(state: AppState, runner: JobRunner, job: Job) -> dict[str, Any]:
+    """The job as the API shows it; a job whose rows do not read is failed, with why."""
+    try:
+        return _view_of(state, runner, job)
+    except JobStoreError as exc:
+        assert runner.store is not None
+        runner.store.set_state(job.id, JobState.FAILED, error=str(exc), at_s=time.time())
+        raise JobConflict(f"The job {job.id} is corrupt: {exc}.", code="job_corrupt") from None
+
+
+def _view_of(state: AppState, runner: JobRunner, job: Job) -> dict[str, Any]:
     store = runner.store
     assert store is not None
     progress = store.progress(job.id)
