@@ -31,7 +31,8 @@ SETTINGS = (
     "server.shutdown_grace_s=2",
 )
 TEXT = " ".join(
-    f"Sentence number {n} of the job is here, and it says a little more than that." for n in range(16)
+    f"Sentence number {n} of the job is here, and it says a little more than that."
+    for n in range(16)
 )
 
 
