@@ -121,9 +121,20 @@ def _view(state: AppState, runner: JobRunner, job: Job) -> dict[str, Any]:
     try:
         return _view_of(state, runner, job)
     except JobStoreError as exc:
-        assert runner.store is not None
-        runner.store.set_state(job.id, JobState.FAILED, error=str(exc), at_s=time.time())
-        raise JobConflict(f"The job {job.id} is corrupt: {exc}.", code="job_corrupt") from None
+        store = runner.store
+        assert store is not None
+        if not job.state.finished or job.error is None:
+            store.set_state(job.id, JobState.FAILED, error=str(exc), at_s=time.time())
+        failed = store.get(job.id) or job
+        return {
+            "id": job.id,
+            "object": "audio.job",
+            "title": job.title,
+            "state": JobState.FAILED.value,
+            "created_at": _iso(job.created_s),
+            "finished_at": _iso(failed.finished_s),
+            "error": failed.error,
+        }
 
 
 def _view_of(state: AppState, runner: JobRunner, job: Job) -> dict[str, Any]:
@@ -426,6 +437,8 @@ async def delete_job(job_id: str, request: Request, state: StateDep) -> JSONResp
     assert store is not None
     job = _job_or_404(store, job_id, owner_of(request, state))
     await runner.cancel(job.id)
-    await _to_thread(store.delete, job.id)
-    runner.wake()
+    try:
+        await _to_thread(store.delete, job.id)
+    finally:
+        runner.deleted(job.id)  # its downloads end (cut: they cannot become a status now)
     return JSONResponse({"id": job.id, "object": "audio.job.deleted", "deleted": True})

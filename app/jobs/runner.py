@@ -97,6 +97,7 @@ class JobRunner:
         self._listeners: dict[str, list[_Listener]] = {}
         self.made_event: dict[str, asyncio.Event] = {}
         self._audio_s_per_char = AUDIO_S_PER_CHAR
+        self._deleting: set[str] = set()  # cancelled, about to be deleted: not picked again
 
     # Lifecycle (a Service of app/state.py).
 
@@ -151,12 +152,19 @@ class JobRunner:
             self._repace(job_id)
 
     async def cancel(self, job_id: str) -> None:
-        """Stop rendering the job now (before it is deleted)."""
+        """Stop rendering the job now, for good: it is about to be deleted (`deleted`)."""
+        self._deleting.add(job_id)
         running = self._running
         if running is not None and running.job_id == job_id:
             running.task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await running.task
+        self._notify(job_id)
+        self.wake()
+
+    def deleted(self, job_id: str) -> None:
+        """The job's rows and files are gone: its followers learn it, the loop looks again."""
+        self._deleting.discard(job_id)
         self._notify(job_id)
         self.wake()
 
@@ -171,8 +179,11 @@ class JobRunner:
             await self._expire(store)
             job = self._next_job(store)
             if job is None:
+                # asyncio.timeout, not wait_for: 3.11's wait_for may swallow a cancel that
+                # comes as the event is set
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout=60.0)
+                    async with asyncio.timeout(60.0):  # the expiry of old jobs is checked
+                        await self._wake.wait()
                 continue
             engine = self._engine()
             if engine is None or not engine.ready:
@@ -209,7 +220,7 @@ class JobRunner:
                 self.metrics.ended(JobState.FAILED, 0.0)
                 log.error("job %s failed: %s", job_id, exc)
                 continue
-            if job is None or job.state.finished:
+            if job is None or job.state.finished or job_id in self._deleting:
                 continue
             key = job_key(self._listener_horizon_s(job_id, now_s), job.finish_by_s, job.created_s)
             if best is None or key < best[0]:
