@@ -22,6 +22,7 @@ from app.encoding_config import EncodingConfig
 from app.jobs.store import BYTES_PER_SAMPLE, Job, JobState, JobStore, JobStoreError
 
 BLOCK_SAMPLES = 16384  # PCM fed to the encoder per call, counted from the job's start
+FOLLOW_POLL_S = 1.0
 
 
 class JobGone(Exception):
@@ -90,7 +91,11 @@ async def encoded_audio(
                 return
             if not follow:
                 return
-            await event.wait()
+            # the runner here sets it; a job rendered by another replica (a shared store)
+            # is looked at again after FOLLOW_POLL_S
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(FOLLOW_POLL_S):
+                    await event.wait()
     finally:
         encoder.close()
 

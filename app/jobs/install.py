@@ -36,6 +36,8 @@ def install(app: FastAPI, state: AppState) -> JobRunner:
         engine=lambda: state.ready_engine,
         wait_loaded=state.wait_loaded,
         normalize=state.settings.normalize,
+        # the replicas of a cluster on one host share jobs.dir: leases say who renders what
+        shared=state.settings.cluster.replicas > 0,
         metrics=JobMetrics(state.metrics.registry),
     )
     state.services.append(runner)

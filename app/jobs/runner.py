@@ -23,6 +23,7 @@ import errno
 import logging
 import math
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -44,6 +45,9 @@ log = logging.getLogger("playhead.jobs")
 SEGMENTS_IN_FLIGHT = 2  # a job's next segment talks while the one before it is vocoded
 AUDIO_S_PER_CHAR = 0.065  # a first guess of audio per character, before a job has made any
 DAY_S = 86400.0
+# replicas sharing a store: a runner holds its job this long, renewed every third of it
+# while it renders (a dead replica's job is taken over after at most this long)
+LEASE_S = 60.0
 
 
 @dataclass
@@ -82,7 +86,10 @@ class JobRunner:
         normalize: object,
         metrics: JobMetrics,
         wall_clock: Callable[[], float] = time.time,
+        shared: bool = False,
     ) -> None:
+        """`shared`: other runners (the replicas of a cluster) use the same store."""
+        self.shared = shared
         self.config = config
         self.directory = directory
         self._engine = engine
@@ -98,11 +105,15 @@ class JobRunner:
         self.made_event: dict[str, asyncio.Event] = {}
         self._audio_s_per_char = AUDIO_S_PER_CHAR
         self._deleting: set[str] = set()  # cancelled, about to be deleted: not picked again
+        # this runner's name in the store's leases (replicas of a cluster share a store)
+        self.runner_id = uuid.uuid4().hex[:12]
 
     # Lifecycle (a Service of app/state.py).
 
     async def open(self) -> None:
         self.store = await asyncio.to_thread(JobStore, self.directory)
+        if not self.shared:  # the store's only runner: leases of an earlier process are void
+            await asyncio.to_thread(self.store.release_all)
         repairs = await asyncio.to_thread(self.store.reconcile, self._wall())
         for line in repairs:
             log.warning("jobs store: %s", line)
@@ -116,6 +127,8 @@ class JobRunner:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         if self.store is not None:
+            with contextlib.suppress(Exception):
+                self.store.release(self.runner_id)
             self.store.close()
 
     def wake(self) -> None:
@@ -222,10 +235,18 @@ class JobRunner:
                 continue
             if job is None or job.state.finished or job_id in self._deleting:
                 continue
+            holder = store.lease_holder(job_id, self._wall())
+            if holder is not None and holder != self.runner_id:
+                continue  # another replica's runner renders it
             key = job_key(self._listener_horizon_s(job_id, now_s), job.finish_by_s, job.created_s)
             if best is None or key < best[0]:
                 best = (key, job)
-        return None if best is None else best[1]
+        if best is None:
+            return None
+        job = best[1]
+        if not store.claim(job.id, self.runner_id, self._wall(), LEASE_S):
+            return None  # another replica's runner has it; look again after a wake
+        return job
 
     def _listener_horizon_s(self, job_id: str, now_s: float) -> float | None:
         """The wall time its first listener runs dry (None: nobody listens)."""
@@ -318,6 +339,7 @@ class JobRunner:
                         start_sample,
                         audio.samples,
                         audio.words,
+                        self.runner_id,
                     )
                 except OSError as exc:
                     raise JobFailed(_disk_error(exc)) from exc
@@ -389,7 +411,7 @@ class JobRunner:
         rate: float,
         horizon_s: float,
     ) -> _SegmentAudio:
-        part = store.part_path(job.id, index)
+        part = store.part_path(job.id, index, self.runner_id)
         piece = text[segment.start : segment.end]
         voice = engine.resolve_voice(job.voice)
         spoken = await normalized(words_apart(spoken_form(piece)), voice.language, self._normalize)  # type: ignore[arg-type]
@@ -407,8 +429,14 @@ class JobRunner:
             running = self._running
             if running is not None:
                 running.streams.add(stream.id)
+            renewed_s = time.monotonic()
             try:
                 async for pcm in stream.chunks():
+                    if self.shared and time.monotonic() - renewed_s > LEASE_S / 3:
+                        renewed_s = time.monotonic()
+                        await asyncio.to_thread(
+                            store.claim, job.id, self.runner_id, self._wall(), LEASE_S
+                        )
                     data = _to_s16(pcm)
                     try:
                         file.write(data)

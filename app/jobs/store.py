@@ -4,14 +4,16 @@ Layout of `jobs.dir`:
 
     jobs.sqlite3              the database (jobs, their segments, the audio made)
     audio/<job id>/NNNNNN.pcm one file per segment made: s16le mono at the voice's rate
-    audio/<job id>/NNNNNN.part the segment being made (written as it comes, never trusted)
+    audio/<job id>/NNNNNN.<runner>.part the segment being made (written as it comes, never
+                              trusted; named by its runner: replicas may share a store)
     audio/<job id>/final.<fmt> the whole job encoded once it is done (for byte ranges)
 
 The rename rule (STYLE.md): a segment's audio goes to `.part` as it is made; at the
 segment's end the file is fsynced, renamed to `.pcm`, the directory fsynced, and only then
 the `made` row is committed (one short transaction). A crash leaves either the old state
 (no row: the segment is rendered again) or the new one, never a row that points at half a
-file. `reconcile` (at start) removes `.part` files and `.pcm` files without a row, and
+file. `reconcile` (at start) removes `.part` files and `.pcm` files without a row (of jobs
+no other runner holds a lease on), and
 takes a job that is not finished back to its last whole segment when a file is missing or
 short; a finished job whose file is gone fails with an error that says so.
 
@@ -67,7 +69,9 @@ CREATE TABLE IF NOT EXISTS jobs (
     created_s REAL NOT NULL,
     finished_s REAL,
     text TEXT NOT NULL,
-    error TEXT
+    error TEXT,
+    runner TEXT,                   -- the runner that renders it (several replicas share a store)
+    lease_until_s REAL             -- ... until then (unix time); renewed while it renders
 );
 CREATE TABLE IF NOT EXISTS segments (
     job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
@@ -172,7 +176,7 @@ class JobStore:
     def create(self, job: Job, text: str, segments: list[Segment]) -> None:
         with self._transaction() as db:
             db.execute(
-                "INSERT INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                "INSERT INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,NULL,NULL)",
                 (
                     job.id,
                     job.owner,
@@ -341,18 +345,58 @@ class JobStore:
     def segment_path(self, job_id: str, index: int) -> Path:
         return self.audio_dir / job_id / f"{index:06d}.pcm"
 
-    def part_path(self, job_id: str, index: int) -> Path:
-        return self.audio_dir / job_id / f"{index:06d}.part"
+    def part_path(self, job_id: str, index: int, runner: str) -> Path:
+        return self.audio_dir / job_id / f"{index:06d}.{runner}.part"
+
+    # Leases: which runner renders a job (replicas of a cluster share the store).
+
+    def claim(self, job_id: str, runner: str, now_s: float, lease_s: float) -> bool:
+        """Take (or renew) the job for `runner` until `now_s + lease_s`, unless another
+        runner holds a lease that has not run out."""
+        with self._transaction() as db:
+            cursor = db.execute(
+                "UPDATE jobs SET runner = ?, lease_until_s = ? WHERE id = ? AND "
+                "(runner IS NULL OR runner = ? OR lease_until_s < ?)",
+                (runner, now_s + lease_s, job_id, runner, now_s),
+            )
+            return cursor.rowcount == 1
+
+    def release(self, runner: str) -> None:
+        with self._transaction() as db:
+            db.execute(
+                "UPDATE jobs SET runner = NULL, lease_until_s = NULL WHERE runner = ?", (runner,)
+            )
+
+    def release_all(self) -> None:
+        """Every lease void (the one runner of a store starts: the holders are dead)."""
+        with self._transaction() as db:
+            db.execute("UPDATE jobs SET runner = NULL, lease_until_s = NULL")
+
+    def lease_holder(self, job_id: str, now_s: float) -> str | None:
+        """The runner whose lease on the job has not run out, if any."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT runner, lease_until_s FROM jobs WHERE id = ?", (job_id,)
+            ).fetchone()
+        if row is None or row[0] is None or row[1] is None or row[1] < now_s:
+            return None
+        return str(row[0])
 
     def final_path(self, job_id: str, response_format: str) -> Path:
         return self.audio_dir / job_id / f"final.{response_format}"
 
     def commit_segment(
-        self, job_id: str, index: int, start_sample: int, samples: int, words: list[list[object]]
+        self,
+        job_id: str,
+        index: int,
+        start_sample: int,
+        samples: int,
+        words: list[list[object]],
+        runner: str,
     ) -> None:
         """The segment's `.part` (complete, `samples` long) made durable by the rename
         rule, then recorded. OSError (disk full ...) propagates, nothing recorded."""
-        part = self.part_path(job_id, index)
+        part = self.part_path(job_id, index, runner)
         final = self.segment_path(job_id, index)
         with open(part, "rb+") as file:
             size = os.fstat(file.fileno()).st_size
@@ -421,6 +465,8 @@ class JobStore:
                 self._remove_dir(path)
                 repairs.append(f"{path.name}: files without a job removed")
         for job_id in sorted(known):
+            if self.lease_holder(job_id, at_s) is not None:  # another replica renders it
+                continue
             try:
                 job = self.get(job_id)
                 assert job is not None
