@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from api_support import asgi_client, decode, live_server, sim_settings
+from api_support import asgi_client, decode, live_server, metric_value, sim_settings
 
 from app.settings import Settings
 
@@ -284,3 +284,15 @@ async def test_audio_of_pcm_jobs_is_the_engine_audio(tmp_path: Path) -> None:
         pcm = np.frombuffer(audio, dtype="<i2")
         done = (await client.get(f"/v1/audio/jobs/{job['id']}")).json()
         assert pcm.size == round(done["progress"]["audio_seconds"] * 24000)
+
+
+async def test_metrics_count_jobs_by_state_and_their_audio(tmp_path: Path) -> None:
+    async with asgi_client(_settings(tmp_path)) as client:
+        job = await _create(client)
+        done = await _wait_done(client, job["id"])
+        text = (await client.get("/metrics")).text
+        assert 'playhead_jobs{state="done"} 1.0' in text
+        assert 'playhead_jobs_ended_total{state="done"} 1.0' in text
+        made = metric_value(text, "playhead_job_audio_seconds_total")
+        assert made == pytest.approx(done["progress"]["audio_seconds"], abs=0.01)
+        assert "playhead_job_capacity_share" in text

@@ -7,6 +7,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from app.jobs.store import JobState, JobStore
 
+SHARE_WINDOW_S = 60.0
+
 
 class JobMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
@@ -45,11 +47,17 @@ class JobMetrics:
     def watch(self, store: JobStore) -> None:
         self._store = store
 
-    def made(self, audio_s: float) -> None:
+    def made(self, audio_s: float, now_s: float, capacity_audio_s_per_s: float) -> None:
+        """A segment of `audio_s` made at `now_s` (monotonic): counted, and the share of the
+        capacity jobs used over the last SHARE_WINDOW_S updated."""
         self.audio_s.inc(audio_s)
+        recent = self._recent
+        recent.append((now_s, audio_s))
+        while recent and recent[0][0] < now_s - SHARE_WINDOW_S:
+            recent.pop(0)
+        if capacity_audio_s_per_s > 0:
+            rate = sum(a for _, a in recent) / SHARE_WINDOW_S
+            self.capacity_share.set(min(1.0, rate / capacity_audio_s_per_s))
 
-    def ended(self, state: JobState, audio_s: float) -> None:
+    def ended(self, state: JobState) -> None:
         self.ended_total.labels(state.value).inc()
-
-    def set_capacity_share(self, share: float) -> None:
-        self.capacity_share.set(share)

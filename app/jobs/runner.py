@@ -230,7 +230,7 @@ class JobRunner:
                 job = store.get(job_id)
             except JobStoreError as exc:
                 store.set_state(job_id, JobState.FAILED, error=str(exc), at_s=self._wall())
-                self.metrics.ended(JobState.FAILED, 0.0)
+                self.metrics.ended(JobState.FAILED)
                 log.error("job %s failed: %s", job_id, exc)
                 continue
             if job is None or job.state.finished or job_id in self._deleting:
@@ -281,7 +281,7 @@ class JobRunner:
         now_s = self._wall()
         await asyncio.to_thread(store.set_state, job.id, state, error=error, at_s=now_s)
         made_s = store.progress(job.id).samples / job.sample_rate_hz
-        self.metrics.ended(state, made_s)
+        self.metrics.ended(state)
         self._notify(job.id)
         if state is JobState.DONE:
             log.info(
@@ -344,7 +344,9 @@ class JobRunner:
                 except OSError as exc:
                     raise JobFailed(_disk_error(exc)) from exc
                 start_sample += audio.samples
-                self.metrics.made(audio.samples / job.sample_rate_hz)
+                self.metrics.made(
+                    audio.samples / job.sample_rate_hz, time.monotonic(), engine.capacity()
+                )
                 done = segments[index].end
                 if done:
                     self._audio_s_per_char = (start_sample / job.sample_rate_hz) / done * job.speed
