@@ -113,7 +113,7 @@ def _capacity_view(
 def _audio_left_s(store: JobStore, runner: JobRunner, job: Job) -> float:
     progress = store.progress(job.id)
     chars_left = job.text_chars - progress.chars_done
-    return max(0.0, chars_left * runner._audio_s_per_char / job.speed)
+    return max(0.0, chars_left * runner.audio_s_per_char / job.speed)
 
 
 def _view(state: AppState, runner: JobRunner, job: Job) -> dict[str, Any]:
@@ -271,7 +271,7 @@ async def _create(
                 code="invalid_value",
             )
         capacity, live, promised = _capacity_view(state, runner, None)
-        audio_s = len(text) * runner._audio_s_per_char / job_request.speed
+        audio_s = len(text) * runner.audio_s_per_char / job_request.speed
         check = check_finish_by(
             audio_s=audio_s,
             finish_by_s=finish_by_s,

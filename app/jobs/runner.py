@@ -103,7 +103,7 @@ class JobRunner:
         self._running: _Running | None = None
         self._listeners: dict[str, list[_Listener]] = {}
         self.made_event: dict[str, asyncio.Event] = {}
-        self._audio_s_per_char = AUDIO_S_PER_CHAR
+        self.audio_s_per_char = AUDIO_S_PER_CHAR
         self._deleting: set[str] = set()  # cancelled, about to be deleted: not picked again
         # this runner's name in the store's leases (replicas of a cluster share a store)
         self.runner_id = uuid.uuid4().hex[:12]
@@ -349,7 +349,7 @@ class JobRunner:
                 )
                 done = segments[index].end
                 if done:
-                    self._audio_s_per_char = (start_sample / job.sample_rate_hz) / done * job.speed
+                    self.audio_s_per_char = (start_sample / job.sample_rate_hz) / done * job.speed
                 self._notify(job.id)
         finally:
             for _, task in pending:
@@ -381,7 +381,7 @@ class JobRunner:
         if listened is not None:
             return 1.0, now_s + (listened - self._wall())
         chars_left = segments[-1].end - segments[index].start
-        audio_left_s = chars_left * self._audio_s_per_char / job.speed
+        audio_left_s = chars_left * self.audio_s_per_char / job.speed
         rate = job_rate(audio_left_s, job.finish_by_s, self._wall())
         if rate == 0:
             return 0.0, math.inf
