@@ -4,9 +4,9 @@ A job is played by a virtual player at the rate it needs: with `A` audio seconds
 `T = finish_by_s - now_s` seconds to go, `r = A / T` (audio s per s), recomputed as work
 is done. Its horizon advances `d / r` for `d` seconds of audio emitted (a stream's `rate`
 in scheduling/horizon.py), so EDF ranks a live listener at 1x ahead of a job at 0.2x, and
-the job is still never starved past its deadline. Without `finish_by_s`, `r = 0`: its horizon is at infinity, it takes only the
-turns nobody else is ready for (all of them on an idle server). A job that someone
-listens to takes its listener's horizon, at 1x.
+the job is still never starved past its deadline. Without `finish_by_s`, `r = 0`: its
+horizon is at infinity, it takes only the turns nobody else is ready for (all of them on
+an idle server). A job that someone listens to takes its listener's horizon, at 1x.
 
 Admission counts `r` for a job with a deadline (a fraction of one stream) and nothing for
 a best-effort one; a `finish_by_s` that the capacity left cannot meet is refused at once,
