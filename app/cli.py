@@ -1,5 +1,6 @@
 """The `playhead` command: `serve` runs the server, `config` prints the effective settings,
-`say` speaks through a running server (app/say.py).
+`say` speaks through a running server (app/say.py), `read` renders a long text file as a
+job and downloads it (app/jobs/read.py).
 
 The settings file is `--config`, else $PLAYHEAD_CONFIG, else the packaged
 configs/default.yaml (the measured defaults, shipped inside the package), so an installed
@@ -21,6 +22,7 @@ from typing import Any
 import yaml
 
 from app import __version__, say
+from app.jobs import read as read_job
 from app.logs import configure_logging
 from app.settings import Settings, SettingsError, load_settings
 from configs import packaged_config
@@ -79,6 +81,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     commands.add_parser("config", parents=[common], help="print the effective settings as YAML")
     say.add_parser(commands)
+    read_job.add_parser(commands)
     return parser
 
 
@@ -191,6 +194,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.command == "say":  # a client: no server settings
         return say.run(args)
+    if args.command == "read":  # a client too
+        return read_job.run(args)
     try:
         settings, path = _load(args)
     except SettingsError as exc:

@@ -19,6 +19,7 @@ from starlette.middleware.cors import CORSMiddleware
 from app import __version__, cartesia, elevenlabs
 from app.admission_gate import AdmissionGate
 from app.errors import install_error_handlers
+from app.jobs.install import install as install_jobs
 from app.request_id import RequestIdMiddleware
 from app.routes import open_router, v1_router
 from app.security import AccessMiddleware
@@ -91,4 +92,5 @@ def create_app(settings: Settings, *, backend_factory: BackendFactory | None = N
     app.include_router(open_router)
     install_websocket(app)
     cartesia.install(app)  # Cartesia's API (docs/cartesia.md)
+    install_jobs(app, state)  # long texts as jobs (docs/jobs.md)
     return app

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from app.cluster.config import ClusterConfig
 from app.encoding_config import EncodingConfig
+from app.jobs.config import JobsConfig
 from app.settings_moves import MOVED_FIELDS, REMOVED_FIELDS
 from app.ws.config import WebSocketConfig
 from app.wyoming.config import WyomingConfig
@@ -198,6 +199,7 @@ _CORE_SECTIONS: dict[str, Any] = {
     "websocket": _section(WebSocketConfig),
     "wyoming": _section(WyomingConfig),
     "cluster": _section(ClusterConfig),
+    "jobs": _section(JobsConfig),
 }
 _FRONT_SECTIONS: dict[str, Any] = {
     "server": _section(ServerConfig),

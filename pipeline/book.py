@@ -155,10 +155,26 @@ class StreamBook:
 
     # Transitions that concern every part.
 
-    def add_stream(self, voice: Voice, *, speed: float, now_s: float) -> Stream:
-        """A newly admitted stream, with no text yet."""
-        record = self.table.add_stream(voice, speed=speed, now_s=now_s)
+    def add_stream(
+        self,
+        voice: Voice,
+        *,
+        speed: float,
+        now_s: float,
+        job_pace: tuple[float, float] | None = None,
+    ) -> Stream:
+        """A newly admitted stream, with no text yet (a job's: with its virtual player's
+        (horizon_s, rate))."""
+        record = self.table.add_stream(voice, speed=speed, now_s=now_s, job_pace=job_pace)
         return record.stream
+
+    def pace_job(self, stream_id: str, horizon_s: float, rate: float, now_s: float) -> None:
+        """A job's stream gets a new virtual player (a listener came or went)."""
+        record = self.table.record(stream_id)
+        if record is not None and record.job_rate is not None:
+            record.job_rate = rate
+            self.scheduler.pace(stream_id, horizon_s, rate, now_s)
+            self.talker.playback_moved(record)
 
     def add_text(self, stream_id: str, text: str, *, final: bool, flush: bool = False) -> None:
         """More text for a live stream; `flush` cuts there: the text so far is spoken without

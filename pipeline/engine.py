@@ -399,6 +399,27 @@ class Engine:
         book.add_text(stream.id, text, final=final)
         return stream
 
+    def submit_job(
+        self, text: str, *, voice: str, speed: float, horizon_s: float, rate: float
+    ) -> Stream:
+        """A stream for one segment of a job (app/jobs/): never refused for capacity (the
+        job waited its turn in its own queue); scheduled by its virtual player, the
+        `horizon_s` (inf: never due) and `rate` (audio s per s; 0: best effort) of
+        scheduling/jobs.py. NotReady while the engine is not running."""
+        resolved = self.resolve_voice(voice)
+        if not (math.isfinite(speed) and speed > 0):
+            raise ValueError(f"speed must be a finite number > 0, got {speed!r}")
+        now_s = self._admit_now()
+        stream = self.book.add_stream(
+            resolved, speed=speed, now_s=now_s, job_pace=(horizon_s, rate)
+        )
+        self.book.add_text(stream.id, text, final=True)
+        return stream
+
+    def pace_job(self, stream_id: str, horizon_s: float, rate: float) -> None:
+        """A job's stream gets a new virtual player (someone listens now, or stopped)."""
+        self.book.pace_job(stream_id, horizon_s, rate, self._clock())
+
     def append_text(
         self, stream_id: str, text: str, *, final: bool = False, flush: bool = False
     ) -> None:

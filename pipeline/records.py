@@ -76,6 +76,8 @@ class StreamRecord:
     in_flight: deque[InFlight] = field(default_factory=deque)  # taken chunks, in order
     # the index of its next segment while the backend prepares it (prepare_segment)
     preparing: int | None = None
+    # a job's stream: the rate its virtual player plays at (scheduling/jobs.py); None: live
+    job_rate: float | None = None
 
     @property
     def talked_all(self) -> bool:

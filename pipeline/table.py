@@ -139,12 +139,18 @@ class StreamTable:
         starting, chunks = self._starting, self._start_phase_chunks
         loads = []
         for stream_id, record in self._records.items():
+            job_rate = record.job_rate
+            if job_rate == 0:  # a best-effort job: takes only what is left, counts nothing
+                continue
             stream = record.stream
             owed_s = record.text_chars * per_char_s / stream.speed - stream.stats.audio_s
             owed_s = max(owed_s, start_chunk_audio_s) if record.text_closed else math.inf
             left = 0
             if stream_id in starting and not record.waits_for_text:
                 left = max(1, chunks - stream.stats.chunks)
+            if job_rate is not None:  # a job with a deadline: the rate promised to it
+                loads.append(StreamLoad(owed_s, 0.0, units=job_rate))
+                continue
             loads.append(StreamLoad(owed_s, left * start_chunk_audio_s))
         return loads
 
@@ -183,8 +189,16 @@ class StreamTable:
 
     # Streams.
 
-    def add_stream(self, voice: Voice, *, speed: float, now_s: float) -> StreamRecord:
-        """A newly admitted stream, with no text yet."""
+    def add_stream(
+        self,
+        voice: Voice,
+        *,
+        speed: float,
+        now_s: float,
+        job_pace: tuple[float, float] | None = None,
+    ) -> StreamRecord:
+        """A newly admitted stream, with no text yet. A job's stream has `job_pace`, its
+        virtual player's (horizon_s, rate) (scheduling/jobs.py), and no start phase."""
         self._submitted += 1
         stream_id = uuid.uuid4().hex
         sender, receiver = audio_channel(
@@ -205,6 +219,11 @@ class StreamTable:
                 lambda: stream.stats.audio_s,
             ),
         )
+        if job_pace is not None:
+            record.job_rate = job_pace[1]
+            self.scheduler.admit(stream_id, now_s, horizon_s=job_pace[0], rate=job_pace[1])
+            self._events.stream_started(stream_id)
+            return record
         if self._start_phase_chunks:
             self._starting[stream_id] = None
         self.scheduler.admit(stream_id, now_s)  # its first-chunk deadline counts from now

@@ -74,6 +74,7 @@ class StreamLoad:
 
     owed_audio_s: float  # audio still to produce (an estimate; inf: live text, open-ended)
     start_left_audio_s: float = 0.0  # audio left to produce in its start phase (0: past it)
+    units: float = 1.0  # streams' worth of capacity it takes (a job: the rate promised it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +134,7 @@ class Admission:
         start = self._config.start_cost
         units = view.granted * (1.0 + start)
         for stream in view.streams:
-            units += 1.0 + (start if stream.start_left_audio_s > 0 else 0.0)
+            units += stream.units + (start if stream.start_left_audio_s > 0 else 0.0)
         return units
 
     def fits(self, view: LoadView, ahead: int = 0) -> bool:

@@ -14,6 +14,7 @@ every ready stream at every turn.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Iterable, Set
 from typing import NamedTuple
 
@@ -28,6 +29,9 @@ class StreamState(NamedTuple):
     first_seen_s: float  # when the stream was admitted or first seen (monotonic s)
     horizon_s: float | None = None  # when its player runs dry; None until the first audio
     emitted_audio_s: float = 0.0  # audio seconds that left the server for this stream
+    # its player's rate (audio s per s): 1 for a listener; a job's virtual player plays at
+    # the rate it needs, 0 (never runs dry) for a best-effort job (scheduling/jobs.py)
+    rate: float = 1.0
 
 
 class KeyIndex:
@@ -119,14 +123,17 @@ class StreamTable:
             return (state.first_seen_s + self._first_chunk_s, state.first_seen_s)
         return (state.horizon_s, state.first_seen_s)
 
-    def admit(self, stream_id: str, at_s: float) -> StreamState:
-        """The stream's state, admitting it at `at_s` when it is not known yet."""
+    def admit(
+        self, stream_id: str, at_s: float, horizon_s: float | None = None, rate: float = 1.0
+    ) -> StreamState:
+        """The stream's state, admitting it at `at_s` when it is not known yet. A job's
+        stream comes with its virtual player's horizon and rate (scheduling/jobs.py)."""
         state = self._states.get(stream_id)
         if state is None:
-            state = StreamState(first_seen_s=at_s)
+            state = StreamState(first_seen_s=at_s, horizon_s=horizon_s, rate=rate)
             self._states[stream_id] = state
             self._known.add(stream_id)
-            self.fresh.add(self.key(state), stream_id)
+            self._index(state).add(self.key(state), stream_id)
         return state
 
     def admit_unseen(self, stream_ids: Collection[str], at_s: float) -> None:
@@ -144,16 +151,20 @@ class StreamTable:
         # the buffer.
         horizon_s = state.horizon_s
         first_seen_s = state.first_seen_s
+        rate = state.rate
+        # d seconds of audio last d / rate at its player's rate (1 but for a job's)
+        played_s = duration_s if rate == 1.0 else (duration_s / rate if rate > 0 else math.inf)
         if horizon_s is None:
             self.fresh.remove(self.key(state), stream_id)
-            new_horizon_s = emitted_at_s + duration_s
+            new_horizon_s = emitted_at_s + played_s
             self.audio.add((new_horizon_s, first_seen_s), stream_id)
         else:
             start_s = horizon_s if horizon_s > emitted_at_s else emitted_at_s
-            new_horizon_s = start_s + duration_s
-            self.audio.move((horizon_s, first_seen_s), (new_horizon_s, first_seen_s), stream_id)
+            new_horizon_s = start_s + played_s
+            if new_horizon_s != horizon_s:
+                self.audio.move((horizon_s, first_seen_s), (new_horizon_s, first_seen_s), stream_id)
         states[stream_id] = StreamState(
-            first_seen_s, new_horizon_s, state.emitted_audio_s + duration_s
+            first_seen_s, new_horizon_s, state.emitted_audio_s + duration_s, rate
         )
 
     def ack_playback(self, stream_id: str, played_s: float, at_s: float) -> None:
@@ -162,7 +173,17 @@ class StreamTable:
         self._replace(
             stream_id,
             state,
-            StreamState(state.first_seen_s, horizon_s, state.emitted_audio_s),
+            StreamState(state.first_seen_s, horizon_s, state.emitted_audio_s),  # a listener: 1x
+        )
+
+    def pace(self, stream_id: str, horizon_s: float, rate: float, at_s: float) -> None:
+        """A job's stream gets a new virtual player: its horizon and rate (someone started
+        or stopped listening, or the rate it needs changed)."""
+        state = self.admit(stream_id, at_s)
+        self._replace(
+            stream_id,
+            state,
+            StreamState(state.first_seen_s, horizon_s, state.emitted_audio_s, rate),
         )
 
     def forget(self, stream_id: str) -> None:

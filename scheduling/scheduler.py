@@ -69,14 +69,24 @@ class PlaybackScheduler:
     def __len__(self) -> int:
         return len(self._table)
 
-    def admit(self, stream_id: str, at_s: float) -> None:
+    def admit(
+        self, stream_id: str, at_s: float, *, horizon_s: float | None = None, rate: float = 1.0
+    ) -> None:
         """Start tracking a stream at `at_s` (its request arrived); no-op when known.
 
         Its first-chunk deadline then counts from `at_s`; otherwise a stream is admitted
-        when first seen by select, record_audio or ack_playback.
+        when first seen by select, record_audio or ack_playback. A job's stream comes with
+        its virtual player (`horizon_s`, may be inf; `rate` >= 0: SPEC section 5).
         """
         require_finite_time("at_s", at_s)
-        self._table.admit(stream_id, at_s)
+        _check_pace(horizon_s, rate)
+        self._table.admit(stream_id, at_s, horizon_s, rate)
+
+    def pace(self, stream_id: str, horizon_s: float, rate: float, at_s: float) -> None:
+        """A job's stream gets a new virtual player (horizon, rate), from `at_s`."""
+        require_finite_time("at_s", at_s)
+        _check_pace(horizon_s, rate)
+        self._table.pace(stream_id, horizon_s, rate, at_s)
 
     def record_audio(
         self, stream_id: str, frames: int, sample_rate_hz: float, emitted_at_s: float
@@ -156,3 +166,10 @@ class PlaybackScheduler:
     def check_invariants(self) -> None:
         """Raise AssertionError when the internal indexes disagree (for tests)."""
         self._table.check_invariants()
+
+
+def _check_pace(horizon_s: float | None, rate: float) -> None:
+    if horizon_s is not None and math.isnan(horizon_s):
+        raise ValueError("horizon_s must be a time or inf, got nan")
+    if not (rate >= 0 and not math.isinf(rate)):
+        raise ValueError(f"rate must be a finite number >= 0, got {rate!r}")

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import numpy as np
 import pytest
@@ -35,6 +36,19 @@ TEST_CHUNKING = ChunkingConfig(
 )
 
 EngineFactory = Callable[..., Awaitable[Engine]]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _jobs_data_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Every app a test starts keeps its jobs (app/jobs/, `jobs.dir` null: under
+    $XDG_DATA_HOME) in this session's temporary directory, never the user's."""
+    saved = os.environ.get("XDG_DATA_HOME")
+    os.environ["XDG_DATA_HOME"] = str(tmp_path_factory.mktemp("data-home"))
+    yield
+    if saved is None:
+        os.environ.pop("XDG_DATA_HOME", None)
+    else:
+        os.environ["XDG_DATA_HOME"] = saved
 
 
 async def read_all(stream: Stream) -> np.ndarray:
