@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from benchmarks.gpu_step import compiled_step_checks
 from benchmarks.player import STALL_TOLERANCE_S, Player, percentile
 from benchmarks.virtual_time import SpentTime, VirtualTimeLoop, virtual_stages
 from pipeline.backend import TalkRequest, VocodeItem
@@ -849,6 +850,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--duration-s", type=float, default=None, help="engine run per N")
     parser.add_argument("--budget-s", type=float, default=540.0, help="skip parts past this")
+    parser.add_argument(
+        "--compiled-step",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the compiled step against the eager one (benchmarks/gpu_step.py)",
+    )
     args = parser.parse_args(argv)
     tiny = args.tiny
     sizes = TINY if tiny else FULL
@@ -909,6 +916,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ("talker", lambda: talker_steps(report, backend, texts, sizes["batches"], sizes["steps"])),
         ("prefill", lambda: prefill_costs(report, backend, texts, 4 if tiny else 64)),
         ("buckets", lambda: bucket_checks(report, backend, texts, sizes["check_steps"])),
+        *(  # the compiled step against the eager one, the same minutes (gpu_step.py)
+            [
+                (
+                    "compiled step",
+                    lambda: compiled_step_checks(
+                        report, backend, texts, sizes["batches"], sizes["steps"], 3 if tiny else 24
+                    ),
+                )
+            ]
+            if args.compiled_step
+            else []
+        ),
         (
             "vocoder",
             lambda: vocoder_checks(

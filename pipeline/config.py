@@ -324,6 +324,9 @@ class CodecLMConfig:
     prefill_chunk_tokens: int = 64  # a prompt is prefilled this many tokens per step
     prefill_rows: int = 4  # prompts prefilled per step (the others wait for the next)
     overlap_steps: bool = True  # collect step n's frames after launching step n+1 (no sync)
+    # the step's hot pieces compiled by torch.compile (inductor) at start-up, fused kernels;
+    # off until a GPU run shows it pays (docs/codec-lm.md, benchmarks/gpu_check.py)
+    compile_step: bool = False
     mimi_dtype: str = "float32"  # Mimi's dtype: float32, bfloat16, float16 or model
     vocoder_max_batch: int = 64  # with CUDA graphs: Mimi graphs for K = 1, 2, 4 .. this (0: none)
     vocoder_max_frames: int = 32  # ... and 4, 8 .. this frames per chunk (beyond: eager)
@@ -364,6 +367,7 @@ class CodecLMConfig:
             raise ConfigError(f"save_random must be true or false, got {self.save_random!r}")
         check_bool("cuda_graphs", self.cuda_graphs)
         check_bool("overlap_steps", self.overlap_steps)
+        check_bool("compile_step", self.compile_step)
         if self.mimi_dtype not in (*CODEC_LM_DTYPES[1:], "model"):
             raise ConfigError(
                 "mimi_dtype must be one of float32, bfloat16, float16, model, "

@@ -21,6 +21,7 @@ def test_the_gpu_check_runs_every_part_on_the_tiny_model(tmp_path: Path, capsys)
             str(out),
             "--duration-s",
             "1",
+            "--no-compiled-step",  # compiling takes a minute on a CPU: test_codec_lm_compiled
             "--set",
             f"codec_lm.cache_dir={tmp_path / 'cache'}",
         ]

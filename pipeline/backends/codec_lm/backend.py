@@ -77,6 +77,7 @@ class CodecLMBackend(Backend):
             temperature=cfg.temperature,
             top_k=cfg.top_k,
             cuda_graphs=graphs,
+            compile_step=cfg.compile_step,
         )
         self.launcher = Launcher(self.stepper, cfg.prefill_rows)
         self._in_flight: Launch | None = None

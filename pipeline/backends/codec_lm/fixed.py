@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import torch
 
+from pipeline.backends.codec_lm.compiled import compile_piece
 from pipeline.backends.codec_lm.graphs import StepGraphs
 from pipeline.backends.codec_lm.ops import (
     finish_layer_fused,
@@ -68,6 +69,7 @@ class FixedStep:
         temperature: float,
         top_k: int,
         cuda_graphs: bool,
+        compile_step: bool = False,
     ) -> None:
         self.model = model
         cfg = model.config
@@ -110,6 +112,13 @@ class FixedStep:
         self.pf_final = torch.zeros(top, **long)  # 1: this chunk ends the prompt
         self.hidden_size = cfg.hidden_size
         self._slot_buffers(self.cache.capacity)
+        # the step's hot pieces, eager or compiled (compiled.py); the same functions either way
+        self.compiled = compile_step
+        self.backbone_fn, self.depth_pass, self.pick = self._backbone, self._depth_pass, self._pick
+        if compile_step:
+            self.backbone_fn = compile_piece(self._backbone)
+            self.depth_pass = compile_piece(self._depth_pass)
+            self.pick = compile_piece(self._pick)
 
     def padded(self, count: int) -> int:
         m = self.row_multiple
@@ -176,7 +185,7 @@ class FixedStep:
 
     # the step functions: inputs and outputs in the persistent buffers only
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def _decode(self, rows: int, keys: int) -> None:
         positions = self.positions[:rows]
         ready = self.pf_ready[:rows] > 0  # first frames of prompts that ended just before
@@ -184,7 +193,7 @@ class FixedStep:
         last = self.last_frames[:rows]
         embeds = self.backbone.embed_tokens(last[:, None, :])  # sums the codebook embeddings
         slots = torch.arange(rows, device=self.device)
-        hidden = self._backbone(embeds, slots, positions[:, None], keys, direct=True)[:, 0]
+        hidden = self.backbone_fn(embeds, slots, positions[:, None], keys, direct=True)[:, 0]
         hidden = torch.where(ready[:, None], self.pf_hidden[:rows], hidden)
         noise_at = torch.where(ready, self.pf_position[:rows], positions)
         codes = self._frame(hidden, self.seeds[:rows], noise_at)
@@ -192,14 +201,14 @@ class FixedStep:
         self.last_frames[:rows] = torch.where(active[:, None], codes, last)
         self.pf_ready[:rows] = 0
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def _prefill(self, rows: int, keys: int) -> None:
         slots, length = self.pf_slots[:rows], self.pf_len[:rows]
         offsets = torch.arange(self.chunk, device=self.device)
         positions = self.pf_start[:rows, None] + offsets[None, :]
         writes = torch.where(offsets[None, :] < length[:, None], positions, self.trash)
         embeds = self.model.embed_text_tokens(self.pf_ids[:rows])
-        states = self._backbone(embeds, slots, positions, keys, direct=False, writes=writes)
+        states = self.backbone_fn(embeds, slots, positions, keys, direct=False, writes=writes)
         last = (length - 1).clamp(min=0)
         self.pf_hidden[slots] = states[torch.arange(rows, device=self.device), last]
         self.pf_position[slots] = positions.gather(1, last[:, None])[:, 0]
@@ -242,17 +251,39 @@ class FixedStep:
             hidden = finish_layer_fused(layer, hidden, attended)
         return rms_norm(self.backbone.norm, hidden)
 
-    def _choose(self, logits, seeds, positions, codebook: int, noise) -> torch.Tensor:
+    def _pick(self, hidden, head, noise, *, backbone: bool) -> torch.Tensor:
+        """A codebook's codes [rows] from `hidden` [rows, H]: codebook 0 through the backbone's
+        head (`backbone`: `head` its weight [vocab, H]), the others through the depth
+        decoder's (`head` the codebook's slice [H, vocab]); `noise` that codebook's sampling
+        noise [rows, codes] (None: greedy)."""
+        logits = torch.nn.functional.linear(hidden, head) if backbone else hidden @ head
         return choose_codes(
             logits,
             codes=self.codes,
             temperature=self.temperature,
             top_k=self.top_k,
-            seeds=seeds,
-            positions=positions,
-            codebook=codebook,
-            noise=None if noise is None else noise[:, codebook],
+            seeds=None,
+            positions=None,
+            codebook=-1,  # unused: the noise is given (or greedy)
+            noise=noise,
         )
+
+    def _depth_pass(self, embeds, past, cos, sin, mask):
+        """One pass of the depth decoder over `embeds` [rows, tokens, H] with the K and V of
+        the passes before (`past`, per layer; None in the first pass), the pass's rotary
+        tables and causal mask: the normed hidden state of the last token and every layer's
+        K and V so far."""
+        hidden, kept = embeds, []
+        for index, layer in enumerate(self.depth.layers):
+            normed = rms_norm(layer.input_layernorm, hidden)
+            q, k, v = project_fused(layer, normed, self.depth_head_dim, cos, sin)
+            if past is not None:
+                k = torch.cat([past[index][0], k], dim=2)
+                v = torch.cat([past[index][1], v], dim=2)
+            kept.append((k, v))
+            attended = gqa_attention(q, k, v, mask, layer.self_attn.scaling)
+            hidden = finish_layer_fused(layer, hidden, attended)
+        return rms_norm(self.depth.norm, hidden[:, -1]), kept
 
     def _frame(self, backbone_hidden, seeds, positions) -> torch.Tensor:
         """A frame per row [rows, codebooks]: codebook 0 from the backbone's head, the
@@ -261,12 +292,14 @@ class FixedStep:
         noise = None
         if self.temperature > 0:
             noise = frame_noise(seeds, positions, self.num_codebooks, self.codes)
-        codes = [self._choose(self.model.lm_head(backbone_hidden), seeds, positions, 0, noise)]
+        books = [None if noise is None else noise[:, c] for c in range(self.num_codebooks)]
+        head = self.model.lm_head.weight
+        codes = [self.pick(backbone_hidden, head, books[0], backbone=True)]
         depth = self.depth
         rows = backbone_hidden.shape[0]
         first = depth.embed_tokens(codes[0])  # codebook 0's ids carry no offset
         embeds = depth.inputs_embeds_projector(torch.stack([backbone_hidden, first], dim=1))
-        past: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(depth.layers)
+        past = None
         # the rotary tables and the causal mask of every pass at once; a pass takes views
         every = torch.arange(self.num_codebooks, device=self.device)
         cos_all, sin_all = depth.rotary_emb(embeds, every[None])
@@ -274,24 +307,13 @@ class FixedStep:
         causal = every[None, :] <= every[:, None]
         start = 0
         while len(codes) < self.num_codebooks:
-            tokens = embeds.shape[1]
-            stop = start + tokens
+            stop = start + embeds.shape[1]
             cos, sin = cos_all[:, None, start:stop], sin_all[:, None, start:stop]
             mask = causal[start:stop, :stop][None, None].expand(rows, 1, -1, -1)
-            hidden = embeds
-            for index, layer in enumerate(depth.layers):
-                normed = rms_norm(layer.input_layernorm, hidden)
-                q, k, v = project_fused(layer, normed, self.depth_head_dim, cos, sin)
-                if past[index] is not None:
-                    k = torch.cat([past[index][0], k], dim=2)
-                    v = torch.cat([past[index][1], v], dim=2)
-                past[index] = (k, v)
-                attended = gqa_attention(q, k, v, mask, layer.self_attn.scaling)
-                hidden = finish_layer_fused(layer, hidden, attended)
-            last = rms_norm(depth.norm, hidden[:, -1])
+            last, past = self.depth_pass(embeds, past, cos, sin, mask)
             codebook = len(codes)  # predicted by head weight codebook - 1
-            logits = last @ self.depth_head.weight[codebook - 1]
-            code = self._choose(logits, seeds, positions, codebook, noise)
+            head = self.depth_head.weight[codebook - 1]
+            code = self.pick(last, head, books[codebook], backbone=False)
             codes.append(code)
             start = stop
             if len(codes) < self.num_codebooks:

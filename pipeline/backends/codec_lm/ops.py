@@ -49,7 +49,11 @@ def rms_norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 def fuse_projections(layer: torch.nn.Module) -> None:
     """One weight for q, k and v, and one for the MLP's gate and up, so that a fixed step
     runs one matrix product where it ran three, and one where it ran two. The modules'
-    own weights become views into the fused ones (no copy kept; their values unchanged)."""
+    own weights become views into the fused ones (no copy kept; their values unchanged).
+    Done once per layer: a second step object on the same model (gpu_check's compiled step
+    beside the eager one) keeps the fused weights that the first one's graphs read."""
+    if hasattr(layer, "_qkv"):
+        return
     attn, mlp = layer.self_attn, layer.mlp
     groups = {
         "_qkv": (attn.q_proj, attn.k_proj, attn.v_proj),
