@@ -18,6 +18,7 @@ from benchmarks.report import (
     write_report,
     write_results_json,
 )
+from benchmarks.voice_targets import targets
 
 SERVER_NAMES = {"playhead": "Playhead", "piper-http": "piper HTTP server"}
 
@@ -257,8 +258,6 @@ def write_voice_report(results: Mapping[str, Any], out_dir: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     """`python -m benchmarks.voice_report results.json [out_dir]`: redraw a report, its
     targets worked out again from the figures (as the code now states them)."""
-    from benchmarks.voice import targets  # voice imports this module: here, not at the top
-
     results, out_dir = redraw_args(argv, main.__doc__)
     results["targets"] = targets(results)
     print(write_voice_report(results, out_dir))

@@ -15,13 +15,14 @@ from typing import Any
 
 import pytest
 
-from benchmarks import voice, voice_report
+from benchmarks import voice, voice_report, voice_targets
 from benchmarks.bench import LoadPlan, Policy
+from benchmarks.lab.rtf_ab import TEXTS, rotation
 from benchmarks.loadgen import RequestResult
 from benchmarks.player import Outcome, Player, StreamRecord
-from benchmarks.rtf_ab import TEXTS, rotation
 from benchmarks.voice_limit import LimitRun
 from benchmarks.voice_report import limit_line
+from benchmarks.voice_targets import PLAYHEAD
 
 FIFO, EDF = Policy("fifo", 0, False), Policy("edf", 1, False)
 
@@ -146,34 +147,32 @@ def test_a_single_round_report_reads_as_before() -> None:
 def _single(ours: tuple[float, float], peer: tuple[float, float]) -> dict[str, Any]:
     return {
         server: {"short": {"rtf_p50": rtfs[0]}, "long": {"rtf_p50": rtfs[1]}}
-        for server, rtfs in ((voice.PLAYHEAD, ours), (voice.PIPER, peer))
+        for server, rtfs in ((PLAYHEAD, ours), (voice_targets.PIPER, peer))
     }
 
 
 def test_a_single_requests_rtf_is_judged_against_piper_in_the_same_run() -> None:
     """At most piper's RTF p50 is met, per kind of text; short texts first."""
-    judged = voice.rtf_vs_peer(_single((0.080, 0.075), (0.080, 0.070)))
+    judged = voice_targets.rtf_vs_peer(_single((0.080, 0.075), (0.080, 0.070)))
     assert list(judged) == ["short", "long"]
     assert judged["short"] == {"playhead": 0.080, "peer": 0.080, "ratio": 1.0, "met": True}
     assert judged["long"]["ratio"] == pytest.approx(0.075 / 0.070)
     assert not judged["long"]["met"]
     # no peer (--no-peer): nothing to judge
-    assert (
-        voice.rtf_vs_peer({voice.PLAYHEAD: _single((0.08, 0.07), (0.1, 0.1))[voice.PLAYHEAD]}) == {}
-    )
+    assert voice_targets.rtf_vs_peer({PLAYHEAD: _single((0.08, 0.07), (0.1, 0.1))[PLAYHEAD]}) == {}
 
 
 def test_the_report_states_every_machine_target() -> None:
     """C / limit, the seams and the RTF against piper's each get a met / MISSED line."""
     results: dict[str, Any] = {
         "single_stream": _single((0.094, 0.085), (0.075, 0.075)),
-        "concurrency": {voice.PLAYHEAD: []},
+        "concurrency": {PLAYHEAD: []},
         "runs": [],
         "machine_limit": {"capacity_ratio": 0.82},
         "seams": {"worst_db": 42.74, "median_db": 65.13},
     }
-    results["single_stream"][voice.PLAYHEAD]["short"]["ttfa_p50_ms"] = 55.0
-    t = voice.targets(results)
+    results["single_stream"][PLAYHEAD]["short"]["ttfa_p50_ms"] = 55.0
+    t = voice_targets.targets(results)
     assert t["capacity_ratio_met"] and t["seams_met"]
     assert not any(r["met"] for r in t["rtf_vs_peer"].values())
     lines = voice_report._machine_targets(t)
@@ -185,13 +184,15 @@ def test_the_report_states_every_machine_target() -> None:
     ]
     results["machine_limit"]["capacity_ratio"] = 0.79
     results["seams"]["worst_db"] = 39.9
-    t = voice.targets(results)
+    t = voice_targets.targets(results)
     assert voice_report._machine_targets(t)[:2] == [
         "C / limit 0.79 vs >= 0.8: MISSED.",
         "Seams against whole-segment synthesis: worst 39.9 dB (median 65.1) vs >= 40 dB: MISSED.",
     ]
     del results["machine_limit"], results["seams"]  # --no-limit, and no sweep
-    assert voice_report._machine_targets(voice.targets(results))[0].startswith("Single-request")
+    assert voice_report._machine_targets(voice_targets.targets(results))[0].startswith(
+        "Single-request"
+    )
 
 
 def test_the_0_9c_target_line_gives_the_servers_split_where_the_run_has_it() -> None:
@@ -210,11 +211,11 @@ def test_the_0_9c_target_line_gives_the_servers_split_where_the_run_has_it() -> 
     }
     results: dict[str, Any] = {
         "single_stream": _single((0.094, 0.085), (0.075, 0.075)),
-        "concurrency": {voice.PLAYHEAD: []},
+        "concurrency": {PLAYHEAD: []},
         "runs": [run],
         "capacity_audio_s_per_s": 14.0,
     }
-    results["single_stream"][voice.PLAYHEAD]["short"]["ttfa_p50_ms"] = 55.0
+    results["single_stream"][PLAYHEAD]["short"]["ttfa_p50_ms"] = 55.0
     line = (
         f"At N = 0.9 C (13 streams), edf K={voice.WINDOW} + admission: 100% stall-free, "
         "TTFA p99 424 ms vs < 300 ms (2 x 429): MISSED."
@@ -223,9 +224,9 @@ def test_the_0_9c_target_line_gives_the_servers_split_where_the_run_has_it() -> 
         " The server's split (Server-Timing), p99: waiting for a start slot 251 ms, "
         "submit to first audio 183 ms."
     )
-    assert voice_report._at_0_9c_targets(voice.targets(results)) == [line + split]
+    assert voice_report._at_0_9c_targets(voice_targets.targets(results)) == [line + split]
     del run["server_start_wait_p99_ms"], run["server_first_audio_p99_ms"]  # an older run
-    assert voice_report._at_0_9c_targets(voice.targets(results)) == [line]
+    assert voice_report._at_0_9c_targets(voice_targets.targets(results)) == [line]
 
 
 def test_single_streams_alternate_between_the_servers_text_by_text() -> None:
@@ -272,7 +273,7 @@ def test_single_streams_alternate_between_the_servers_text_by_text() -> None:
 
 
 def test_rtf_ab_gives_every_text_every_place_in_the_order() -> None:
-    """`benchmarks.rtf_ab` sends each text to its servers in a rotating order. With 9 texts
+    """`benchmarks.lab.rtf_ab` sends each text to its servers in a rotating order. With 9 texts
     and 3 servers a rotation by text alone gave each text the same order in every round
     (server A right after piper's for two texts of three, B for one), so the order turns
     by round too: over 3 rounds each text meets each server in each place."""
