@@ -32,4 +32,13 @@ REMOVED_FIELDS: dict[tuple[str, str], str] = {
     ("engine", "initial_capacity_audio_s_per_s"): (
         "the start-up calibration measures the capacity (engine.calibration_calls)"
     ),
+    ("engine", "capacity_floor"): "the capacity model is the cap (docs/admission.md)",
+    # the separate start queue became the one queue, its slots the start cost
+    ("admission", "max_starting_streams"): "the start cost counts starts (admission.start_cost)",
+    ("admission", "start_retry_after_s"): "Retry-After comes from the queue's prediction",
+    ("admission", "start_queue_timeout_s"): "a request waits at most admission.queue_max_wait_s",
+    ("admission", "fallback_retry_after_s"): "Retry-After comes from the queue's prediction",
+    ("vocoder", "start_lane_chunks"): "the start lane measured worse with admission (removed)",
+    ("vocoder", "work_ahead_while_talking"): "off by default and removed: alone.work_ahead",
+    ("piper", "prepare_idle_priority"): "the helper thread runs at the process's priority",
 }

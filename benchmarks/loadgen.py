@@ -36,21 +36,26 @@ doing the playing and the recording.
 from __future__ import annotations
 
 import asyncio
-import bisect
-import io
 import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 import httpx
 
+from benchmarks.listening import (
+    Arrival,
+    BodyReader,
+    EncodedReader,
+    PcmReader,
+    RequestResult,
+    StreamRecorder,
+    Tracker,
+)
 from benchmarks.player import (
     Outcome,
-    Player,
     StreamRecord,
     Summary,
     listening_in_window,
@@ -60,7 +65,6 @@ from benchmarks.player import (
 
 CORPUS_PATH = Path(__file__).with_name("corpus.txt")
 NEXT_REQUEST = ("after_playback", "after_last_byte")
-ENCODED_FORMATS = {"mp3": "mp3", "opus": "ogg", "aac": "aac", "flac": "flac", "wav": "wav"}
 
 
 def load_corpus(path: str | Path = CORPUS_PATH) -> tuple[str, ...]:
@@ -96,18 +100,6 @@ class RequestOptions:
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-
-
-@dataclass(frozen=True)
-class Arrival:
-    at_s: float
-    duration_s: float
-
-
-@dataclass(frozen=True)
-class RequestResult:
-    record: StreamRecord
-    arrivals: tuple[Arrival, ...]  # audio as credited to the player
 
 
 @dataclass(frozen=True)
@@ -155,115 +147,6 @@ class LoadResult:
         return audio_s / span_s
 
 
-def decoded_durations(body: bytes, response_format: str) -> list[tuple[int, float]]:
-    """(byte offset by which the packet has fully arrived, decoded seconds) per packet."""
-    import av  # heavy; only encoded formats need it
-
-    container = av.open(io.BytesIO(body), format=ENCODED_FORMATS[response_format])
-    try:
-        stream = container.streams.audio[0]
-        packets: list[tuple[int | None, float]] = []
-        for packet in container.demux(stream):
-            samples = 0
-            rate = 0
-            for frame in packet.decode():
-                samples += frame.samples
-                rate = frame.sample_rate
-            seconds = samples / rate if rate else 0.0
-            pos = packet.pos if packet.pos is not None and packet.pos >= 0 else None
-            packets.append((pos, seconds))
-    finally:
-        container.close()
-    # A packet has arrived once the next distinct position has (an Ogg page holds several
-    # packets with the page's position); the last ones need the whole body.
-    out: list[tuple[int, float]] = []
-    positions = sorted({p for p, _ in packets if p is not None})
-    known_end = 0
-    for pos, seconds in packets:
-        if pos is not None:
-            i = bisect.bisect_right(positions, pos)
-            known_end = positions[i] if i < len(positions) else len(body)
-        end = max(known_end, out[-1][0] if out else 0)
-        if seconds > 0:
-            out.append((min(end, len(body)), seconds))
-    return out
-
-
-def credit_encoded(
-    reads: Sequence[tuple[float, int]], body: bytes, response_format: str
-) -> list[Arrival]:
-    """Map decoded packets to the read (time, cumulative bytes) that completed them."""
-    if not body:
-        return []
-    cum = [c for _, c in reads]
-    arrivals: list[Arrival] = []
-    for end, seconds in decoded_durations(body, response_format):
-        i = min(bisect.bisect_left(cum, end), len(reads) - 1)
-        at_s = reads[i][0]
-        if arrivals and arrivals[-1].at_s == at_s:
-            arrivals[-1] = Arrival(at_s, arrivals[-1].duration_s + seconds)
-        else:
-            arrivals.append(Arrival(at_s, seconds))
-    return arrivals
-
-
-class Tracker:
-    """What a run heard, requests cut off at its end included: every audio arrival (for
-    xRT) and the players of the requests in flight (for the listening count)."""
-
-    def __init__(self) -> None:
-        self.arrivals: list[Arrival] = []
-        self.players: set[Player] = set()
-
-
-class BodyReader(Protocol):
-    """Turns a response body, read by read, into seconds of audio."""
-
-    def feed(self, at_s: float, data: bytes) -> float:
-        """Seconds of audio this read makes playable now."""
-        ...
-
-    def flush(self) -> list[Arrival]:
-        """Audio that could only be credited once the whole body had arrived."""
-        ...
-
-
-class PcmReader:
-    """Raw PCM (s16le mono by default): whole sample frames, rate x frame_bytes a second."""
-
-    def __init__(self, sample_rate_hz: int, frame_bytes: int = 2) -> None:
-        self._frame_bytes = frame_bytes
-        self._bytes_per_s = float(sample_rate_hz * frame_bytes)
-        self._odd = 0  # bytes of a sample frame split across reads
-
-    def feed(self, at_s: float, data: bytes) -> float:
-        usable = (self._odd + len(data)) // self._frame_bytes * self._frame_bytes
-        self._odd = self._odd + len(data) - usable
-        return usable / self._bytes_per_s
-
-    def flush(self) -> list[Arrival]:
-        return []
-
-
-class EncodedReader:
-    """An encoded format: decoded once the body is complete (see credit_encoded)."""
-
-    def __init__(self, response_format: str) -> None:
-        self._format = response_format
-        self._reads: list[tuple[float, int]] = []
-        self._chunks: list[bytes] = []
-        self._total = 0
-
-    def feed(self, at_s: float, data: bytes) -> float:
-        self._total += len(data)
-        self._reads.append((at_s, self._total))
-        self._chunks.append(data)
-        return 0.0
-
-    def flush(self) -> list[Arrival]:
-        return credit_encoded(self._reads, b"".join(self._chunks), self._format)
-
-
 async def request_once(
     client: httpx.AsyncClient,
     base_url: str,
@@ -307,60 +190,41 @@ async def play_request(
     """POST `body` (JSON) to `url` and play the answer through a 1x player as `reader`
     credits its audio. A non-200 answer is recorded (429: rejected, with its Retry-After),
     never raised, as are HTTP and stream errors."""
-    player = Player()
-    run_tracker = tracker if tracker is not None else Tracker()
-    arrivals: list[Arrival] = []
-
-    def hear(arrival: Arrival) -> None:
-        player.feed(arrival.at_s, arrival.duration_s)
-        arrivals.append(arrival)
-        run_tracker.arrivals.append(arrival)
-
-    run_tracker.players.add(player)
-    sent = answered = finished = clock()
     status: int | None = None
     outcome, error, retry_after = Outcome.FAILED, None, None
     timing: dict[str, float] = {}
-    try:
-        async with client.stream("POST", url, json=body, headers=headers) as response:
-            answered = clock()
-            status = response.status_code
-            if status != 200:
-                error = (await response.aread()).decode("utf-8", "replace")[:300]
-                retry_after = _retry_after(response.headers.get("retry-after"))
-                outcome = Outcome.REJECTED if status == 429 else Outcome.FAILED
-                finished = clock()
-            else:
-                timing = parse_server_timing(response.headers.get("server-timing"))
-                async for data in response.aiter_raw():
-                    now = clock()
-                    seconds = reader.feed(now, data)
-                    if seconds > 0:
-                        hear(Arrival(now, seconds))
-                finished = clock()
-                for arrival in reader.flush():
-                    hear(arrival)
-                outcome = Outcome.OK
-    except (httpx.HTTPError, OSError, ValueError) as exc:
-        outcome, error, retry_after = Outcome.FAILED, f"{type(exc).__name__}: {exc}", None
+    with StreamRecorder(clock, text, waited_s=waited_s, tracker=tracker) as recorder:
+        answered = recorder.sent_at_s
+        try:
+            async with client.stream("POST", url, json=body, headers=headers) as response:
+                answered = clock()
+                status = response.status_code
+                if status != 200:
+                    error = (await response.aread()).decode("utf-8", "replace")[:300]
+                    retry_after = _retry_after(response.headers.get("retry-after"))
+                    outcome = Outcome.REJECTED if status == 429 else Outcome.FAILED
+                else:
+                    timing = parse_server_timing(response.headers.get("server-timing"))
+                    async for data in response.aiter_raw():
+                        now = clock()
+                        recorder.hear(now, reader.feed(now, data))
+                    finished = clock()
+                    for arrival in reader.flush():
+                        recorder.hear(arrival.at_s, arrival.duration_s)
+                    outcome = Outcome.OK
+        except (httpx.HTTPError, OSError, ValueError) as exc:
+            outcome, error, retry_after = Outcome.FAILED, f"{type(exc).__name__}: {exc}", None
+    if outcome is not Outcome.OK:
         finished = clock()
-    finally:
-        run_tracker.players.discard(player)
-    record = StreamRecord(
-        outcome=outcome,
-        sent_at_s=sent,
+    return recorder.result(
+        outcome,
         answered_at_s=answered,
         finished_at_s=finished,
-        playback=player.result(),
-        text_chars=len(text),
         retry_after_s=retry_after,
         http_status=status,
         error=error,
-        waited_s=waited_s,
-        server_start_wait_s=timing.get("start-wait"),
-        server_first_audio_s=timing.get("first-audio"),
+        server_timing=timing,
     )
-    return RequestResult(record, tuple(arrivals))
 
 
 def _retry_after(value: str | None) -> float | None:

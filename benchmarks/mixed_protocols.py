@@ -35,18 +35,16 @@ import httpx
 import websockets
 
 from benchmarks.bench import LoadPlan, measure_capacity, serve
+from benchmarks.listening import PcmReader, RequestResult, StreamRecorder, Tracker
 from benchmarks.loadgen import (
-    Arrival,
     Clock,
     RequestOptions,
-    RequestResult,
-    Tracker,
     closed_loop,
     fetch_voice,
     load_corpus,
     request_once,
 )
-from benchmarks.player import Outcome, Player, StreamRecord, summarize
+from benchmarks.player import Outcome, summarize
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTOCOLS = ("openai", "playhead-ws", "elevenlabs", "cartesia")
@@ -169,46 +167,30 @@ async def play_socket(
     tracker: Tracker | None,
 ) -> RequestResult:
     """One stream over a socket protocol, played through a 1x player as it arrives."""
-    player, arrivals = Player(), []
-    run_tracker = tracker if tracker is not None else Tracker()
-    run_tracker.players.add(player)
-    sent = answered = clock()
+    reader = PcmReader(SAMPLE_RATE_HZ)
     outcome, error, retry_after = Outcome.FAILED, None, None
-    odd = b""
-    try:
-        async for data in client(base_url, text, voice):
-            now = clock()
-            data, odd = odd + data, b""
-            if len(data) % 2:
-                data, odd = data[:-1], data[-1:]
-            seconds = len(data) / 2 / SAMPLE_RATE_HZ
-            if seconds > 0:
-                if not arrivals:
+    with StreamRecorder(clock, text, waited_s=waited_s, tracker=tracker) as recorder:
+        answered = recorder.sent_at_s
+        try:
+            async for data in client(base_url, text, voice):
+                now = clock()
+                seconds = reader.feed(now, data)
+                if seconds > 0 and not recorder.arrivals:
                     answered = now
-                arrival = Arrival(now, seconds)
-                player.feed(now, seconds)
-                arrivals.append(arrival)
-                run_tracker.arrivals.append(arrival)
-        outcome = Outcome.OK if arrivals else Outcome.FAILED
-        error = None if arrivals else "the stream ended without audio"
-    except Refused as exc:
-        outcome, retry_after = Outcome.REJECTED, exc.retry_after_s
-    except (OSError, RuntimeError, ValueError, websockets.WebSocketException) as exc:
-        error = f"{type(exc).__name__}: {exc}"
-    finally:
-        run_tracker.players.discard(player)
-    record = StreamRecord(
-        outcome=outcome,
-        sent_at_s=sent,
+                recorder.hear(now, seconds)
+            outcome = Outcome.OK if recorder.arrivals else Outcome.FAILED
+            error = None if recorder.arrivals else "the stream ended without audio"
+        except Refused as exc:
+            outcome, retry_after = Outcome.REJECTED, exc.retry_after_s
+        except (OSError, RuntimeError, ValueError, websockets.WebSocketException) as exc:
+            error = f"{type(exc).__name__}: {exc}"
+    return recorder.result(
+        outcome,
         answered_at_s=answered,
         finished_at_s=clock(),
-        playback=player.result(),
-        text_chars=len(text),
         retry_after_s=retry_after,
         error=error,
-        waited_s=waited_s,
     )
-    return RequestResult(record, tuple(arrivals))
 
 
 @dataclass

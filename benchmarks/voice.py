@@ -77,13 +77,7 @@ from benchmarks.seams import default_sweep
 from benchmarks.voice_limit import LimitRun, measure_limit
 from benchmarks.voice_peer import PEER_DRAIN_TIMEOUT_S, PEER_OPTIONS, peer_request, piper_server
 from benchmarks.voice_report import write_voice_report
-from benchmarks.voice_targets import (
-    PIPER,
-    PLAYHEAD,
-    TARGET_STALL_FREE_STREAMS,
-    WINDOW,
-    targets,
-)
+from benchmarks.voice_targets import PIPER, PLAYHEAD, TARGET_STALL_FREE_STREAMS, WINDOW, targets
 from pipeline.backends.piper import bundled_model_path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -166,7 +160,7 @@ async def _warm(url: str, plan: LoadPlan) -> None:
 # idle machine. piper's server goes on using 20-30 ms of CPU in the 50 ms after each of
 # its responses (its ONNX Runtime threads spin; Playhead's single-threaded sessions do
 # not). Sent at once, two identical Playhead servers differed by 1.7-3.4% in RTF on short
-# texts by how often each came right after piper (benchmarks.rtf_ab, 12 rounds); with
+# texts by how often each came right after piper (benchmarks.lab.rtf_ab, 12 rounds); with
 # this pause, by 0.1%.
 SETTLE_S = 0.1
 

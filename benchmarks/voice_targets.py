@@ -1,6 +1,8 @@
-"""The targets `make bench-voice` judges its results against, and the judging: shared by
-benchmarks/voice.py (which runs and writes them) and benchmarks/voice_report.py (which draws
-them, and redraws a saved run's), so that neither imports the other."""
+"""What `make bench-voice` is judged by: its targets, worked out from a run's figures.
+
+Apart from benchmarks/voice.py (which runs the benchmark) and benchmarks/voice_report.py
+(which writes its report), so that both read the targets without importing each other.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +13,6 @@ from benchmarks.report import stall_free_capacity
 from benchmarks.seams import TARGET_DB as SEAM_TARGET_DB
 
 PLAYHEAD, PIPER = "playhead", "piper-http"
-
 # the served policy (edf K=1, without and with admission) at N = 0.9 x C: every stream
 # stall-free, TTFA p99 under this
 TARGET_AT_0_9C_TTFA_P99_MS = 300.0

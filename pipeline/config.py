@@ -61,7 +61,7 @@ class TalkerConfig:
 class AloneConfig:
     """What the engine does for a stream alone: no other stream has work left (the one
     definition, pipeline/load.py). Each is measured against its removal
-    (docs/voice-tuning.md, "A stream alone")."""
+    (benchmarks/results/records/2026-12-03-voice-alone-ablation.md)."""
 
     # a vocoder worker that finds no stream ready decodes the lone stream's next chunk
     # beside the one in flight (more than one worker: Piper); chunks still leave in order

@@ -232,9 +232,9 @@ def test_a_step_runs_the_depth_decoder_once_whatever_prompts_arrive(
 def test_sampling_adds_a_handful_of_operators_per_codebook_to_a_step() -> None:
     """A step's time on a GPU is its count of small kernels (9,479 at batch 64 on an H200,
     about a fifth of them drawing the noise codebook by codebook). Counted on the CPU at
-    CSM-1B's structure (benchmarks/step_ops.py): sampling on top of greedy costs a few
+    CSM-1B's structure (benchmarks/lab/step_ops.py): sampling on top of greedy costs a few
     operators per codebook (its top-k, mask and argmax), its noise drawn once a frame."""
-    from benchmarks.step_ops import build, count
+    from benchmarks.lab.step_ops import build, count
 
     backend = build(False, "codec_lm.backbone_layers=2")  # the depth decoder's 31 x 4
     sampled, names = count(backend, rows=4, steps=1)

@@ -1,4 +1,5 @@
-"""The README stays a README, and every link in it and in docs/ leads somewhere.
+"""The README stays a README, and every link in it, in docs/ and in the dated records of
+benchmarks/results/records/ leads somewhere.
 
 A relative link must name a file of the repository; a `#fragment` must name a heading of
 its target (GitHub's anchors: lower case, punctuation dropped, spaces to hyphens, a
@@ -15,7 +16,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 README_MAX_LINES = 250
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+    *sorted((ROOT / "benchmarks" / "results" / "records").glob("*.md")),
+]
 
 _FENCE = re.compile(r"^(```|~~~)")
 _INLINE_CODE = re.compile(r"`[^`]*`")

@@ -11,7 +11,7 @@ import socket
 import threading
 import time
 import wave
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import av
 import httpx
@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import uvicorn
 
+from benchmarks.listening import Arrival, credit_encoded, decoded_durations
 from benchmarks.loadgen import (
-    Arrival,
     Clock,
     LoadResult,
     Requester,
@@ -28,8 +28,6 @@ from benchmarks.loadgen import (
     RequestResult,
     Tracker,
     closed_loop,
-    credit_encoded,
-    decoded_durations,
     load_corpus,
     open_loop,
     request_once,
@@ -544,3 +542,28 @@ async def test_closed_loop_calls_the_given_request_hook() -> None:
     # and the arrivals it reported through the run's tracker
     assert len(result.arrivals) >= len(returned)
     assert {a.duration_s for a in result.arrivals} >= {r.playback.audio_s for r in returned}
+
+
+async def test_a_socket_stream_is_recorded_by_the_same_recorder() -> None:
+    """mixed_protocols' socket streams go through listening.StreamRecorder as HTTP ones do:
+    odd bytes carried to the next message, first audio at the first whole sample, the
+    run's tracker hearing every arrival and no longer counting the player at the end."""
+    from benchmarks.mixed_protocols import SAMPLE_RATE_HZ, play_socket
+
+    ticks = iter([0.0, 0.1, 0.2, 0.3, 0.4, 0.5])
+
+    async def three_messages(base_url: str, text: str, voice: str) -> AsyncIterator[bytes]:
+        yield b"\x00"  # half a sample: no audio yet
+        yield b"\x00" * (2 * SAMPLE_RATE_HZ // 10 - 1)  # completes 0.1 s with the byte before
+        yield b"\x00" * (2 * SAMPLE_RATE_HZ // 10)
+
+    tracker = Tracker()
+    result = await play_socket(
+        three_messages, "ws://x", "hi", "v", lambda: next(ticks), 0.0, tracker
+    )
+    record = result.record
+    assert record.outcome is Outcome.OK
+    assert [(a.at_s, round(a.duration_s, 6)) for a in result.arrivals] == [(0.2, 0.1), (0.3, 0.1)]
+    assert record.sent_at_s == 0.0 and record.answered_at_s == 0.2
+    assert record.ttfa_s == pytest.approx(0.2)
+    assert tracker.arrivals == list(result.arrivals) and not tracker.players

@@ -3,7 +3,7 @@
 Each sentence is its own request to a live server on the real voice (noise 0, so the
 output is deterministic) at configs/default.yaml's settings: it is a stream's first
 sentence, where a first-fragment cut would fall. The longest internal pause of what comes
-back (benchmarks.pauses: 10 ms windows 40 dB under the loudest) must be no longer than
+back (benchmarks.lab.pauses: 10 ms windows 40 dB under the loudest) must be no longer than
 that of the uncut Piper graph run on the whole sentence, give or take three windows.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from app.settings import Settings, load_settings
-from benchmarks.pauses import SENTENCES, WINDOW_S, longest_internal_pause_s, served_pcm
+from benchmarks.lab.pauses import SENTENCES, WINDOW_S, longest_internal_pause_s, served_pcm
 from pipeline.backends.piper import PiperBackend, synthesize_whole
 from pipeline.backends.piper.reference import whole_model_session
 from tests.api_support import LiveServer, live_server

@@ -17,11 +17,12 @@ import pytest
 
 from benchmarks import voice, voice_report, voice_targets
 from benchmarks.bench import LoadPlan, Policy
+from benchmarks.lab.rtf_ab import TEXTS, rotation
 from benchmarks.loadgen import RequestResult
 from benchmarks.player import Outcome, Player, StreamRecord
-from benchmarks.rtf_ab import TEXTS, rotation
 from benchmarks.voice_limit import LimitRun
 from benchmarks.voice_report import limit_line
+from benchmarks.voice_targets import PLAYHEAD
 
 FIFO, EDF = Policy("fifo", 0, False), Policy("edf", 1, False)
 
@@ -146,7 +147,7 @@ def test_a_single_round_report_reads_as_before() -> None:
 def _single(ours: tuple[float, float], peer: tuple[float, float]) -> dict[str, Any]:
     return {
         server: {"short": {"rtf_p50": rtfs[0]}, "long": {"rtf_p50": rtfs[1]}}
-        for server, rtfs in ((voice_targets.PLAYHEAD, ours), (voice_targets.PIPER, peer))
+        for server, rtfs in ((PLAYHEAD, ours), (voice_targets.PIPER, peer))
     }
 
 
@@ -158,24 +159,19 @@ def test_a_single_requests_rtf_is_judged_against_piper_in_the_same_run() -> None
     assert judged["long"]["ratio"] == pytest.approx(0.075 / 0.070)
     assert not judged["long"]["met"]
     # no peer (--no-peer): nothing to judge
-    assert (
-        voice_targets.rtf_vs_peer(
-            {voice_targets.PLAYHEAD: _single((0.08, 0.07), (0.1, 0.1))[voice_targets.PLAYHEAD]}
-        )
-        == {}
-    )
+    assert voice_targets.rtf_vs_peer({PLAYHEAD: _single((0.08, 0.07), (0.1, 0.1))[PLAYHEAD]}) == {}
 
 
 def test_the_report_states_every_machine_target() -> None:
     """C / limit, the seams and the RTF against piper's each get a met / MISSED line."""
     results: dict[str, Any] = {
         "single_stream": _single((0.094, 0.085), (0.075, 0.075)),
-        "concurrency": {voice_targets.PLAYHEAD: []},
+        "concurrency": {PLAYHEAD: []},
         "runs": [],
         "machine_limit": {"capacity_ratio": 0.82},
         "seams": {"worst_db": 42.74, "median_db": 65.13},
     }
-    results["single_stream"][voice_targets.PLAYHEAD]["short"]["ttfa_p50_ms"] = 55.0
+    results["single_stream"][PLAYHEAD]["short"]["ttfa_p50_ms"] = 55.0
     t = voice_targets.targets(results)
     assert t["capacity_ratio_met"] and t["seams_met"]
     assert not any(r["met"] for r in t["rtf_vs_peer"].values())
@@ -203,7 +199,7 @@ def test_the_0_9c_target_line_gives_the_servers_split_where_the_run_has_it() -> 
     """The TTFA p99 at 0.9 C, and (runs from 2026-12-02) the server's Server-Timing split
     of a first audio: the wait for a start slot, then submit -> first audio."""
     run = {
-        "label": f"edf K={voice_targets.WINDOW} + admission",
+        "label": f"edf K={voice.WINDOW} + admission",
         "streams": 13,
         "stall_free_share": 1.0,
         "ttfa_p99_ms": 424.0,
@@ -215,13 +211,13 @@ def test_the_0_9c_target_line_gives_the_servers_split_where_the_run_has_it() -> 
     }
     results: dict[str, Any] = {
         "single_stream": _single((0.094, 0.085), (0.075, 0.075)),
-        "concurrency": {voice_targets.PLAYHEAD: []},
+        "concurrency": {PLAYHEAD: []},
         "runs": [run],
         "capacity_audio_s_per_s": 14.0,
     }
-    results["single_stream"][voice_targets.PLAYHEAD]["short"]["ttfa_p50_ms"] = 55.0
+    results["single_stream"][PLAYHEAD]["short"]["ttfa_p50_ms"] = 55.0
     line = (
-        f"At N = 0.9 C (13 streams), edf K={voice_targets.WINDOW} + admission: 100% stall-free, "
+        f"At N = 0.9 C (13 streams), edf K={voice.WINDOW} + admission: 100% stall-free, "
         "TTFA p99 424 ms vs < 300 ms (2 x 429): MISSED."
     )
     split = (
@@ -277,7 +273,7 @@ def test_single_streams_alternate_between_the_servers_text_by_text() -> None:
 
 
 def test_rtf_ab_gives_every_text_every_place_in_the_order() -> None:
-    """`benchmarks.rtf_ab` sends each text to its servers in a rotating order. With 9 texts
+    """`benchmarks.lab.rtf_ab` sends each text to its servers in a rotating order. With 9 texts
     and 3 servers a rotation by text alone gave each text the same order in every round
     (server A right after piper's for two texts of three, B for one), so the order turns
     by round too: over 3 rounds each text meets each server in each place."""

@@ -9,7 +9,7 @@ behind work for the stream that is gone. This measures, on a `playhead serve` su
 - after barge-in: a long request is read for `--read-s` of audio, its connection closed,
   and the next request sent at once; its time to the first audio byte.
 
-    python -m benchmarks.barge_in [--trials 10] [--config configs/default.yaml]
+    python -m benchmarks.lab.barge_in [--trials 10] [--config configs/default.yaml]
 
 Target: first audio after a barge-in at most 1.3x an idle server's (medians).
 """
@@ -27,7 +27,7 @@ import httpx
 
 from benchmarks.bench import serve
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
 LONG_TEXT = (
     "This is a long answer that the listener will interrupt before it is over. "
     "It goes on about the weather, the trains, and the price of coffee in the old town. "

@@ -1,6 +1,6 @@
 """Single-request RTF and TTFA, A/B, interleaved request by request, beside piper's server.
 
-    python -m benchmarks.rtf_ab [--rounds 4] [--a alone.work_ahead=false]
+    python -m benchmarks.lab.rtf_ab [--rounds 4] [--a alone.work_ahead=false]
                                 [--b alone.work_ahead=true] [--no-peer] [--a-tree DIR]
 
 Two Playhead servers (configs/default.yaml plus the --a and --b settings; idle
@@ -180,7 +180,7 @@ def _load(urls: dict[str, str], counts: Sequence[int], duration_s: float) -> dic
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.rtf_ab", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.lab.rtf_ab", description=__doc__)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--a", action="append", default=[], help="A's --set (repeatable)")
     parser.add_argument("--b", action="append", default=[], help="B's --set (repeatable)")

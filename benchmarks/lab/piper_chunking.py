@@ -10,7 +10,7 @@ Each figure is the median of `--repeats` runs (the CPU may be shared: medians, n
 From them it estimates the first-chunk latency (talker on the first fragment + the first
 vocoder call) and steady capacity for candidate chunkings, and prints a table.
 
-    .venv/bin/python -m benchmarks.piper_chunking [--repeats 3] [--json out.json]
+    .venv/bin/python -m benchmarks.lab.piper_chunking [--repeats 3] [--json out.json]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Operators a codec-LM talker step launches, counted on the CPU:
 
-    python -m benchmarks.step_ops [--rows 4] [--greedy] [--compiled]
-    python -m benchmarks.step_ops --compare    # eager against compiled, counts and CPU time
+    python -m benchmarks.lab.step_ops [--rows 4] [--greedy] [--compiled]
+    python -m benchmarks.lab.step_ops --compare    # eager against compiled, counts and CPU time
 
 On an H200 (2026-12-04) a step at batch 64 was 9,479 small kernels, about 2.5 us each, and
 their count, not the batch, set its time (docs/codec-lm.md). The count depends on the
@@ -31,7 +31,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.gpu_check import close_segments, corpus, load_sections, open_talking
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CSM_1B_STRUCTURE = [
     "codec_lm.num_codebooks=32",
     "codec_lm.backbone_layers=16",

@@ -4,12 +4,12 @@ A pause is a run of 10 ms windows whose RMS is at least `SILENCE_DB` below the l
 window of the utterance; the longest internal pause is the longest such run between the
 first and the last window that is not silent (leading and trailing silence excluded).
 
-`python -m benchmarks.pauses` starts Playhead (configs/default.yaml, noise 0, a port of
+`python -m benchmarks.lab.pauses` starts Playhead (configs/default.yaml, noise 0, a port of
 --port), sends each sentence as its own request (so each is a stream's first sentence,
 where a first-fragment cut would fall), and prints, per sentence, the longest internal
 pause of the served audio and of the uncut Piper graph run on the whole sentence.
 
-    python -m benchmarks.pauses [--set section.field=value ...]
+    python -m benchmarks.lab.pauses [--set section.field=value ...]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 
 WINDOW_S = 0.010
 SILENCE_DB = 40.0
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # First sentences of several lengths, with and without clause punctuation.
 SENTENCES = (
@@ -92,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from pipeline.backends.piper.reference import whole_model_session
 
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.pauses", description=__doc__.split("\n")[0]
+        prog="python -m benchmarks.lab.pauses", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "default.yaml")
     parser.add_argument("--set", dest="overrides", action="append", default=[])

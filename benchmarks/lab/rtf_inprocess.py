@@ -1,6 +1,6 @@
 """Single-request RTF and TTFA of two engine settings in one process, interleaved.
 
-    python -m benchmarks.rtf_inprocess [--texts mixed|short|long] [--rounds 3]
+    python -m benchmarks.lab.rtf_inprocess [--texts mixed|short|long] [--rounds 3]
         [--set section.field=value ...] [--a ...] [--b ...]
 
 One Piper backend (configs/default.yaml plus --set; no calibration, no admission), two
@@ -136,7 +136,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.rtf_inprocess", description=__doc__.split("\n")[0]
+        prog="python -m benchmarks.lab.rtf_inprocess", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--texts", choices=("mixed", "short", "long"), default="mixed")
     parser.add_argument("--rounds", type=int, default=3)
