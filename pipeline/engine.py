@@ -322,6 +322,7 @@ class Engine:
             granted,
             new_stream_audio_s=new_stream_audio_s(loads, self.book.mean_stream_audio_s),
             start_audio_s=chunk_s * self._admission_config.start_phase_chunks,
+            first_audio_s=self.book.table.first_audio.predict_s(),
         )
 
     def _check_open(self) -> None:
