@@ -245,10 +245,13 @@ class Engine:
         return await measure(self, streams)
 
     def _end_calibration(self, streams: list[Stream]) -> None:
-        """Cancel a calibration's streams (not reported) and report events again."""
+        """Cancel a calibration's streams (not reported), forget their first audio (they
+        start all at once: nothing admission's first-audio bound should subtract) and
+        report events again."""
         self._events.muted = True
         for stream in streams:
             self.book.cancel(stream.id)
+        self.book.table.first_audio.clear()
         self._events.muted = False
 
     async def _recalibrate_when_idle(self) -> None:

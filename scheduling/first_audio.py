@@ -35,6 +35,11 @@ class FirstAudioWindow:
         if math.isfinite(first_audio_s) and first_audio_s >= 0.0:
             self._times_s.append(first_audio_s)
 
+    def clear(self) -> None:
+        """Forget every time (the engine's calibration streams, started all at once, say
+        nothing of a request's start)."""
+        self._times_s.clear()
+
     def predict_s(self) -> float:
         """The quantile of the window (nearest rank; 0.0 before any stream)."""
         times = sorted(self._times_s)

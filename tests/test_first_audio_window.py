@@ -7,6 +7,7 @@ import math
 import pytest
 from conftest import EngineFactory, read_all
 
+from pipeline.config import EngineConfig
 from scheduling import FirstAudioWindow
 
 
@@ -54,3 +55,13 @@ async def test_the_engine_reads_its_streams_first_audio_into_admissions_view(
         ttfas.append(stream.stats.ttfa_s)
     assert all(t is not None and t > 0 for t in ttfas)
     assert engine.admission.view(0.0).first_audio_s == pytest.approx(max(ttfas))
+
+
+async def test_the_calibrations_streams_leave_no_first_audio_behind(
+    make_engine: EngineFactory,
+) -> None:
+    """The start-up calibration starts its streams all at once: their first audio says
+    nothing of a request's start, so the bound would take it off every wait."""
+    engine = await make_engine(engine=EngineConfig(calibration_calls=8, recalibrate_idle_s=0))
+    assert engine.calibrations == 1
+    assert engine.admission.view(0.0).first_audio_s == 0.0
