@@ -12,7 +12,8 @@ reading it.
 
 A request beyond capacity that the engine queued (pipeline/admission.py, the one fair
 queue) waits here, in arrival order, before the framework reads its body: it goes on
-once granted, gets the 429 "queue_timeout" after admission.queue_max_wait_s, and the 503
+once granted, gets the 429 "queue_timeout" when its longest wait has passed
+(admission.queue_max_wait_s, less under admission.first_audio_bound_s), and the 503
 path (the route's) if the engine stops or drains meanwhile. A client that disconnects
 while waiting leaves the queue at once: the request's `ClientWatch` (app/disconnect.py),
 which the gate installs for the route and the response to share, reads its messages
@@ -72,7 +73,7 @@ class AdmissionGate:
             if reservation.queued:
                 try:
                     admitted = await wait_admitted(reservation, watch.gone())
-                except Rejected as refusal:  # waited queue_max_wait_s: 429
+                except Rejected as refusal:  # waited its longest wait: 429
                     await error_response(pipeline_api_error(refusal))(scope, receive, send)
                     return
                 except NotReady:  # stopping or draining meanwhile: the route answers 503

@@ -197,6 +197,7 @@ class Replica:
             loads,
             new_stream_audio_s=new_stream_audio_s(loads, self.book.mean_stream_audio_s),
             start_audio_s=chunk_s * self.setup.admission.start_phase_chunks,
+            first_audio_s=self.book.table.first_audio.predict_s(),
         )
 
     def submit(
@@ -207,11 +208,11 @@ class Replica:
     ) -> Stream | Decision:
         """Engine.reserve + submit: a stream admitted now, or a Decision: refused, or
         "queued" (only with `on_decided`, told the stream once granted, or the refusal
-        at admission.queue_max_wait_s)."""
+        at its longest wait: admission.queue_max_wait_s, or less under a first-audio
+        bound)."""
         ticket = object()
-        decision = self.admission.offer(
-            now_s, ticket, self.view(now_s), wait=on_decided is not None
-        )
+        view = self.view(now_s)
+        decision = self.admission.offer(now_s, ticket, view, wait=on_decided is not None)
         if self.trace is not None:
             self.trace.admissions.append((now_s, decision.accept, decision.reason))
         if decision.accept:
@@ -220,7 +221,7 @@ class Replica:
             assert on_decided is not None
             self._waiting[ticket] = (text, on_decided)
             # the front's timer: the waiter is refused then if not granted before
-            self._queue.push(now_s + self.admission.config.queue_max_wait_s, self._admit, None)
+            self._queue.push(now_s + self.admission.max_wait_s(view), self._admit, None)
         return decision
 
     def _start(self, now_s: float, text: str) -> Stream:

@@ -78,7 +78,8 @@ class Reservation:
 
     async def wait_start(self) -> None:
         """Returns once granted (at once if it was); raises Rejected ("queue_timeout")
-        when no slot freed within `admission.queue_max_wait_s`, NotReady when the engine
+        when no slot freed within its longest wait (`admission.queue_max_wait_s`, or the
+        first-audio bound less the measured first audio), NotReady when the engine
         stops or drains meanwhile. Cancelled (its client gone): `release` it."""
         if self._future is not None:
             # shielded: a cancelled waiter (its client gone) leaves the future to

@@ -269,10 +269,13 @@ class Engine:
         return self.calibrated_capacity
 
     def _end_calibration(self, streams: list[Stream]) -> None:
-        """Cancel a calibration's streams (not reported) and report events again."""
+        """Cancel a calibration's streams (not reported), forget their first audio (they
+        start all at once: nothing admission's first-audio bound should subtract) and
+        report events again."""
         self._events.muted = True
         for stream in streams:
             self.book.cancel(stream.id)
+        self.book.table.first_audio.clear()
         self._events.muted = False
 
     async def _recalibrate_when_idle(self) -> None:
@@ -346,6 +349,7 @@ class Engine:
             granted,
             new_stream_audio_s=new_stream_audio_s(loads, self.book.mean_stream_audio_s),
             start_audio_s=chunk_s * self._admission_config.start_phase_chunks,
+            first_audio_s=self.book.table.first_audio.predict_s(),
         )
 
     def _check_open(self) -> None:

@@ -31,7 +31,7 @@ from pipeline.load import Load
 from pipeline.records import StreamRecord
 from pipeline.stream import Stream, StreamState
 from pipeline.text import Segmenter
-from scheduling import PlaybackScheduler, StreamLoad
+from scheduling import FirstAudioWindow, PlaybackScheduler, StreamLoad
 
 log = logging.getLogger("playhead.engine")
 
@@ -66,6 +66,8 @@ class StreamTable:
         self._events = events
         self._wake = wake
         self._start_freed = start_freed
+        # the latest whole-text streams' submit -> first audio (admission's bound)
+        self.first_audio = FirstAudioWindow()
         # every non-terminal stream, with its channel's send half
         self._streams: dict[str, tuple[Stream, AudioSender]] = {}
         self._records: dict[str, StreamRecord] = {}  # streams with work left, by arrival
@@ -242,6 +244,10 @@ class StreamTable:
     def chunk_sent(self, record: StreamRecord) -> None:
         """The stream sent a chunk: a live-text stream may now wait for its client's text
         (idle), and it may have left its start phase."""
+        stats = record.stream.stats
+        if stats.chunks == 1 and stats.ttfa_s is not None and record.text_closed:
+            # a whole text's start (a live text's first audio waits on its client too)
+            self.first_audio.record(stats.ttfa_s)
         waits = record.waits_for_text
         if waits:
             self._idle.add(record.stream.id)

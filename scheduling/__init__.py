@@ -24,6 +24,7 @@ from scheduling.chunking import (
     warn_if_first_chunk_too_short,
 )
 from scheduling.errors import ConfigError
+from scheduling.first_audio import FirstAudioWindow
 from scheduling.horizon import StreamState
 from scheduling.policies import PolicyName
 from scheduling.scheduler import PlaybackScheduler, SchedulingConfig
@@ -45,6 +46,7 @@ __all__ = [
     "ChunkingConfig",
     "ConfigError",
     "Decision",
+    "FirstAudioWindow",
     "LoadView",
     "PlaybackScheduler",
     "PolicyName",

@@ -19,8 +19,15 @@ A request that does not fit waits in ONE first-come-first-served queue when the 
 predicts a slot within `queue_max_wait_s` (`predict_wait_s`: the owed audio drained by
 processor sharing of the capacity); otherwise it is refused at once, with a Retry-After
 from the same prediction. A waiter still queued after `queue_max_wait_s` (the prediction
-was wrong) is refused then. Tickets are opaque to the policy (the engine's reservations,
-the simulator's requests); the clock is passed in.
+was wrong) is refused then.
+
+A wait in the queue counts toward the request's first audio. With `first_audio_bound_s`
+set, a request waits at most that bound less the first audio the engine measures now
+(`LoadView.first_audio_s`: how long its latest admitted streams took from submit to
+first audio, scheduling/first_audio.py): one predicted to wait longer is refused at once
+with its Retry-After rather than served after the bound, and a waiter is refused when
+that time has passed (its deadline is set as it queues). Tickets are opaque to the policy
+(the engine's reservations, the simulator's requests); the clock is passed in.
 """
 
 from __future__ import annotations
@@ -58,6 +65,9 @@ class AdmissionConfig:
     # within this long, and at most this long; else 429 at once. Kept well under the 5 s
     # after which voice-agent clients give up on a first audio.
     queue_max_wait_s: float = 1.0
+    # the first audio a client may be kept waiting for, queue included (0: no bound): a
+    # request waits at most this less the measured first audio (LoadView.first_audio_s)
+    first_audio_bound_s: float = 1.0
 
     def __post_init__(self) -> None:
         check_bool("enabled", self.enabled)
@@ -66,6 +76,7 @@ class AdmissionConfig:
         check_non_negative("start_cost", self.start_cost)
         check_int("start_phase_chunks", self.start_phase_chunks, 1)
         check_non_negative("queue_max_wait_s", self.queue_max_wait_s)
+        check_non_negative("first_audio_bound_s", self.first_audio_bound_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,13 +94,15 @@ class LoadView:
     measured, only max_streams applies), the streams with work left, and the tickets
     granted but not yet streams (each costs a starting stream). For the prediction: the
     audio a new stream owes (its text is not read yet: a typical one's; inf: unknown)
-    and its start phase's audio."""
+    and its start phase's audio. `first_audio_s`: how long a stream admitted now is
+    predicted to take from its submit to its first audio (measured; 0: not known)."""
 
     capacity_audio_s_per_s: float
     streams: Sequence[StreamLoad] = ()
     granted: int = 0
     new_stream_audio_s: float = math.inf
     start_audio_s: float = 0.0
+    first_audio_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,10 +195,21 @@ class Admission:
             return _ACCEPT
         ahead = len(self._queue)
         wait_s = self.predict_wait_s(view, ahead)
-        if wait and wait_s <= config.queue_max_wait_s:
-            self._queue[ticket] = now_s + config.queue_max_wait_s
+        max_wait_s = self.max_wait_s(view)
+        if wait and max_wait_s > 0 and wait_s <= max_wait_s:
+            self._queue[ticket] = now_s + max_wait_s
             return Decision(False, None, "queued", wait_s)
         return self._refusal(view, wait_s, ahead)
+
+    def max_wait_s(self, view: LoadView) -> float:
+        """How long a request queued now may wait: `queue_max_wait_s`, and with
+        `first_audio_bound_s` at most that bound less the measured first audio (0 or
+        less: it may not wait at all)."""
+        config = self._config
+        if not config.first_audio_bound_s:
+            return config.queue_max_wait_s
+        first_audio_s = view.first_audio_s if math.isfinite(view.first_audio_s) else math.inf
+        return min(config.queue_max_wait_s, config.first_audio_bound_s - first_audio_s)
 
     def grant(self, view: LoadView) -> list[Hashable]:
         """The waiters that fit now, from the head of the queue, in order (removed from

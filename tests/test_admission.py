@@ -15,6 +15,7 @@ from scheduling import Admission, AdmissionConfig, ConfigError, Decision, LoadVi
 def admission(**kwargs: object) -> Admission:
     kwargs.setdefault("start_cost", 0.0)
     kwargs.setdefault("capacity_headroom", 1.0)  # whole-number arithmetic; the margin: below
+    kwargs.setdefault("first_audio_bound_s", 0.0)  # the queue alone; the bound: at the end
     return Admission(AdmissionConfig(**kwargs))  # type: ignore[arg-type]
 
 
@@ -228,3 +229,43 @@ def test_bad_config_is_refused(fields: dict[str, object], name: str) -> None:
 def test_a_nan_time_is_refused() -> None:
     with pytest.raises(ValueError, match="now_s"):
         admission().offer(math.nan, "r", LoadView(1.0, []))
+
+
+def test_a_wait_that_would_push_first_audio_past_the_bound_is_refused_at_once() -> None:
+    """With a first-audio bound of 1 s and starts measured at 0.4 s, a request may wait at
+    most 0.6 s: one predicted to wait 0.8 s (a slot frees when the stream owing 0.8 s
+    ends, each of five streams produced at 1 audio s per s) gets its 429
+    now, with the Retry-After of that prediction; the same request without the bound
+    would have been queued for 0.8 s and heard its first audio 1.2 s after it asked."""
+    full = steady(0.8, 10.0, 10.0, 10.0, 10.0)
+    view = LoadView(5.0, full, new_stream_audio_s=4.0, first_audio_s=0.4)
+    unbounded = admission(queue_max_wait_s=1.0)
+    assert unbounded.offer(0.0, "r", view).queued
+    bounded = admission(queue_max_wait_s=1.0, first_audio_bound_s=1.0)
+    assert bounded.max_wait_s(view) == pytest.approx(0.6)
+    decision = bounded.offer(0.0, "r", view)
+    assert (decision.accept, decision.reason, decision.retry_after_s) == (False, "capacity", 1)
+    assert bounded.waiting == 0
+    # a start measured at 0.1 s leaves 0.9 s: the same wait of 0.8 s is queued
+    quick = LoadView(5.0, full, new_stream_audio_s=4.0, first_audio_s=0.1)
+    assert bounded.offer(0.0, "r", quick).queued
+
+
+def test_a_waiter_under_the_bound_is_refused_when_the_bound_less_its_start_has_passed() -> None:
+    a = admission(queue_max_wait_s=1.0, first_audio_bound_s=1.0)
+    view = LoadView(5.0, steady(0.4, 9.0, 9.0, 9.0, 9.0), new_stream_audio_s=2.0, first_audio_s=0.3)
+    assert a.offer(10.0, "r", view).queued  # predicted 0.4 s <= 0.7 s
+    assert a.next_deadline_s() == pytest.approx(10.7)
+    assert a.expire(10.69, view) == []
+    [(ticket, decision)] = a.expire(10.7, view)
+    assert (ticket, decision.reason) == ("r", "queue_timeout")
+
+
+def test_a_start_slower_than_the_bound_leaves_no_wait_but_still_serves_what_fits() -> None:
+    a = admission(queue_max_wait_s=1.0, first_audio_bound_s=1.0)
+    slow = LoadView(5.0, steady(*[0.1] * 5), new_stream_audio_s=1.0, first_audio_s=1.2)
+    assert a.max_wait_s(slow) < 0
+    assert a.offer(0.0, "r", slow).reason == "capacity"  # would wait 0.1 s: none allowed
+    assert a.offer(0.0, "s", LoadView(5.0, steady(1.0), first_audio_s=1.2)).accept
+    with pytest.raises(ConfigError, match="first_audio_bound_s"):
+        AdmissionConfig(first_audio_bound_s=-1.0)

@@ -30,6 +30,7 @@ LONG = "A long sentence that keeps its stream busy for a while. " * 20
 # two slots, no start cost, a queue bound far beyond the tests' own (a slot must come
 # from a cancellation, not from the bound)
 QUEUE = (
+    "admission.first_audio_bound_s=0",  # the queue's own bound only
     "admission.max_streams=2",
     "admission.start_cost=0",
     "admission.queue_max_wait_s=600",
@@ -207,7 +208,9 @@ async def test_the_engine_front_queues_grants_and_refuses(make_engine) -> None:
     from scheduling import AdmissionConfig
 
     engine = await make_engine(
-        admission=AdmissionConfig(max_streams=1, start_cost=0.0, queue_max_wait_s=600)
+        admission=AdmissionConfig(
+            max_streams=1, start_cost=0.0, queue_max_wait_s=600, first_audio_bound_s=0.0
+        )
     )
     held = engine.submit(LONG, voice="sim")  # read by nobody
     first = engine.reserve()
@@ -249,7 +252,9 @@ async def test_a_waiter_cancelled_as_its_grant_comes_loses_no_other_grant(make_e
     from scheduling import AdmissionConfig
 
     engine = await make_engine(
-        admission=AdmissionConfig(max_streams=2, start_cost=0.0, queue_max_wait_s=600)
+        admission=AdmissionConfig(
+            max_streams=2, start_cost=0.0, queue_max_wait_s=600, first_audio_bound_s=0.0
+        )
     )
     held = [engine.submit(LONG, voice="sim") for _ in range(2)]  # read by nobody
     leaving, behind = engine.reserve(), engine.reserve()

@@ -2,6 +2,7 @@
 
     python -m benchmarks.lab.rtf_ab [--rounds 4] [--a alone.work_ahead=false]
                                 [--b alone.work_ahead=true] [--no-peer] [--a-tree DIR]
+                                [--texts first|short|long] [--settle 0.2]
 
 Two Playhead servers (configs/default.yaml plus the --a and --b settings; idle
 recalibration off, so that neither calibrates while the other is measured) and
@@ -11,6 +12,10 @@ turn (the order rotates text by text and round by round), one request at a time,
 as fast as possible, `--settle` s of quiet after each (benchmarks.voice.SETTLE_S): RTF
 = (last byte - request sent) / audio, TTFA = first audio - request sent (the client's
 clock, as benchmarks/voice.py). Prints p50 per server and the per-text paired ratio B/A.
+`--texts`: `first` (default) voice.py's sets (a short first sentence, a long one);
+`short` whole texts of 1-3 s of audio, `long` single sentences of 9.4-10.1 s (a lone request:
+issue #55). With the peer, each of A and B also gets its ratio to piper's server per
+text (the median over rounds), and the median of those over the texts.
 
 `--load 8,12`: then, for each N, closed loops of N listeners (each sends its next
 request when it has heard the last, as benchmarks/voice.py's N sweep) against A, B, B, A
@@ -45,6 +50,16 @@ from pipeline.backends.piper import bundled_model_path
 
 BASE = ("server.log_level=warning", "engine.recalibrate_idle_s=0")
 TEXTS = (*SHORT_FIRST, *LONG_FIRST)
+# whole texts of 1-3 s of audio on the default voice (1.3-2.2 s; LONG_FIRST: 9.4-10.1 s)
+SHORT_TEXTS = (
+    "Hello there, how are you today?",
+    "Your coffee is ready.",
+    "Thank you, your order has been placed.",
+    "The meeting starts at noon.",
+    "Please turn off the lights in the hall.",
+    "I will call you back in ten minutes.",
+)
+TEXT_SETS = {"first": TEXTS, "short": SHORT_TEXTS, "long": LONG_FIRST}
 
 
 def _p50(values: Sequence[float]) -> float | None:
@@ -60,17 +75,22 @@ def rotation(names: Sequence[str], round_index: int, text_index: int) -> list[st
 
 
 async def _measure(
-    urls: dict[str, str], rounds: int, peer: str | None, settle_s: float = SETTLE_S
+    urls: dict[str, str],
+    rounds: int,
+    peer: str | None,
+    settle_s: float = SETTLE_S,
+    texts: Sequence[str] = TEXTS,
 ) -> dict[str, Any]:
     options = {name: await _voice_options(url) for name, url in urls.items() if name != peer}
     samples: dict[str, dict[str, list[float]]] = {n: {"rtf": [], "ttfa": []} for n in urls}
     paired: list[float] = []  # b / a per text and round
+    to_peer: dict[str, list[list[float]]] = {n: [[] for _ in texts] for n in urls if n != peer}
     names = list(urls)
     async with httpx.AsyncClient(timeout=120.0) as client:
         for name, url in urls.items():  # warm each once
-            await _one(client, name, url, TEXTS[0], options, peer)
+            await _one(client, name, url, texts[0], options, peer)
         for round_index in range(rounds):
-            for text_index, text in enumerate(TEXTS):
+            for text_index, text in enumerate(texts):
                 rtfs: dict[str, float] = {}
                 for name in rotation(names, round_index, text_index):
                     rtf, ttfa = await _one(client, name, urls[name], text, options, peer)
@@ -82,6 +102,11 @@ async def _measure(
                         samples[name]["ttfa"].append(ttfa)
                 if "a" in rtfs and "b" in rtfs:
                     paired.append(rtfs["b"] / rtfs["a"])
+                if peer in rtfs:
+                    for name in to_peer:
+                        if name in rtfs:
+                            to_peer[name][text_index].append(rtfs[name] / rtfs[peer])
+    per_text = {n: [_p50(r) for r in ratios] for n, ratios in to_peer.items()}
     return {
         "servers": {
             name: {
@@ -92,6 +117,13 @@ async def _measure(
             for name, s in samples.items()
         },
         "paired_b_over_a_p50": _p50(paired),
+        # RTF over the peer's, per text (median over rounds), and the median over texts
+        "to_peer_per_text": per_text if peer else {},
+        "to_peer_p50": (
+            {n: _p50([r for r in rs if r is not None]) for n, rs in per_text.items()}
+            if peer
+            else {}
+        ),
         "samples": samples,
     }
 
@@ -191,6 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--settle", type=float, default=SETTLE_S, help="quiet after each request, seconds"
     )
+    parser.add_argument("--texts", choices=sorted(TEXT_SETS), default="first")
     parser.add_argument("--logs", default="/tmp/rtf_ab")
     parser.add_argument("--json", default=None, help="write the result here too")
     parser.add_argument("--load", default="", help="N of the listener loops, e.g. 8,12")
@@ -208,10 +241,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.no_peer:
             peer = "piper-http"
             urls[peer] = stack.enter_context(piper_server(bundled_model_path(), logs / "p.log"))
-        result = asyncio.run(_measure(urls, args.rounds, peer, args.settle)) if args.rounds else {}
+        texts = TEXT_SETS[args.texts]
+        measure = _measure(urls, args.rounds, peer, args.settle, texts)
+        result = asyncio.run(measure) if args.rounds else {}
         if args.load:
             result["load"] = _load(urls, number_list(args.load, int), args.load_duration)
-    result["a"], result["b"] = args.a, args.b
+    result["a"], result["b"], result["texts"] = args.a, args.b, args.texts
     if a_tree is not None:
         result["a_tree"] = str(a_tree)
     summary = {k: v for k, v in result.items() if k != "samples"}
