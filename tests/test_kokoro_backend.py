@@ -169,3 +169,28 @@ def test_a_voices_file_adds_english_voices(tmp_path: Path) -> None:
         assert pcm.size > SAMPLES_PER_FRAME * 20 and np.sqrt(np.mean(pcm**2)) > 0.01
     finally:
         english.close()
+
+
+@pytest.mark.slow
+def test_windows_with_context_are_cut_from_the_whole_piece(backend: KokoroBackend) -> None:
+    # The decoder normalises over its whole input: a window is cut from the whole piece's
+    # decode (pieces.py), so chunks of any size and context join into the whole audio.
+    _, step = _talk(backend, "今日はいい天気ですね。")
+    frames = step.frames
+    count = frames.shape[0]
+    whole = backend._decode(frames, None)  # the piece decoded whole, once, outside the store
+    decodes, misses = backend._pieces.decodes, backend._pieces.misses
+    chunks = []
+    for start in range(0, count, 16):
+        stop = min(count, start + 16)
+        left, right = max(0, start - 8), min(count, stop + 8)
+        (pcm,) = backend.vocode(
+            [VocodeItem("jf_alpha", frames[left:right], start - left, stop - start)]
+        )
+        chunks.append(pcm)
+    np.testing.assert_array_equal(np.concatenate(chunks), np.clip(whole, -1, 1))
+    assert backend._pieces.decodes == decodes + 1  # one decode of the piece for every chunk
+    assert backend._pieces.misses == misses
+    # its last frame is out: the piece left the store; a window of it now decodes alone
+    (again,) = backend.vocode([VocodeItem("jf_alpha", frames[:16], 0, 16)])
+    assert backend._pieces.misses == misses + 1 and again.shape == (16 * SAMPLES_PER_FRAME,)

@@ -6,9 +6,9 @@ most `kokoro.max_phonemes_per_call`), in one step, and returns its frames: one r
 features, the two F0 and energy values of the frame, the sine source's phase before it,
 the piece's style vector and the frame's index within its piece). The vocoder decodes each
 run of one piece's frames in an item with the piece's style and phase, and trims the
-item's context. A run that is the whole piece reproduces the whole graph's audio (the
-decoder normalises over its input: graph_split.py); the engine's chunking for this
-backend (configs/kokoro.yaml) hands the vocoder whole segments.
+item's context. The decoder normalises over its whole input (graph_split.py), so each
+window's audio is cut from its whole piece's decode (pieces.py): the split's audio is the
+whole graph's, whatever the engine's chunking.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ from pipeline.backends.kokoro.graph_split import (
     phase_cycles,
 )
 from pipeline.backends.kokoro.phonemes import Phonemizers, Piece, Tokenized, tokenize
+from pipeline.backends.kokoro.pieces import PieceStore
 from pipeline.backends.kokoro.timing import segment_timing, token_starts
 
 logger = logging.getLogger("playhead.kokoro")
@@ -65,7 +66,13 @@ _ENERGY = _F0 + 2
 _PHASE = _ENERGY + 2
 _STYLE = _PHASE + HARMONICS
 _INDEX = _STYLE + STYLE_DIM
-FRAME_COLUMNS = _INDEX + 1
+_SERIAL_HIGH = _INDEX + 1  # the piece's serial (PieceStore), in two exact float32 halves
+_SERIAL_LOW = _INDEX + 2
+FRAME_COLUMNS = _INDEX + 3
+_SERIAL_BASE = 1 << 20
+# pieces kept for the vocoder (pieces.py): enough for every stream a CPU serves at once to
+# have two in flight; a piece of 10 s takes ~2 MB (rows and audio)
+MAX_KEPT_PIECES = 64
 
 
 @dataclass(slots=True)
@@ -130,6 +137,7 @@ class KokoroBackend(Backend):
         self._vocoder = _session(split.vocoder, config.vocoder_intra_op_threads)
         self._phonemizers = Phonemizers()
         self._gain = float(config.output_gain)
+        self._pieces = PieceStore(MAX_KEPT_PIECES, SAMPLES_PER_FRAME)
         self.sample_rate_hz = SAMPLE_RATE_HZ
         self.samples_per_frame = SAMPLES_PER_FRAME
 
@@ -168,6 +176,7 @@ class KokoroBackend(Backend):
         return [self._vocode_one(item, options) for item in items]
 
     def close(self) -> None:
+        self._pieces.clear()
         self._voices.clear()
 
     # the talker
@@ -218,6 +227,9 @@ class KokoroBackend(Backend):
         rows[:, _PHASE:_STYLE] = phase_cycles(f0.reshape(-1), SAMPLE_RATE_HZ)[::2]
         rows[:, _STYLE:_INDEX] = style
         rows[:, _INDEX] = np.arange(count, dtype=np.float32)
+        serial = self._pieces.add(rows)
+        rows[:, _SERIAL_HIGH] = serial // _SERIAL_BASE
+        rows[:, _SERIAL_LOW] = serial % _SERIAL_BASE
         return rows, durations.reshape(-1)
 
     # the vocoder
@@ -234,15 +246,27 @@ class KokoroBackend(Backend):
             )
         if item.emit_frames == 0:
             return np.zeros(0, dtype=np.float32)
-        # runs of one piece: a frame whose index is not the one before's + 1 starts a run
+        # runs of one piece: a frame of another piece, or whose index is not the one
+        # before's + 1, starts a run
         index = frames[:, _INDEX]
-        breaks = np.flatnonzero(np.diff(index) != 1.0) + 1
+        serials = frames[:, _SERIAL_HIGH] * _SERIAL_BASE + frames[:, _SERIAL_LOW]
+        breaks = np.flatnonzero((np.diff(index) != 1.0) | (np.diff(serials) != 0)) + 1
         bounds = [0, *breaks.tolist(), frames.shape[0]]
         audio = []
         for start, end in itertools.pairwise(bounds):
             if end <= item.emit_offset_frames or start >= stop:
                 continue  # context outside any emitted frame's run: not decoded
-            audio.append((start, self._decode(frames[start:end], options)))
+            run = frames[start:end]
+            serial = int(run[0, _SERIAL_HIGH]) * _SERIAL_BASE + int(run[0, _SERIAL_LOW])
+            first_index = int(run[0, _INDEX])
+            kept = self._pieces.audio(
+                serial,
+                first_index,
+                end - start,
+                first_index + min(stop, end) - start,  # its emitted frames' end in the piece
+                lambda whole: self._decode(whole, options),
+            )
+            audio.append((start, kept if kept is not None else self._decode(run, options)))
         first = audio[0][0]
         pcm = np.concatenate([a for _, a in audio])
         begin = (item.emit_offset_frames - first) * SAMPLES_PER_FRAME
