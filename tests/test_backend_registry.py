@@ -215,16 +215,16 @@ async def test_a_second_talker_lane_only_where_steps_may_overlap(
 
 
 def test_the_kinds_are_the_registered_ones(tiny: BackendEntry) -> None:
-    assert backend_kinds() == ("sim", "piper", "kokoro", "codec_lm", "tiny")
+    assert backend_kinds() == ("sim", "piper", "kokoro", "multi", "codec_lm", "tiny")
     assert BackendConfig(kind="tiny").kind == "tiny"
-    message = "kind must be one of sim, piper, kokoro, codec_lm, tiny, got 'gpu'"
+    message = "kind must be one of sim, piper, kokoro, multi, codec_lm, tiny, got 'gpu'"
     with pytest.raises(ConfigError, match=message):
         BackendConfig(kind="gpu")
     with pytest.raises(ConfigError, match=message):
         build_backend("gpu")
     unregister("tiny")
     try:
-        with pytest.raises(ConfigError, match="one of sim, piper, kokoro, codec_lm, got 'tiny'"):
+        with pytest.raises(ConfigError, match="one of sim, piper, kokoro, multi, codec_lm, got 'tiny'"):
             BackendConfig(kind="tiny")
     finally:
         register(tiny)
@@ -317,7 +317,7 @@ def test_the_settings_have_a_section_per_registered_kind(tiny: BackendEntry) -> 
     assert backend.samples_per_frame == 480
     with pytest.raises(
         SettingsError,
-        match=r"--set: backend\.kind: kind must be one of sim, piper, kokoro, codec_lm, tiny, got",
+        match=r"--set: backend\.kind: kind must be one of sim, piper, kokoro, multi, codec_lm, tiny, got",
     ):
         load_settings(None, ["backend.kind=gpu"], environ={})
     with pytest.raises(SettingsError, match=r"backend\.kind tiny: registered after the settings"):
