@@ -125,3 +125,13 @@ def test_characters_share_their_words_frames() -> None:
     assert timing.end_frames == (3.0, 5.0, 5.0, 8.0, 8.0)
     assert segment_timing(3, (), {}) is None
     assert Phonemized("", ()).words == ()
+
+
+def test_normalising_japanese_loses_no_sentence_and_keeps_currency_signs() -> None:
+    from pipeline.normalize import normalize_text
+
+    # written without spaces, a Japanese sentence is one long "token": never cut short
+    text = "今日は朝から雨が降っていましたが、昼過ぎには晴れてきました。" * 4
+    assert normalize_text(text, "ja") == text
+    assert normalize_text("￥1,500です😀ね", "ja") == "￥1,500です ね"
+    assert normalize_text("ーーーーーー", "ja") == "ーーー"  # runs of one character still bounded
