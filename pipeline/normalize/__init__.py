@@ -127,9 +127,20 @@ def normalize_mapped(text: str, language: str, config: NormalizeConfig | None = 
     return mapped(text, normalizer_for(language, config))
 
 
-def speakable(text: str) -> bool:
+# What a Japanese voice can read (OpenJTalk): kana, kanji, Latin letters (by their names)
+# and digits; another script (Arabic, Cyrillic...) it reads as nothing.
+_JAPANESE_READABLE = re.compile(
+    "[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff10-\uff19\uff21-\uff3a"
+    "\uff41-\uff5a\uff66-\uff9fA-Za-z0-9]"
+)
+
+
+def speakable(text: str, language: str | None = None) -> bool:
     """Whether `text` has anything to say: a letter, a digit, or (normalisation off) a
-    symbol that the phonemiser reads by its name."""
+    symbol that the phonemiser reads by its name; for a Japanese voice (`language`), a
+    character of a script it reads."""
+    if language is not None and language_code(language) == "ja":
+        return _JAPANESE_READABLE.search(text) is not None
     return any(char.isalnum() or unicodedata.category(char) == "So" for char in text)
 
 
