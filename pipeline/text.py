@@ -107,6 +107,12 @@ def _has_word(text: str) -> bool:
     return any(c.isalnum() for c in text)
 
 
+def _words(text: str) -> int:
+    """Words of `text`: the space-separated ones, and in text written without spaces
+    (Japanese, Chinese) one per two ideographs or kana (a Japanese word's mean length)."""
+    return len(text.split()) + len(_IDEOGRAPHS.findall(text)) // 2
+
+
 def _first_fragment(text: str, max_words: int) -> int | None:
     """Where to cut the stream's first fragment off normalised `text` (its first
     sentence): at its first clause end (a natural pause: , ; : or a dash), wherever it
@@ -117,14 +123,14 @@ def _first_fragment(text: str, max_words: int) -> int | None:
     between two words that the voice would join), or when the cut would leave a remainder
     of a word or two (a segment that short is a talker call and a vocoder turn for a
     fraction of a second of audio)."""
-    if max_words <= 0 or len(text.split()) <= max_words:
+    if max_words <= 0 or _words(text) <= max_words:
         return None
     # the first clause end with a word before it (a leading dash is no clause)
     clause = next((m for m in _CLAUSE_END.finditer(text) if _has_word(text[: m.start()])), None)
     if clause is None:
         return None
     cut = clause.end()
-    if len(text[cut:].split()) < MIN_REST_WORDS:
+    if _words(text[cut:]) < MIN_REST_WORDS:
         return None
     return cut
 
