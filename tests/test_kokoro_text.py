@@ -139,8 +139,10 @@ def test_normalising_japanese_loses_no_sentence_and_keeps_currency_signs() -> No
 
 def test_a_long_first_japanese_sentence_leaves_its_first_clause_first() -> None:
     text = "今日は朝から雨が降っていましたが、昼過ぎには晴れてきました。駅前の本屋に寄りました。"
-    segments = split_text(text, first_fragment_words=13, max_segment_phonemes=1600)
+    segments = split_text(
+        text, first_fragment_words=13, max_segment_phonemes=1600, first_segment_chars=0
+    )
     assert segments[:2] == ["今日は朝から雨が降っていましたが、", "昼過ぎには晴れてきました。"]
     # a short first sentence (under 13 words of about two characters) is not cut
-    short = split_text("雨ですが、晴れました。", first_fragment_words=13)
+    short = split_text("雨ですが、晴れました。", first_fragment_words=13, first_segment_chars=0)
     assert short == ["雨ですが、晴れました。"]
