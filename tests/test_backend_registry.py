@@ -224,7 +224,8 @@ def test_the_kinds_are_the_registered_ones(tiny: BackendEntry) -> None:
         build_backend("gpu")
     unregister("tiny")
     try:
-        with pytest.raises(ConfigError, match="one of sim, piper, kokoro, multi, codec_lm, got 'tiny'"):
+        message = "one of sim, piper, kokoro, multi, codec_lm, got 'tiny'"
+        with pytest.raises(ConfigError, match=message):
             BackendConfig(kind="tiny")
     finally:
         register(tiny)
@@ -317,7 +318,8 @@ def test_the_settings_have_a_section_per_registered_kind(tiny: BackendEntry) -> 
     assert backend.samples_per_frame == 480
     with pytest.raises(
         SettingsError,
-        match=r"--set: backend\.kind: kind must be one of sim, piper, kokoro, multi, codec_lm, tiny, got",
+        match=r"--set: backend\.kind: kind must be one of sim, piper, kokoro, multi, codec_lm, "
+        r"tiny, got",
     ):
         load_settings(None, ["backend.kind=gpu"], environ={})
     with pytest.raises(SettingsError, match=r"backend\.kind tiny: registered after the settings"):
