@@ -1,4 +1,4 @@
-"""The kokoro backend's errors (each a ValueError or RuntimeError the app maps)."""
+"""The kokoro backend's errors (both ValueErrors: a bad asset or config, a bad voice id)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,3 @@ class KokoroAssetError(ConfigError):
 
 class UnknownKokoroVoice(ValueError):
     """A voice id this backend does not serve."""
-
-
-class UnreadableText(ValueError):
-    """Text in which the voice's language finds nothing it can say."""
