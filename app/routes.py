@@ -161,10 +161,11 @@ async def _admitted_speech(
 ) -> Response:
     server = state.settings.server
     spoken = await normalized(text, voice.language, state.settings.normalize)
-    if not speakable(spoken):
+    if not speakable(spoken, voice.language):
         raise InvalidRequest(
             "Invalid 'input': nothing speakable is left after text normalization (the input "
-            "has no words or numbers, only punctuation, symbols or emoji).",
+            "has no words or numbers, only punctuation, symbols or emoji, or only a script "
+            f"the voice's language ({voice.language}) cannot read).",
             param="input",
             code="nothing_to_speak",
         )

@@ -45,6 +45,7 @@ def create_app(settings: Settings, *, backend_factory: BackendFactory | None = N
         settings.backend_config(),
         talker=settings.talker,
         vocoder=settings.vocoder,
+        sections=settings.backend_sections(),
     )
     state = AppState(settings, factory)
     if settings.wyoming.enabled:

@@ -175,6 +175,12 @@ class _SettingsBase(BaseModel):
         reads."""
         return getattr(self, self.backend.kind)  # type: ignore[attr-defined]
 
+    def backend_sections(self) -> dict[str, Any]:
+        """Every registered backend kind's section (kind -> config): what a backend made
+        of others (multi) builds its parts from."""
+        fields = type(self).model_fields
+        return {e.kind: getattr(self, e.kind) for e in backend_entries() if e.kind in fields}
+
 
 def _section(cls: type, factory: Any = None) -> Any:
     return (cls, Field(default_factory=factory or cls))

@@ -212,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--capacity-duration", type=float, default=10.0)
     parser.add_argument("--capacity-clients", type=int, default=0, help="0: 2.5 x a guess")
     parser.add_argument("--max-text-chars", type=int, default=150)
+    parser.add_argument(
+        "--corpus", type=Path, default=None, help="load texts (default: benchmarks/corpus.txt)"
+    )
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
@@ -220,7 +223,11 @@ def main(argv: list[str] | None = None) -> int:
     settings = [*SETTINGS, *args.overrides]
     backend = load_settings(args.config).backend
     plan = LoadPlan(
-        texts=tuple(t for t in load_corpus() if len(t) <= args.max_text_chars),
+        texts=tuple(
+            t
+            for t in (load_corpus(args.corpus) if args.corpus else load_corpus())
+            if len(t) <= args.max_text_chars
+        ),
         options=RequestOptions(voice="sim") if backend == "sim" else RequestOptions(),
         duration_s=args.duration,
         warmup_s=args.warmup,

@@ -3,7 +3,9 @@
 A stream's text is cut into segments, one talker call each:
 
 - sentences (ended by . ! ? … followed by whitespace, or a blank line), except after
-  common abbreviations and initials ("Dr.", "e.g.", "J.");
+  common abbreviations and initials ("Dr.", "e.g.", "J."); in Japanese (and Chinese)
+  text, also by 。！？ (and a closing bracket after them) with no space after, and by a
+  line end after such a character (confirmed once the next character has arrived);
 - with `first_fragment_words` > 0, a stream's first sentence longer than that is cut at
   its first clause end (, ; : or a dash), wherever it falls, so that the first chunk
   comes sooner (the Piper talker encodes a whole segment before its first frames); never
@@ -38,9 +40,16 @@ if TYPE_CHECKING:
 
 MIN_REST_WORDS = 3  # the first fragment is not cut off when fewer words would remain
 _CLOSERS = "\"'”’»)\\]}"
-_SENTENCE_END = re.compile(rf"[.!?…]+[{_CLOSERS}]*(?=\s)")
+_CJK_CLOSERS = "」』）〕】〉》"
+_CJK_CHARS = "\u3000-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff01-\uff9f"
+_SENTENCE_END = re.compile(
+    rf"[.!?…]+[{_CLOSERS}]*(?=\s)|[。！？]+[{_CLOSERS}{_CJK_CLOSERS}]*(?=[\s\S])"
+    rf"|(?<=[{_CJK_CHARS}])[^\S\n]*\n"
+)
 _PARAGRAPH = re.compile(r"\n[^\S\n]*\n")
-_CLAUSE_END = re.compile(rf"(?:[,;:]|[—–])[{_CLOSERS}]*(?=\s)|(?<=\s)(?:—|–|--?)(?=\s)")
+_CLAUSE_END = re.compile(
+    rf"(?:[,;:]|[—–])[{_CLOSERS}]*(?=\s)|(?<=\s)(?:—|–|--?)(?=\s)|[、，；：]+[{_CJK_CLOSERS}]*"
+)
 _ABBREVIATIONS = frozenset(
     [
         "mr.",
@@ -98,6 +107,12 @@ def _has_word(text: str) -> bool:
     return any(c.isalnum() for c in text)
 
 
+def _words(text: str) -> int:
+    """Words of `text`: the space-separated ones, and in text written without spaces
+    (Japanese, Chinese) one per two ideographs or kana (a Japanese word's mean length)."""
+    return len(text.split()) + len(_IDEOGRAPHS.findall(text)) // 2
+
+
 def _first_fragment(text: str, max_words: int) -> int | None:
     """Where to cut the stream's first fragment off normalised `text` (its first
     sentence): at its first clause end (a natural pause: , ; : or a dash), wherever it
@@ -108,14 +123,14 @@ def _first_fragment(text: str, max_words: int) -> int | None:
     between two words that the voice would join), or when the cut would leave a remainder
     of a word or two (a segment that short is a talker call and a vocoder turn for a
     fraction of a second of audio)."""
-    if max_words <= 0 or len(text.split()) <= max_words:
+    if max_words <= 0 or _words(text) <= max_words:
         return None
     # the first clause end with a word before it (a leading dash is no clause)
     clause = next((m for m in _CLAUSE_END.finditer(text) if _has_word(text[: m.start()])), None)
     if clause is None:
         return None
     cut = clause.end()
-    if len(text[cut:].split()) < MIN_REST_WORDS:
+    if _words(text[cut:]) < MIN_REST_WORDS:
         return None
     return cut
 
@@ -136,7 +151,7 @@ _IDEOGRAPHS = re.compile(
     "[\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f\U00020000-\U0003134f]"
 )
 # Where a long token (a URL, a path, a run of one letter) is cut when no space fits.
-_TOKEN_CUT_AFTER = frozenset("/.-_?&=#:,;@+~|")
+_TOKEN_CUT_AFTER = frozenset("/.-_?&=#:,;@+~|、，。")
 
 
 def _char_phonemes(char: str) -> int:

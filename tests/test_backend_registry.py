@@ -216,16 +216,17 @@ async def test_a_second_talker_lane_only_where_steps_may_overlap(
 
 
 def test_the_kinds_are_the_registered_ones(tiny: BackendEntry) -> None:
-    assert backend_kinds() == ("sim", "piper", "codec_lm", "gpu_model", "tiny")
+    assert backend_kinds() == ("sim", "piper", "kokoro", "multi", "codec_lm", "gpu_model", "tiny")
     assert BackendConfig(kind="tiny").kind == "tiny"
-    message = "kind must be one of sim, piper, codec_lm, gpu_model, tiny, got 'gpu'"
+    message = "kind must be one of sim, piper, kokoro, multi, codec_lm, gpu_model, tiny, got 'gpu'"
     with pytest.raises(ConfigError, match=message):
         BackendConfig(kind="gpu")
     with pytest.raises(ConfigError, match=message):
         build_backend("gpu")
     unregister("tiny")
     try:
-        with pytest.raises(ConfigError, match="one of sim, piper, codec_lm, gpu_model, got 'tiny'"):
+        message = "one of sim, piper, kokoro, multi, codec_lm, gpu_model, got 'tiny'"
+        with pytest.raises(ConfigError, match=message):
             BackendConfig(kind="tiny")
     finally:
         register(tiny)
@@ -310,7 +311,7 @@ async def test_a_backend_must_declare_what_it_claims(make_engine: EngineFactory)
 def test_the_settings_have_a_section_per_registered_kind(tiny: BackendEntry) -> None:
     """Every kind registered before app.settings was imported has its YAML section, read by
     its configuration class; one registered later is refused by name."""
-    assert {"piper", "sim", "codec_lm"} <= set(SECTIONS)
+    assert {"piper", "sim", "kokoro", "codec_lm"} <= set(SECTIONS)
     assert Settings.model_fields["sim"].annotation is SimConfig
     settings = load_settings(None, ["backend.kind=sim", "sim.samples_per_frame=480"], environ={})
     assert settings.backend_config() == SimConfig(samples_per_frame=480)
@@ -318,8 +319,8 @@ def test_the_settings_have_a_section_per_registered_kind(tiny: BackendEntry) -> 
     assert backend.samples_per_frame == 480
     with pytest.raises(
         SettingsError,
-        match=r"--set: backend\.kind: kind must be one of sim, piper, codec_lm, gpu_model, "
-        r"tiny, got",
+        match=r"--set: backend\.kind: kind must be one of sim, piper, kokoro, multi, codec_lm, "
+        r"gpu_model, tiny, got",
     ):
         load_settings(None, ["backend.kind=gpu"], environ={})
     with pytest.raises(SettingsError, match=r"backend\.kind tiny: registered after the settings"):

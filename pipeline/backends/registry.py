@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -34,10 +34,12 @@ _KIND = re.compile(r"[a-z][a-z0-9]*(_[a-z0-9]+)*")
 @dataclass(frozen=True)
 class BackendContext:
     """The engine's sections a backend may read to size itself (no built-in backend reads
-    them: Piper's ONNX Runtime threads are its own section's)."""
+    them: Piper's ONNX Runtime threads are its own section's), and the other backends'
+    sections (kind -> config), for a backend made of others (multi)."""
 
     talker: TalkerConfig
     vocoder: VocoderConfig
+    sections: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,9 @@ and "en" both pick the English rules): for a language with rules (English, in
 english.py) numbers, money, dates, times, units, abbreviations, URLs and symbols become
 words; every language gets the language-neutral clean-up (emoji, pictographs and other
 symbols that carry no words are dropped, markup characters become spaces, whitespace runs
-become one space, runs of one character and very long tokens are bounded: tokens.py).
+become one space, runs of one character and very long tokens are bounded: tokens.py);
+a language written without spaces (Japanese, Chinese) keeps its long "tokens" (they are
+sentences) and its currency signs (its phonemiser reads them).
 `speakable(text)` tells whether anything is left to say.
 
 `StreamNormalizer` applies a normaliser to text that arrives in pieces (a live stream):
@@ -47,12 +49,17 @@ def language_code(language: str) -> str:
     return re.split(r"[_-]", language.strip().lower(), maxsplit=1)[0]
 
 
-def drop_symbols(text: str, words: dict[str, str] | None = None) -> str:
-    """Symbols become their words (`words`) or go; markup becomes a space."""
+def drop_symbols(
+    text: str, words: dict[str, str] | None = None, keep: frozenset[str] = frozenset()
+) -> str:
+    """Symbols become their words (`words`) or go (except those in `keep`); markup becomes
+    a space."""
     text = _SELECTORS.sub("", text)
     out = []
     for char in text:
-        if words and char in words:
+        if char in keep:
+            out.append(char)
+        elif words and char in words:
             out.append(f" {words[char]} ")
         elif char in _DROPPED or unicodedata.category(char) in _DROPPED_CATEGORIES:
             out.append(" ")
@@ -65,6 +72,19 @@ def clean(text: str) -> str:
     """The language-neutral part: quotes unified, symbols dropped, whitespace collapsed."""
     text = bound_tokens(unicodedata.normalize("NFC", text).translate(_QUOTES))
     return _SPACES.sub(" ", drop_symbols(text)).strip()
+
+
+# Languages written without spaces between words (the Japanese and Chinese voices): a
+# "long token" is a sentence, never cut; their phonemisers read a currency sign before its
+# number (pipeline/backends/kokoro/japanese.py), so it stays.
+_UNSPACED = frozenset({"ja", "zh"})
+_CURRENCY_SIGNS = frozenset("¥￥$＄")
+
+
+def clean_unspaced(text: str) -> str:
+    """`clean` for a language written without spaces: no token is cut, currency signs stay."""
+    text = bound_tokens(unicodedata.normalize("NFC", text).translate(_QUOTES), long_tokens=False)
+    return _SPACES.sub(" ", drop_symbols(text, keep=_CURRENCY_SIGNS)).strip()
 
 
 def _with_rules(rules: Normalizer) -> Normalizer:
@@ -85,7 +105,7 @@ def normalizer_for(language: str, config: NormalizeConfig | None = None) -> Norm
     code = language_code(language)
     if code in config.languages and code in LANGUAGE_RULES:
         return _with_rules(LANGUAGE_RULES[code])
-    return clean
+    return clean_unspaced if code in _UNSPACED else clean
 
 
 def normalize_text(text: str, language: str, config: NormalizeConfig | None = None) -> str:
@@ -107,9 +127,20 @@ def normalize_mapped(text: str, language: str, config: NormalizeConfig | None = 
     return mapped(text, normalizer_for(language, config))
 
 
-def speakable(text: str) -> bool:
+# What a Japanese voice can read (OpenJTalk): kana, kanji, Latin letters (by their names)
+# and digits; another script (Arabic, Cyrillic...) it reads as nothing.
+_JAPANESE_READABLE = re.compile(
+    "[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff10-\uff19\uff21-\uff3a"
+    "\uff41-\uff5a\uff66-\uff9fA-Za-z0-9]"
+)
+
+
+def speakable(text: str, language: str | None = None) -> bool:
     """Whether `text` has anything to say: a letter, a digit, or (normalisation off) a
-    symbol that the phonemiser reads by its name."""
+    symbol that the phonemiser reads by its name; for a Japanese voice (`language`), a
+    character of a script it reads."""
+    if language is not None and language_code(language) == "ja":
+        return _JAPANESE_READABLE.search(text) is not None
     return any(char.isalnum() or unicodedata.category(char) == "So" for char in text)
 
 

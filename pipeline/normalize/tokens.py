@@ -51,10 +51,14 @@ def _is_address(token: str) -> bool:
     return bool(english._URL.search(token) or english._EMAIL.search(token) or _SCHEME.match(token))
 
 
-def bound_tokens(text: str, *, keep_addresses: bool = False) -> str:
-    """Runs of one character collapsed and long tokens cut (see the module doc)."""
+def bound_tokens(text: str, *, keep_addresses: bool = False, long_tokens: bool = True) -> str:
+    """Runs of one character collapsed and long tokens cut (see the module doc).
+    `long_tokens` False: no token is cut (text written without spaces, as Japanese: a
+    token is then a whole sentence)."""
     text = _RUN.sub(lambda m: m.group(1) * MAX_RUN, text)
     text = _DIGIT_RUN.sub(lambda m: m.group(1) * MAX_RUN, text)
+    if not long_tokens:
+        return text
 
     def cut(match: re.Match[str]) -> str:
         token = match.group()
