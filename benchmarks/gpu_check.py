@@ -916,18 +916,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ("talker", lambda: talker_steps(report, backend, texts, sizes["batches"], sizes["steps"])),
         ("prefill", lambda: prefill_costs(report, backend, texts, 4 if tiny else 64)),
         ("buckets", lambda: bucket_checks(report, backend, texts, sizes["check_steps"])),
-        *(  # the compiled step against the eager one, the same minutes (gpu_step.py)
-            [
-                (
-                    "compiled step",
-                    lambda: compiled_step_checks(
-                        report, backend, texts, sizes["batches"], sizes["steps"], 3 if tiny else 24
-                    ),
-                )
-            ]
-            if args.compiled_step
-            else []
-        ),
         (
             "vocoder",
             lambda: vocoder_checks(
@@ -985,6 +973,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             lambda: model.get("table") and predict_beside(report, model["table"], runs, duration_s),
         )
     )
+    if args.compiled_step:  # last: its compile may take minutes, and the rest comes first
+        parts.append(
+            (
+                "compiled step",  # against the eager one, the same minutes (gpu_step.py)
+                lambda: compiled_step_checks(
+                    report, backend, texts, sizes["batches"], sizes["steps"], 3 if tiny else 24
+                ),
+            )
+        )
     for part, run in parts:
         if time.monotonic() > deadline:
             report(f"\n== {part}: skipped, --budget-s spent ==")
