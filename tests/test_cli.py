@@ -240,3 +240,15 @@ def test_wyoming_with_replicas_is_refused_at_start_up_saying_why(tmp_path):
     assert result.returncode == 2
     assert result.stderr == f"playhead: error: {WYOMING_WITH_REPLICAS}\n"
     assert "bypass that admission" in result.stderr
+
+
+def test_a_jobs_dir_that_cannot_be_made_is_one_line_without_traceback(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    result = run_cli(
+        "serve", "--port", "8597", "--set", "backend.kind=sim",
+        "--set", f"jobs.dir={blocker / 'jobs'}", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"playhead: error: cannot keep jobs in {blocker / 'jobs'}: ")
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr

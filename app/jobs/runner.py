@@ -110,6 +110,18 @@ class JobRunner:
 
     # Lifecycle (a Service of app/state.py).
 
+    def bind(self) -> None:
+        """Claim the jobs directory before the server starts (`playhead serve`): one that
+        cannot be made or written is the CLI's one line, not a failed startup's traceback."""
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            probe = self.directory / f".write-probe-{self.runner_id}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+            raise OSError(exc.errno, f"cannot keep jobs in {self.directory}: {why}") from None
+
     async def open(self) -> None:
         self.store = await asyncio.to_thread(JobStore, self.directory)
         if not self.shared:  # the store's only runner: leases of an earlier process are void
