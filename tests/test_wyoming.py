@@ -62,8 +62,7 @@ class Served:
 
     @property
     def wyoming(self) -> WyomingServer:
-        (server,) = self.state.services
-        assert isinstance(server, WyomingServer)
+        (server,) = (s for s in self.state.services if isinstance(s, WyomingServer))
         return server
 
     def client(self) -> AsyncTcpClient:
