@@ -28,7 +28,7 @@ from api_support import (
     sim_settings,
 )
 
-from app.elevenlabs.sockets import ws_alignment
+from app.elevenlabs.socket_messages import ws_alignment
 from app.settings import SettingsError, load_settings
 from pipeline.alignment import CharTiming
 from pipeline.normalize import normalize_mapped

@@ -6,34 +6,7 @@
 A context is one engine stream (app/elevenlabs/speech.py): admitted (`admit`) and submitted
 at its first words, spoken from its first complete sentence while text still arrives.
 
-Client messages (JSON): `{"text", "context_id"?, "flush"?, "voice_settings"?}` (text " "
-opens a context; text "" is a keep-alive on the multi-context socket and the end of the
-text on the single one; with `auto_mode=true` each text is a complete phrase, spoken
-without waiting for what follows, a space after it if it has none), `{"context_id",
-"flush": true}`, `{"context_id", "close_context": true}`, `{"context_id", "keep_alive":
-true}`, `{"close_socket": true}`.
-`close_context` right after a flush that carried no text (`{"flush": true}` or `{"text":
-"", "flush": true}`, how pipecat and LiveKit end a turn) ends the context's text: the rest
-of its audio comes, then `isFinal`. Any other `close_context` is an interruption: its audio
-stops within the chunk being sent, the engine stream is freed, and `isFinal` follows.
-
-Server messages: `{"audio": base64, "alignment", "normalizedAlignment", "contextId"}` then
-`{"isFinal": true, "contextId"}` per context (the single socket then closes, 1000).
-Alignment (`chars`, `charStartTimesMs`, `charDurationsMs`): with `sync_alignment=true`
-(LiveKit) times count from the start of the context's audio; without it (pipecat, the
-SDK) each message's times restart at zero where the previous message's characters ended,
-so that a client summing the spans (pipecat) gets the audio's times back.
-
-Errors: before the socket opens, a refusal is an HTTP answer in ElevenLabs' shape (401 key,
-400 output_format, 404 voice, 503 not ready); once open, `{"error", "message", "code",
-"contextId"?}`: a refused context (429: `too_many_concurrent_requests`, with
-`retry_after_s`) or a bad message (not a JSON object; `text` missing or null where the
-protocol needs it: in every message of the single socket, on the multi one unless it
-flushes, closes or keeps alive; a flag or `voice_settings` of the wrong type;
-`flush`/`close_context` naming a context not open: `context_not_found`) is answered at
-once, and leaves the socket open (its context, if any, then gets
-`isFinal`); on the single socket, and for an oversized message or inactivity, the socket
-then closes (1008; 1009 for an oversized message, 1013 for capacity).
+The messages, their checks, errors and close codes: app/elevenlabs/socket_messages.py.
 """
 
 from __future__ import annotations
@@ -50,10 +23,21 @@ from typing import Any
 from fastapi import APIRouter, WebSocket
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
-from app.client_json import quote
 from app.elevenlabs import errors
 from app.elevenlabs.formats import OutputFormat
 from app.elevenlabs.http import PROTOCOL, output_format, resolve_voice
+from app.elevenlabs.socket_messages import (
+    CLOSE_NORMAL,
+    CLOSE_POLICY,
+    CLOSE_TOO_BIG,
+    CLOSE_TRY_AGAIN,
+    FLAGS,
+    Refused,
+    no_context,
+    parse,
+    text_required,
+    ws_alignment,
+)
 from app.elevenlabs.speech import Piece, Speech
 from app.errors import ApiError, InvalidRequest, pipeline_api_error, to_api_error
 from app.security import check_credentials
@@ -61,45 +45,12 @@ from app.state import AppState
 from app.text_input import has_nul, words_apart
 from pipeline import Engine, NotReady, Rejected, Voice
 from pipeline.admission import admit
-from pipeline.alignment import CharTiming
 
 logger = logging.getLogger("playhead.elevenlabs")
 
 router = APIRouter()
 DEFAULT_CONTEXT = "default"  # the single socket's context, and a multi message's without id
 INACTIVITY_TIMEOUT_RANGE_S = (1, 180)  # ElevenLabs' inactivity_timeout (default 20 s)
-CLOSE_NORMAL, CLOSE_POLICY, CLOSE_TOO_BIG, CLOSE_TRY_AGAIN = 1000, 1008, 1009, 1013
-
-
-class Refused(Exception):
-    """Refuse a message: its error goes to the client (`close`: then the socket closes)."""
-
-    def __init__(self, error: ApiError, context_id: str | None = None, close: bool = False):
-        super().__init__(error.message)
-        self.error, self.context_id, self.close = error, context_id, close
-
-
-def ws_alignment(
-    chars: list[CharTiming], base_ms: int | None, end_s: float | None = None
-) -> tuple[dict[str, list[Any]] | None, int | None]:
-    """A message's alignment and the next message's base: times from the start of the
-    context's audio (base None), or from `base_ms`, where the previous message's last
-    character ended. Restarting, a character ends no later than its message's audio
-    (`end_s`), where the next message's characters start: none then starts before its
-    base, and the running sum of the spans is the audio's clock."""
-    if not chars:
-        return None, base_ms
-    starts = [round(c.start_s * 1000) for c in chars]
-    ends = [round(c.end_s * 1000) for c in chars]
-    if base_ms is not None and end_s is not None:
-        end_ms = round(end_s * 1000)
-        ends = [min(end, max(s, end_ms)) for s, end in zip(starts, ends, strict=True)]
-    durations = [end - start for start, end in zip(starts, ends, strict=True)]
-    if base_ms is not None:
-        starts = [max(0, s - base_ms) for s in starts]
-        base_ms += starts[-1] + durations[-1]
-    alignment = {"chars": [c.char for c in chars], "charStartTimesMs": starts}
-    return {**alignment, "charDurationsMs": durations}, base_ms
 
 
 @dataclass(eq=False)
@@ -359,27 +310,11 @@ class Connection:
             if message["type"] == "websocket.disconnect":
                 raise WebSocketDisconnect(message.get("code", 1000))
             self._last_activity_s = time.monotonic()
-            return self._parse(message)
+            return parse(message, self.state.settings.websocket.max_message_bytes)
 
     def _idle(self) -> bool:
         speaking = any(c.text_done and c.task is not None for c in self.contexts.values())
         return not speaking and time.monotonic() - self._last_activity_s >= self.inactivity_s
-
-    def _parse(self, message: dict[str, Any]) -> dict[str, Any]:
-        text = message.get("text")
-        size = len(text.encode()) if text is not None else len(message.get("bytes") or b"")
-        limit = self.state.settings.websocket.max_message_bytes
-        if size > limit:
-            message = f"The message has {size} bytes; at most {limit} are accepted."
-            raise Refused(InvalidRequest(message, code="message_too_large"), close=True)
-        try:
-            data = json.loads(text) if text is not None else None
-        except ValueError:
-            data = None
-        if not isinstance(data, dict):
-            error = InvalidRequest("Each message must be a JSON object.", code="invalid_message")
-            raise Refused(error)
-        return data
 
     async def _receive_loop(self) -> int:
         """Handles messages until the socket should close; returns the close code."""
@@ -408,7 +343,7 @@ class Connection:
                 "context_id must be a non-empty string.", param="context_id", code="invalid_message"
             )
             raise Refused(error)
-        for name in _FLAGS:
+        for name in FLAGS:
             if data.get(name) is not None and not isinstance(data[name], bool):
                 error = InvalidRequest(
                     f"{name} must be true or false.", param=name, code="invalid_message"
@@ -435,7 +370,7 @@ class Connection:
         context = self.contexts.get(context_id)
         if data.get("close_context") is True:
             if context is None:
-                raise Refused(_no_context(context_id, "close_context"), context_id)
+                raise Refused(no_context(context_id, "close_context"), context_id)
             if context.end_flushed or context.text_done:
                 self._end_text(context)
             else:
@@ -445,7 +380,7 @@ class Connection:
             # every message of the single socket carries text (" " first, "" last); on the
             # multi-context socket, one that flushes, closes or keeps a context alive
             if not self.multi or not (flush or data.get("keep_alive") is True):
-                raise Refused(_text_required(self.multi), context_id)
+                raise Refused(text_required(self.multi), context_id)
             if not flush:
                 return  # keep_alive: the socket's activity was noted
         if self.multi and text == "" and not flush:
@@ -453,7 +388,7 @@ class Connection:
         if context is None:
             if not text:
                 if self.multi:  # a flush of a context that is not open
-                    raise Refused(_no_context(context_id, "flush"), context_id)
+                    raise Refused(no_context(context_id, "flush"), context_id)
                 return  # the single socket's end of a text that never began: nothing to say
             context = self._new_context(context_id, settings)
         elif context.text_done or context.speech.interrupted:
@@ -465,33 +400,6 @@ class Connection:
             self._end_text(context)  # the single socket's end of text
             return
         self._text(context, text or "", flush)
-
-
-_FLAGS = ("flush", "close_context", "close_socket", "keep_alive", "try_trigger_generation")
-
-
-def _text_required(multi: bool) -> InvalidRequest:
-    if multi:
-        message = (
-            'text is required (a string; "" keeps the context alive) unless the message '
-            "flushes (flush), closes (close_context, close_socket) or keeps alive (keep_alive) "
-            "a context."
-        )
-    else:
-        message = (
-            'text is required in every message (a string: " " first, then the text, "" '
-            "to end), unless the message is close_socket."
-        )
-    return InvalidRequest(message, param="text", code="invalid_message")
-
-
-def _no_context(context_id: str, action: str) -> InvalidRequest:
-    return InvalidRequest(
-        f"{action}: no context {quote(context_id)} is open on this socket (it was never "
-        "opened, or it ended with isFinal).",
-        param="context_id",
-        code="context_not_found",
-    )
 
 
 def _flag(websocket: WebSocket, name: str, default: bool) -> bool:
