@@ -3,8 +3,9 @@ the process exits 0, and nothing of the local Ray it started is left: every proc
 its tree, listed while it serves, is gone afterwards (Ray's DashboardAgent and
 RuntimeEnvAgent were seen to outlive a stop as orphans that ignore SIGTERM).
 
-Each try starts a local Ray (~20 s here); PLAYHEAD_STOP_TRIES sets how many (default 2;
-ten in a row are in the issue's report). Needs the `cluster` extra (ray[serve])."""
+Each try starts a local Ray (~15 s here); PLAYHEAD_STOP_TRIES sets how many (default 1, to
+keep `make test` short; `PLAYHEAD_STOP_TRIES=10` is the repeat run, docs/scale-out.md has
+its last count). Needs the `cluster` extra (ray[serve])."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ psutil = pytest.importorskip("psutil")
 from tests.api_support import expected_audio_s, sim_settings, speech_body  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-TRIES = int(os.environ.get("PLAYHEAD_STOP_TRIES", "2"))
+TRIES = int(os.environ.get("PLAYHEAD_STOP_TRIES", "1"))
 START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 60.0
 TEXT = "This sentence is spoken while the server is asked to stop. " * 3
