@@ -39,7 +39,15 @@ KEY = "sk-test-key"
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[LiveServer]:
+    """A talker at 4x real time: a test can act while a context is mid-way."""
     with live_server(sim_settings(*SLOW_TALKER, "admission.enabled=false")) as live:
+        yield live
+
+
+@pytest.fixture(scope="module")
+def fast() -> Iterator[LiveServer]:
+    """The fast sim: for what the audio and its alignment are, not when they come."""
+    with live_server(sim_settings("admission.enabled=false")) as live:
         yield live
 
 
@@ -84,12 +92,12 @@ async def _context_audio(
 # HTTP
 
 
-def test_stream_pcm_and_ulaw_have_the_length_of_the_text(server: LiveServer) -> None:
-    expected_s = expected_audio_s(server.settings, TEXT)
-    pcm = httpx.post(tts_url(server, fmt="pcm_16000"), json={"text": TEXT}, timeout=30)
+def test_stream_pcm_and_ulaw_have_the_length_of_the_text(fast: LiveServer) -> None:
+    expected_s = expected_audio_s(fast.settings, TEXT)
+    pcm = httpx.post(tts_url(fast, fmt="pcm_16000"), json={"text": TEXT}, timeout=30)
     assert pcm.status_code == 200 and pcm.headers["content-type"] == "audio/pcm"
     assert len(pcm.content) / 2 / 16000 == pytest.approx(expected_s, abs=0.01)
-    ulaw = httpx.post(tts_url(server, "", fmt="ulaw_8000"), json={"text": TEXT}, timeout=30)
+    ulaw = httpx.post(tts_url(fast, "", fmt="ulaw_8000"), json={"text": TEXT}, timeout=30)
     assert ulaw.status_code == 200 and ulaw.headers["content-type"] == "audio/basic"
     assert len(ulaw.content) / 8000 == pytest.approx(expected_s, abs=0.01)  # a byte a sample
     assert int(ulaw.headers["x-character-count"]) == len(TEXT)
@@ -97,10 +105,10 @@ def test_stream_pcm_and_ulaw_have_the_length_of_the_text(server: LiveServer) -> 
 
 @pytest.mark.parametrize("path", ["", "/stream", "/stream/with-timestamps", "/with-timestamps"])
 def test_alaw_8000_on_every_http_route_is_the_pcm_in_g711_a_law(
-    server: LiveServer, path: str
+    fast: LiveServer, path: str
 ) -> None:
-    pcm = httpx.post(tts_url(server, "", fmt="pcm_8000"), json={"text": TEXT}, timeout=30)
-    response = httpx.post(tts_url(server, path, fmt="alaw_8000"), json={"text": TEXT}, timeout=30)
+    pcm = httpx.post(tts_url(fast, "", fmt="pcm_8000"), json={"text": TEXT}, timeout=30)
+    response = httpx.post(tts_url(fast, path, fmt="alaw_8000"), json={"text": TEXT}, timeout=30)
     assert response.status_code == 200, response.text[:200]
     if path.endswith("with-timestamps"):
         lines = [json.loads(line) for line in response.text.splitlines() if line]
@@ -109,13 +117,13 @@ def test_alaw_8000_on_every_http_route_is_the_pcm_in_g711_a_law(
         assert response.headers["content-type"] == "audio/PCMA"
         assert int(response.headers["x-character-count"]) == len(TEXT)
         audio = response.content
-    assert_alaw_like_pcm(audio, pcm.content, expected_audio_s(server.settings, TEXT))
+    assert_alaw_like_pcm(audio, pcm.content, expected_audio_s(fast.settings, TEXT))
 
 
 @pytest.mark.parametrize("kind", ["stream-input", "multi-stream-input"])
-async def test_alaw_8000_on_both_sockets(server: LiveServer, kind: str) -> None:
+async def test_alaw_8000_on_both_sockets(fast: LiveServer, kind: str) -> None:
     text = "Hello there. How are you?"
-    async with websockets.connect(ws_url(server, kind, "alaw_8000")) as ws:
+    async with websockets.connect(ws_url(fast, kind, "alaw_8000")) as ws:
         if kind == "stream-input":
             await ws.send(json.dumps({"text": text + " "}))
             await ws.send(json.dumps({"text": ""}))
@@ -126,8 +134,8 @@ async def test_alaw_8000_on_both_sockets(server: LiveServer, kind: str) -> None:
             await ws.send(json.dumps({"context_id": "a", "close_context": True}))
             audio, _ = await _context_audio(ws, "a")
     async with httpx.AsyncClient(timeout=30) as client:
-        pcm = await client.post(tts_url(server, "", fmt="pcm_8000"), json={"text": text})
-    assert_alaw_like_pcm(audio, pcm.content, expected_audio_s(server.settings, text))
+        pcm = await client.post(tts_url(fast, "", fmt="pcm_8000"), json={"text": text})
+    assert_alaw_like_pcm(audio, pcm.content, expected_audio_s(fast.settings, text))
 
 
 def test_default_format_is_mp3_44100_128(server: LiveServer) -> None:
@@ -139,17 +147,17 @@ def test_default_format_is_mp3_44100_128(server: LiveServer) -> None:
         assert stream.rate == 44100 and stream.codec_context.bit_rate == 128000
 
 
-def test_stream_with_timestamps_is_json_lines_of_audio(server: LiveServer) -> None:
+def test_stream_with_timestamps_is_json_lines_of_audio(fast: LiveServer) -> None:
     response = httpx.post(
-        tts_url(server, "/stream/with-timestamps", fmt="pcm_24000"), json={"text": TEXT}
+        tts_url(fast, "/stream/with-timestamps", fmt="pcm_24000"), json={"text": TEXT}
     )
     assert response.status_code == 200
     lines = [json.loads(line) for line in response.text.splitlines() if line]
     assert all(set(line) == {"audio_base64", "alignment", "normalized_alignment"} for line in lines)
     audio = b"".join(base64.b64decode(line["audio_base64"]) for line in lines)
-    expected_s = expected_audio_s(server.settings, TEXT)
+    expected_s = expected_audio_s(fast.settings, TEXT)
     assert len(audio) / 2 / 24000 == pytest.approx(expected_s, abs=0.01)
-    whole = httpx.post(tts_url(server, "/with-timestamps", fmt="pcm_24000"), json={"text": TEXT})
+    whole = httpx.post(tts_url(fast, "/with-timestamps", fmt="pcm_24000"), json={"text": TEXT})
     assert len(base64.b64decode(whole.json()["audio_base64"])) == len(audio)
 
 
@@ -455,12 +463,12 @@ def check_http_alignment(alignment: dict[str, list[Any]], text: str, audio_s: fl
 
 
 def test_alignment_is_of_the_text_as_sent_and_normalized_of_the_spoken(
-    server: LiveServer,
+    fast: LiveServer,
 ) -> None:
     text = "It costs $5. Call me at 10 tomorrow."
-    spoken = spoken_text(server, text)
+    spoken = spoken_text(fast, text)
     assert "five dollars" in spoken and "ten" in spoken  # what the voice says
-    whole = httpx.post(tts_url(server, "/with-timestamps", fmt="pcm_24000"), json={"text": text})
+    whole = httpx.post(tts_url(fast, "/with-timestamps", fmt="pcm_24000"), json={"text": text})
     body = whole.json()
     audio_s = len(base64.b64decode(body["audio_base64"])) / 2 / 24000
     check_http_alignment(body["alignment"], text, audio_s)  # "$5", not "five dollars"
@@ -478,7 +486,7 @@ def test_alignment_is_of_the_text_as_sent_and_normalized_of_the_spoken(
     assert n_starts[dollars] < c_ends[dollar + 2]
     # streamed as JSON lines, the same two texts, piece by piece
     response = httpx.post(
-        tts_url(server, "/stream/with-timestamps", fmt="pcm_24000"), json={"text": text}
+        tts_url(fast, "/stream/with-timestamps", fmt="pcm_24000"), json={"text": text}
     )
     lines = [json.loads(line) for line in response.text.splitlines() if line]
     joined = {"alignment": "", "normalized_alignment": ""}
@@ -498,13 +506,13 @@ def test_normalization_off_gives_two_alignments_of_the_text_as_sent(server: Live
     check_http_alignment(whole["normalized_alignment"], text, audio_s)
 
 
-async def test_socket_alignment_restarts_or_counts_from_the_context(server: LiveServer) -> None:
+async def test_socket_alignment_restarts_or_counts_from_the_context(fast: LiveServer) -> None:
     """Both alignments, each on its own clock: `alignment` of the text as sent,
     `normalizedAlignment` of the text as spoken ("five dollars" for "$5")."""
     pieces = ("It costs $5. ", "Call me at 10 tomorrow. ")
-    spoken = spoken_text(server, "".join(pieces))
+    spoken = spoken_text(fast, "".join(pieces))
     for extra, sync in (("&sync_alignment=true", True), ("", False)):
-        async with websockets.connect(ws_url(server, "multi-stream-input", extra=extra)) as ws:
+        async with websockets.connect(ws_url(fast, "multi-stream-input", extra=extra)) as ws:
             for piece in pieces:
                 await ws.send(json.dumps({"text": piece, "context_id": "t"}))
             await ws.send(json.dumps({"context_id": "t", "flush": True}))

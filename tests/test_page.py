@@ -42,8 +42,9 @@ ANSWER = (
     "the market in the square. If you have questions, ask them at any time, and the answer "
     "will start almost at once."
 )
-# its first three sentences (~10 s): where the paced voice's chunks come just in time
-ANSWER_START = ANSWER[: ANSWER.index("afternoon.") + len("afternoon.")]
+# its first two sentences (~7.5 s, a segment boundary): where the paced voice's chunks come
+# just in time (its ramp; after it the voice runs 2.3x real time)
+ANSWER_START = ANSWER[: ANSWER.index("never waits.") + len("never waits.")]
 # all but its last sentence (~18 s of the Piper voice)
 ANSWER_LONG = ANSWER[: ANSWER.index("square.") + len("square.")]
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -336,10 +337,10 @@ def _check_played_without_a_stall(page: object, problems: list[str], min_played_
 def test_an_answer_paced_like_the_voice_plays_without_a_stall_under_cpu_load(
     paced_server: LiveServer, browser: object
 ) -> None:
-    """~10 s whose first chunks come just in time, while another process keeps a core busy:
+    """~7.5 s whose first chunks come just in time, while another process keeps a core busy:
     the pre-roll absorbs what the load delays; without it the player runs dry."""
     page, problems = _play_under_load(browser, f"{paced_server.base_url}/", "sim", ANSWER_START)
-    _check_played_without_a_stall(page, problems, 8)
+    _check_played_without_a_stall(page, problems, 6)
     page.close()  # type: ignore[attr-defined]
 
 
