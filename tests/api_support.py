@@ -187,6 +187,19 @@ def live_server(
         server.stop()
 
 
+def engine_idle(server: LiveServer, timeout_s: float = 5.0) -> bool:
+    """Whether the server's engine holds no stream (none active, none draining) within
+    `timeout_s`."""
+    engine = server.app.state.playhead.engine
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        stats = engine.stats()
+        if stats.active_streams + stats.draining_streams == 0:
+            return True
+        time.sleep(0.02)
+    return False
+
+
 def speech_body(text: str = "Hello there. This is a test.", **fields: object) -> dict[str, object]:
     return {"model": "tts-1", "input": text, "voice": "sim", **fields}
 

@@ -22,6 +22,7 @@ from api_support import (
     SLOW_TALKER,
     LiveServer,
     assert_alaw_like_pcm,
+    engine_idle,
     expected_audio_s,
     live_server,
     metric_value,
@@ -59,17 +60,6 @@ def tts_url(server: LiveServer, path: str = "/stream", voice: str = "sim", fmt: 
 def ws_url(server: LiveServer, kind: str, fmt: str = "pcm_24000", extra: str = "") -> str:
     base = server.base_url.replace("http://", "ws://")
     return f"{base}/v1/text-to-speech/sim/{kind}?output_format={fmt}{extra}"
-
-
-def _engine_idle(server: LiveServer, timeout_s: float = 5.0) -> bool:
-    engine = server.app.state.playhead.engine
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        stats = engine.stats()
-        if stats.active_streams + stats.draining_streams == 0:
-            return True
-        time.sleep(0.02)
-    return False
 
 
 async def _context_audio(
@@ -295,7 +285,7 @@ async def test_flush_then_close_context_ends_with_all_audio_and_is_final(
     assert len(audio) / 2 / 24000 == pytest.approx(expected_s, abs=0.01)
     assert messages[-1] == {"isFinal": True, "contextId": "c1"}
     assert all(m["contextId"] == "c1" for m in messages)
-    assert _engine_idle(server)
+    assert engine_idle(server)
 
 
 async def test_close_context_without_flush_interrupts_within_one_chunk(
@@ -315,7 +305,7 @@ async def test_close_context_without_flush_interrupts_within_one_chunk(
     assert len(after) <= max(chunk_sizes)  # at most the chunk that was on its way
     full_s = expected_audio_s(server.settings, long_text)
     assert (sum(chunk_sizes) + len(after)) / 2 / 24000 < full_s / 2
-    assert _engine_idle(server)  # the engine stream is freed
+    assert engine_idle(server)  # the engine stream is freed
 
 
 async def test_live_text_speaks_its_first_sentence_before_the_rest_arrives(
@@ -597,7 +587,7 @@ def test_a_client_leaving_mid_stream_frees_its_engine_stream(server: LiveServer)
         assert r.status_code == 200
         next(r.iter_raw())  # the first audio, then the client hangs up
     left_s = time.monotonic()
-    assert _engine_idle(server, timeout_s=1.0)
+    assert engine_idle(server, timeout_s=1.0)
     assert time.monotonic() - left_s < 1.0
 
 

@@ -28,7 +28,7 @@ import soxr
 
 from app.settings import Settings, load_settings
 from pipeline.backends.piper import PiperBackend
-from tests.api_support import LiveServer, decode, live_server, metric_value
+from tests.api_support import LiveServer, decode, engine_idle, live_server, metric_value
 from tests.asr import ASR_RATE_HZ, _decoder, normalize, transcribe, word_error_rate
 
 pytestmark = pytest.mark.slow
@@ -118,17 +118,6 @@ def assert_times_agree(reported: list[tuple[str, float]], pcm: np.ndarray, rate_
     assert len(errors) >= len(reported) / 2, (reported, heard)
     assert median(errors) <= 0.08, (errors, reported, heard)
     assert max(errors) <= 0.25, (errors, reported, heard)
-
-
-def engine_idle(server: LiveServer, timeout_s: float = 2.0) -> bool:
-    engine = server.app.state.playhead.engine
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        stats = engine.stats()
-        if stats.active_streams + stats.draining_streams == 0:
-            return True
-        time.sleep(0.02)
-    return False
 
 
 class EngineWatch:
@@ -258,21 +247,27 @@ def _pipecat_run(service, frames, *, sleep_s: float, mark: type | None = None):
     return decode(audio, "pcm", RATE_HZ)[0], words, arrivals, texts, up
 
 
+def _pipecat_socket_service(server: LiveServer, voice: str):  # type: ignore[no-untyped-def]
+    """pipecat's ElevenLabsTTSService (the multi-context socket) pointed at `server`."""
+    from pipecat.services.elevenlabs.tts import ElevenLabsTTSService
+
+    return ElevenLabsTTSService(
+        api_key="any",
+        url=server.base_url.replace("http://", "ws://"),
+        sample_rate=RATE_HZ,
+        settings=ElevenLabsTTSService.Settings(voice=voice, model="eleven_flash_v2_5"),
+    )
+
+
 def test_pipecat_websocket_service_in_a_pipeline(server: LiveServer, voice: str) -> None:
     from pipecat.frames.frames import (
         LLMFullResponseEndFrame,
         LLMFullResponseStartFrame,
         LLMTextFrame,
     )
-    from pipecat.services.elevenlabs.tts import ElevenLabsTTSService
     from pipecat.tests.utils import SleepFrame
 
-    service = ElevenLabsTTSService(
-        api_key="any",
-        url=server.base_url.replace("http://", "ws://"),
-        sample_rate=RATE_HZ,
-        settings=ElevenLabsTTSService.Settings(voice=voice, model="eleven_flash_v2_5"),
-    )
+    service = _pipecat_socket_service(server, voice)
     frames = [
         LLMFullResponseStartFrame(),
         LLMTextFrame(FIRST),
@@ -288,7 +283,7 @@ def test_pipecat_websocket_service_in_a_pipeline(server: LiveServer, voice: str)
     assert_intelligible(pcm, RATE_HZ, FIRST + SECOND)
     assert [normalize(w) for w, _ in words] == normalize(FIRST + SECOND).split()
     assert_times_agree(words, pcm, RATE_HZ)
-    assert engine_idle(server)
+    assert engine_idle(server, 2.0)
 
 
 def test_pipecat_interruption_stops_the_audio(server: LiveServer, voice: str) -> None:
@@ -297,15 +292,9 @@ def test_pipecat_interruption_stops_the_audio(server: LiveServer, voice: str) ->
         LLMFullResponseStartFrame,
         LLMTextFrame,
     )
-    from pipecat.services.elevenlabs.tts import ElevenLabsTTSService
     from pipecat.tests.utils import SleepFrame
 
-    service = ElevenLabsTTSService(
-        api_key="any",
-        url=server.base_url.replace("http://", "ws://"),
-        sample_rate=RATE_HZ,
-        settings=ElevenLabsTTSService.Settings(voice=voice, model="eleven_flash_v2_5"),
-    )
+    service = _pipecat_socket_service(server, voice)
     cancelled = cancelled_streams(server)
     frames = [
         LLMFullResponseStartFrame(),
