@@ -21,7 +21,7 @@ import pytest
 
 import benchmarks.sim_replica as sim_replica
 from benchmarks.loadgen import load_corpus
-from benchmarks.simulate import Arrival, run_script
+from benchmarks.sim_run import Arrival, run_script
 from benchmarks.virtual_time import SpentTime, VirtualStage, VirtualTimeLoop, virtual_stages
 from pipeline.backends.sim import SimBackend, decode_sim_signal
 from pipeline.config import AloneConfig, EngineConfig, SimConfig, TalkerConfig, VocoderConfig

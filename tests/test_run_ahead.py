@@ -28,7 +28,7 @@ import pytest
 
 import benchmarks.sim_replica as sim_replica
 from benchmarks.loadgen import load_corpus
-from benchmarks.simulate import Arrival, run_script
+from benchmarks.sim_run import Arrival, run_script
 from pipeline.backends.sim import SimBackend
 from pipeline.book import StreamBook, Wakes
 from pipeline.config import EngineConfig, SimConfig, TalkerConfig, TextConfig

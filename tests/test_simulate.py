@@ -11,19 +11,18 @@ from dataclasses import replace
 import pytest
 
 from benchmarks.loadgen import load_corpus
-from benchmarks.simulate import (
+from benchmarks.sim_run import simulate
+from benchmarks.sim_scenario import (
     DEFAULT_SIM,
     DEFAULT_TEXT,
     DEFAULT_WINDOW,
     Scenario,
     SimResult,
     mean_audio_s,
-    policy_scenario,
     prepare_texts,
     replica_capacity,
-    run_plan,
-    simulate,
 )
+from benchmarks.simulate import policy_scenario, run_plan
 from scheduling import AdmissionConfig, SchedulingConfig
 
 C = replica_capacity()  # 64 streams per replica with the default sim costs
