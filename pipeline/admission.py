@@ -268,12 +268,14 @@ async def wait_admitted(reservation: Reservation, gone: Awaitable[object] | None
     return True
 
 
-async def admit(engine: object, gone: Awaitable[object] | None = None) -> Reservation | None:
-    """`engine.reserve()` then wait in the queue while watching `gone`: the reservation
-    to hand to `engine.submit`, or None when the client left while waiting. Rejected and
-    NotReady propagate."""
+async def admit(
+    engine: object, gone: Awaitable[object] | None = None, *, voice: str | None = None
+) -> Reservation | None:
+    """`engine.reserve(voice)` then wait in the queue while watching `gone`: the
+    reservation to hand to `engine.submit`, or None when the client left while waiting.
+    Rejected and NotReady propagate."""
     try:
-        reservation = engine.reserve()  # type: ignore[attr-defined]
+        reservation = engine.reserve(voice)  # type: ignore[attr-defined]
     except BaseException:
         if asyncio.iscoroutine(gone):
             gone.close()  # refused at once: never awaited, and no warning that says so

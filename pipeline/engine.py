@@ -361,16 +361,18 @@ class Engine:
         (pipeline/admission.py: `await reservation.wait_start()`, then
         `submit(..., reservation=it)`, or `release()`). A granted one counts as a
         starting stream, so a burst cannot pass the check before its streams exist.
-        `voice`: the request's, whose backend's cost it counts (None, or a voice not
-        served: the dearest backend's; one backend: always 1)."""
+        `voice`: the request's, whose backend's cost it counts (None: not known yet,
+        the default voice's, 1; a dearer voice's stream is decided again at `submit`;
+        a voice not served: the dearest backend's)."""
         return self.admission.reserve(self._admit_now(), self.voice_cost(voice))
 
     def voice_cost(self, voice: str | None) -> float:
         """A voice's cost per audio second against the reference voice's
-        (scheduling/voice_cost.py); None or an unknown voice: the dearest backend's."""
+        (scheduling/voice_cost.py); None: the default voice's (1); an unknown voice: the
+        dearest backend's."""
         costs = self.voice_costs
         if voice is None:
-            return costs.most
+            return 1.0
         try:
             return costs.cost(self.resolve_voice(voice).id)
         except UnknownVoice:
@@ -420,8 +422,18 @@ class Engine:
         was decided already: it is used up (also when this raises). Without one the
         stream must fit now (a synchronous caller cannot wait in the queue, nor pass
         those waiting): else Rejected."""
+        try:
+            resolved = self.resolve_voice(voice)
+        except UnknownVoice:
+            if reservation is not None:
+                reservation.release()  # used up, as when anything below raises
+            raise
+        cost = self.voice_costs.cost(resolved.id)
+        if reservation is not None and reservation.cost < cost - 1e-9:
+            # reserved before its voice was read (the OpenAI route's gate) at a lower
+            # cost: decided again now, at its voice's, as a submit without one is
+            reservation.release()
         held = reservation is not None and reservation.take(self.admission)
-        resolved = self.resolve_voice(voice)
         if not (math.isfinite(speed) and speed > 0):
             raise ValueError(f"speed must be a finite number > 0, got {speed!r}")
         if held:
@@ -432,7 +444,7 @@ class Engine:
             if reservation is not None:
                 reservation.release()  # queued, refused or spent: admission decides anew
             now_s = self._admit_now()
-            self.admission.check_now(now_s, self.voice_costs.cost(resolved.id))
+            self.admission.check_now(now_s, cost)
         book = self.book
         stream = book.add_stream(resolved, speed=speed, now_s=now_s)
         if held:

@@ -175,3 +175,32 @@ async def test_the_capacity_stays_in_reference_streams_under_a_dear_load(
         engine.capacity(),
         calibrated,
     )
+
+
+async def test_a_request_reserved_before_its_voice_is_decided_again_at_its_cost(
+    make_engine: EngineFactory,
+) -> None:
+    """The OpenAI route reserves before it reads the body (voice None: the default
+    voice's cost); a dearer voice's stream is decided again at submit, at its cost."""
+    engine = await make_engine(
+        two_costs(),
+        window=1,
+        engine=CALIBRATE,
+        admission=AdmissionConfig(start_cost=0.0, queue_max_wait_s=0.0),
+    )
+    capacity = engine.capacity() * 0.95
+    cost = engine.voice_cost(DEAR)
+    assert cost > 2
+    # hold all but 2 reference streams' room: a cheap request fits, a dear one does not
+    held = [engine.reserve(VOICE_ID) for _ in range(math.floor(capacity) - 2)]
+    cheap = engine.reserve()
+    assert not cheap.queued
+    engine.cancel(engine.submit("Cheap enough.", voice=VOICE_ID, reservation=cheap).id)
+    dear = engine.reserve()
+    assert not dear.queued and dear.granted
+    with pytest.raises(Rejected):
+        engine.submit("Too dear for the room left.", voice=DEAR, reservation=dear)
+    assert not dear.granted  # used up: its room is given back
+    for reservation in held:
+        reservation.release()
+    assert engine.admission.granted == 0
