@@ -158,13 +158,15 @@ class Admission:
     def load_units(self, view: LoadView) -> float:
         """Streams' worth of capacity committed: 1 per stream with work left, plus
         `start_cost` while it starts, and `1 + start_cost` per granted ticket, each times
-        its cost (streams of the reference voice)."""
+        its cost (streams of the reference voice). The start's extra is the same for
+        every voice: the reference's small ramp chunks' overhead (a Kokoro chunk is cut from
+        its piece's one decode: no such overhead; counted x its cost, ~4 x 3.3 reference
+        streams, a Kokoro start fitted only an idle Piper server)."""
         start = self._config.start_cost
-        granted = view.granted if view.granted_cost is None else view.granted_cost
-        units = granted * (1.0 + start)
+        granted_cost = view.granted if view.granted_cost is None else view.granted_cost
+        units = granted_cost + view.granted * start
         for stream in view.streams:
-            own = stream.units + (start if stream.start_left_audio_s > 0 else 0.0)
-            units += own * stream.cost
+            units += stream.units * stream.cost + (start if stream.start_left_audio_s > 0 else 0.0)
         return units
 
     def fits(self, view: LoadView, ahead: int = 0, ahead_cost: float | None = None) -> bool:
@@ -181,7 +183,7 @@ class Admission:
             return True
         if ahead_cost is None:
             ahead_cost = self._waiters_cost(ahead)
-        need = (ahead_cost + view.new_stream_cost) * (1.0 + config.start_cost)
+        need = ahead_cost + view.new_stream_cost + (ahead + 1) * config.start_cost
         return load + need <= capacity * config.capacity_headroom + 1e-9
 
     def _waiters_cost(self, count: int) -> float:
@@ -202,7 +204,7 @@ class Admission:
         if capacity > 0:
             load = self.load_units(view)
             room = capacity * config.capacity_headroom - load + 1e-9
-            slots = math.floor(room / ((1.0 + config.start_cost) * view.new_stream_cost))
+            slots = math.floor(room / (view.new_stream_cost + config.start_cost))
             limits.append(max(slots, 1) if load == 0 else slots)  # idle: one, as in fits
         return float(max(0, min(limits) - self.waiting)) if limits else math.inf
 

@@ -37,9 +37,10 @@ def test_a_dear_stream_counts_its_cost_in_the_load() -> None:
     assert a.load_units(LoadView(10.0, cheap)) == pytest.approx(4.0)
     assert a.load_units(LoadView(10.0, dear)) == pytest.approx(4.0)
     assert a.load_units(LoadView(10.0, [*cheap, *dear])) == pytest.approx(8.0)
-    # starting: its start cost is machine time too
+    # starting: the start's extra is the reference's, whatever the voice
     starting = Admission(AdmissionConfig(capacity_headroom=1.0, start_cost=1.0))
-    assert starting.load_units(LoadView(10.0, [StreamLoad(10.0, 1.0, cost=4.0)])) == 8.0
+    assert starting.load_units(LoadView(10.0, [StreamLoad(10.0, 1.0, cost=4.0)])) == 5.0
+    assert starting.load_units(LoadView(10.0, [], granted=2, granted_cost=8.0)) == 10.0
 
 
 def test_under_overload_a_cheap_request_fits_where_a_dear_one_does_not() -> None:
