@@ -275,7 +275,8 @@ async def admit(
     reservation to hand to `engine.submit`, or None when the client left while waiting.
     Rejected and NotReady propagate."""
     try:
-        reservation = engine.reserve(voice)  # type: ignore[attr-defined]
+        reserve = engine.reserve  # type: ignore[attr-defined]
+        reservation = reserve() if voice is None else reserve(voice)
     except BaseException:
         if asyncio.iscoroutine(gone):
             gone.close()  # refused at once: never awaited, and no warning that says so
