@@ -38,7 +38,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -202,6 +202,24 @@ def met(runs: list[dict[str, Any]]) -> bool:
     )
 
 
+def mixed_plan(plan: LoadPlan, voice: str, texts: Sequence[str], max_chars: int) -> LoadPlan:
+    """The plan's texts in its voice and `texts` in `voice`, as many of each, drawn
+    alike; a text of the second set goes out in `voice` (known by its set)."""
+    mixed = tuple(t for t in texts if len(t) <= max_chars)
+    second = frozenset(mixed)
+    base = plan.request
+
+    async def request(  # type: ignore[no-untyped-def]
+        client, url, text, options, clock, waited_s=0.0, tracker=None
+    ):
+        if text in second:
+            options = replace(options, voice=voice)
+        return await base(client, url, text, options, clock, waited_s, tracker)
+
+    count = min(len(plan.texts), len(mixed))
+    return replace(plan, texts=plan.texts[:count] + mixed[:count], request=request)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.admission_runs")
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "default.yaml")
@@ -215,6 +233,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--corpus", type=Path, default=None, help="load texts (default: benchmarks/corpus.txt)"
     )
+    parser.add_argument(
+        "--mix-voice",
+        default=None,
+        help="a mixed load: the corpus's texts in the first voice served and the texts of "
+        "--mix-corpus in this voice (e.g. jf_alpha with benchmarks/corpus-ja.txt), drawn alike",
+    )
+    parser.add_argument("--mix-corpus", type=Path, default=ROOT / "benchmarks" / "corpus-ja.txt")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
@@ -239,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
         with serve(args.config, settings, log_probe) as url:
             plan = replace(plan, options=asyncio.run(_voice_options(url)))
         log_probe.unlink(missing_ok=True)
+    if args.mix_voice:
+        plan = mixed_plan(plan, args.mix_voice, load_corpus(args.mix_corpus), args.max_text_chars)
     clients = args.capacity_clients or (22 if backend == "sim" else 20)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     log_dir = args.out / f"admission-{args.config.stem}-{stamp}"
@@ -252,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "config": config_name(args.config),
+        "mix_voice": args.mix_voice,
         "settings": settings,
         "factors": factors,
         "duration_s": args.duration,

@@ -33,6 +33,7 @@ import asyncio
 import dataclasses
 import statistics
 import time
+from pathlib import Path
 
 from app.settings import Settings, load_settings
 from pipeline import Engine, Rejected, Stream
@@ -80,12 +81,31 @@ class _Produced:
         return sum(s.stats.audio_s - baseline.get(s.id, 0.0) for s in self.streams)
 
 
+def load_text(path: str | None, chars: int) -> str:
+    """The load's request text: LONG, or a corpus file's lines (not # comments) joined
+    up to about `chars` characters (a Japanese voice's corpus: benchmarks/corpus-ja.txt)."""
+    if path is None:
+        return LONG
+    lines = [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines()]
+    text = ""
+    for line in lines:
+        if line and not line.startswith("#") and len(text) < chars:
+            text += line
+    return text
+
+
 async def _client(
-    engine: Engine, voice: str, produced: _Produced, until_s: float, paced: bool, lead_s: float
+    engine: Engine,
+    voice: str,
+    produced: _Produced,
+    until_s: float,
+    paced: bool,
+    lead_s: float,
+    text: str = LONG,
 ) -> None:
     rate_hz = engine.resolve_voice(voice).sample_rate_hz
     while time.monotonic() < until_s:
-        stream = engine.submit(LONG, voice=voice)
+        stream = engine.submit(text, voice=voice)
         produced.streams.append(stream)
         started_s = time.monotonic()
         played_s = 0.0
@@ -131,13 +151,21 @@ async def _run_load(
 async def _capacity(settings: Settings, args: argparse.Namespace) -> None:
     engine = await _engine(settings, admission=False)
     try:
-        voice = engine.backend.default_voice()
+        voice = args.voice or engine.backend.default_voice()
+        text = load_text(args.text_file, args.text_chars)
         print(
             f"{args.config}: calibrated {engine.calibrated_capacity:.2f} audio s/s "
             f"(model now {engine.capacity():.2f})"
         )
         sustained, readings = await _run_load(
-            engine, voice, args.saturate, args.seconds, args.warmup, paced=False, lead_s=0.0
+            engine,
+            voice,
+            args.saturate,
+            args.seconds,
+            args.warmup,
+            paced=False,
+            lead_s=0.0,
+            text=text,
         )
         print(
             f"saturated ({args.saturate} clients reading as fast as they can): C = "
@@ -145,10 +173,18 @@ async def _capacity(settings: Settings, args: argparse.Namespace) -> None:
             f"{statistics.median(readings):.2f} ({statistics.median(readings) / sustained:.2f} C)"
         )
         print("load   clients  produced/C  reading/C median [min, max]")
-        for load in LOADS:
+        loads = [float(x) for x in args.loads.split(",")] if args.loads else LOADS
+        for load in loads:
             clients = max(1, round(load * sustained))
             received, readings = await _run_load(
-                engine, voice, clients, args.seconds, args.warmup, paced=True, lead_s=args.lead
+                engine,
+                voice,
+                clients,
+                args.seconds,
+                args.warmup,
+                paced=True,
+                lead_s=args.lead,
+                text=text,
             )
             ratios = [r / sustained for r in readings] or [float("nan")]
             print(
@@ -197,6 +233,10 @@ def main() -> None:
     parser.add_argument("--saturate", type=int, default=20, help="clients for C")
     parser.add_argument("--lead", type=float, default=2.0, help="a 1x player's read-ahead")
     parser.add_argument("--sequential", type=int, default=0, help="N one after another")
+    parser.add_argument("--voice", default=None, help="the load's voice (default: the config's)")
+    parser.add_argument("--text-file", default=None, help="load text: a corpus file's lines")
+    parser.add_argument("--text-chars", type=int, default=160, help="... joined to about this")
+    parser.add_argument("--loads", default=None, help="loads in C, comma-separated")
     args = parser.parse_args()
     settings = load_settings(args.config, args.overrides, environ={})
     if args.sequential:

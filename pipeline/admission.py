@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 
 from pipeline.backend import Voice
 from pipeline.errors import NotReady, Rejected
@@ -61,11 +62,13 @@ class Reservation:
     Granted at once, or queued (`queued`): `await wait_start()` before `submit`. A
     granted reservation counts as a starting stream until it is used or released."""
 
-    __slots__ = ("_front", "_future", "_queued_at_s", "granted", "start_wait_s")
+    __slots__ = ("_front", "_future", "_queued_at_s", "cost", "granted", "start_wait_s")
 
-    def __init__(self, front: AdmissionFront) -> None:
+    def __init__(self, front: AdmissionFront, cost: float = 1.0) -> None:
         self._front: AdmissionFront | None = front
         self.granted = False
+        # its voice's cost against the reference voice's (scheduling/voice_cost.py)
+        self.cost = cost
         # how long it waited in the queue (the stream's `StreamStats.start_wait_s`)
         self.start_wait_s = 0.0
         self._queued_at_s = 0.0
@@ -119,6 +122,7 @@ class AdmissionFront:
         self._events = events
         self._load = load
         self.granted = 0  # reservations granted, not yet streams
+        self.granted_cost = 0.0  # their costs summed
         self._waiters: dict[Reservation, None] = {}
         self._grant_pending = False
         self._timer: asyncio.TimerHandle | None = None
@@ -127,13 +131,18 @@ class AdmissionFront:
     def waiting(self) -> int:
         return self.policy.waiting
 
-    def view(self, now_s: float) -> LoadView:
-        return self._load(now_s, self.granted)
+    def view(self, now_s: float, cost: float = 1.0) -> LoadView:
+        """The engine's load, with the granted reservations' costs and a request of
+        `cost` to decide."""
+        view = self._load(now_s, self.granted)
+        granted_cost = max(0.0, self.granted_cost) if self.granted else 0.0
+        return replace(view, granted_cost=granted_cost, new_stream_cost=cost)
 
-    def reserve(self, now_s: float) -> Reservation:
-        """Decide now: a granted reservation, a queued one, or Rejected."""
-        reservation = Reservation(self)
-        decision = self.policy.offer(now_s, reservation, self.view(now_s))
+    def reserve(self, now_s: float, cost: float = 1.0) -> Reservation:
+        """Decide now, for a request of `cost` (its voice's): a granted reservation, a
+        queued one, or Rejected."""
+        reservation = Reservation(self, cost)
+        decision = self.policy.offer(now_s, reservation, self.view(now_s, cost))
         if decision.accept:
             self._grant(reservation, waited_s=0.0)
             return reservation
@@ -146,10 +155,10 @@ class AdmissionFront:
         self._arm_timer()
         return reservation
 
-    def check_now(self, now_s: float) -> None:
-        """Admission for a caller that cannot wait (a submit without reservation):
-        returns when it fits now, raises Rejected otherwise."""
-        decision = self.policy.offer(now_s, None, self.view(now_s), wait=False)
+    def check_now(self, now_s: float, cost: float = 1.0) -> None:
+        """Admission for a caller that cannot wait (a submit without reservation) of
+        `cost`: returns when it fits now, raises Rejected otherwise."""
+        decision = self.policy.offer(now_s, None, self.view(now_s, cost), wait=False)
         if not decision.accept:
             raise self._refused(decision)
 
@@ -200,6 +209,7 @@ class AdmissionFront:
         if reservation.granted:
             reservation.granted = False
             self.granted -= 1
+            self.granted_cost -= reservation.cost
         elif self.policy.leave(reservation):
             self._waiters.pop(reservation, None)
         future = reservation._future
@@ -214,6 +224,7 @@ class AdmissionFront:
         reservation.granted = True
         reservation.start_wait_s = waited_s
         self.granted += 1
+        self.granted_cost += reservation.cost
         self._events.start_waited(waited_s)
 
     def _refused(self, decision: Decision) -> Rejected:
@@ -257,12 +268,15 @@ async def wait_admitted(reservation: Reservation, gone: Awaitable[object] | None
     return True
 
 
-async def admit(engine: object, gone: Awaitable[object] | None = None) -> Reservation | None:
-    """`engine.reserve()` then wait in the queue while watching `gone`: the reservation
-    to hand to `engine.submit`, or None when the client left while waiting. Rejected and
-    NotReady propagate."""
+async def admit(
+    engine: object, gone: Awaitable[object] | None = None, *, voice: str | None = None
+) -> Reservation | None:
+    """`engine.reserve(voice)` then wait in the queue while watching `gone`: the
+    reservation to hand to `engine.submit`, or None when the client left while waiting.
+    Rejected and NotReady propagate."""
     try:
-        reservation = engine.reserve()  # type: ignore[attr-defined]
+        reserve = engine.reserve  # type: ignore[attr-defined]
+        reservation = reserve() if voice is None else reserve(voice)
     except BaseException:
         if asyncio.iscoroutine(gone):
             gone.close()  # refused at once: never awaited, and no warning that says so

@@ -59,7 +59,7 @@ class StreamBook:
         scheduler: PlaybackScheduler,
         planner: ChunkPlanner,
         order: TalkerOrderConfig,
-        segmenter: Callable[[], Segmenter],
+        segmenter: Callable[..., Segmenter],  # called with language=the voice's
         max_pending_audio_s: float,
         clock: Callable[[], float],
         events: EngineEvents,
@@ -139,8 +139,10 @@ class StreamBook:
     def mean_stream_audio_s(self) -> float:
         return self.table.mean_stream_audio_s
 
-    def loads(self, start_chunk_audio_s: float) -> list[StreamLoad]:
-        return self.table.loads(start_chunk_audio_s)
+    def loads(
+        self, start_chunk_audio_s: float, cost: Callable[[str], float] | None = None
+    ) -> list[StreamLoad]:
+        return self.table.loads(start_chunk_audio_s, cost)
 
     def stats(self, capacity_audio_s_per_s: float) -> EngineStats:
         return self.table.stats(capacity_audio_s_per_s)

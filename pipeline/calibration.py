@@ -27,6 +27,20 @@ CALIBRATION_TEXT = (
     "By the time we reached the bridge, the fog had lifted and the city was awake. "
     "Nobody seemed to mind the delay; there was coffee, and the light was lovely."
 )
+# ... in the voice's language where it has one here (a Japanese voice reading the English
+# text above spoke it as one 12 s segment whose first decode outlasted the calibration)
+CALIBRATION_TEXTS = {
+    "ja": (
+        "朝の電車はまた遅れていたので、川沿いを歩くことにしました。"
+        "橋に着くころには霧も晴れて、街は目を覚ましていました。"
+        "誰も遅れを気にしていないようでした。コーヒーがあって、光がきれいでした。"
+    ),
+}
+
+
+def calibration_text(language: str) -> str:
+    """What a voice of `language` ("ja", "en-US") speaks in a calibration."""
+    return CALIBRATION_TEXTS.get(language.split("-")[0].lower(), CALIBRATION_TEXT)
 
 
 async def _read_out(stream: Stream) -> None:
@@ -42,7 +56,7 @@ class CalibrationRun:
     book: StreamBook
     talker: Talker
     vocoder: Vocoder
-    voice: Voice  # the default voice
+    voice: Voice  # the voice it speaks (its backend's default)
     count: int  # calibration streams, at once
     ramp_turns: int  # the first vocoder turns (the chunk ramp): run, not measured
     calls: int  # vocoder turns measured (engine.calibration_calls)
@@ -50,6 +64,9 @@ class CalibrationRun:
     clock: Callable[[], float]
     current: Callable[[], object]  # the engine's running calibration (a submit ends it)
     capacity: Callable[[float], float]  # the engine's capacity at a time
+    # the voice's cost against the reference voice's now (the stages record its audio
+    # times this: scheduling/voice_cost.py), so the audio out is read in the same unit
+    cost: float = 1.0
 
 
 async def measure(run: CalibrationRun, streams: list[Stream]) -> float | None:
@@ -66,9 +83,10 @@ async def measure(run: CalibrationRun, streams: list[Stream]) -> float | None:
         return run.current() is streams and loop.time() - started_s < run.max_s
 
     now_s = run.clock()
+    text = calibration_text(run.voice.language)
     for _ in range(run.count):
         stream = book.add_stream(run.voice, speed=1.0, now_s=now_s)
-        book.add_text(stream.id, CALIBRATION_TEXT, final=True)
+        book.add_text(stream.id, text, final=True)
         streams.append(stream)
     readers = [asyncio.ensure_future(_read_out(stream)) for stream in streams]
     try:
@@ -92,7 +110,7 @@ async def measure(run: CalibrationRun, streams: list[Stream]) -> float | None:
         # what the pipeline sustained, saturated: audio out per wall second
         measured_s = run.clock() - measured_from_s
         audio_s = sum(stream.stats.audio_s for stream in streams) - audio_before_s
-        sustained = audio_s / measured_s if measured_s > 0 else 0.0
+        sustained = audio_s * run.cost / measured_s if measured_s > 0 else 0.0
     finally:
         for reader in readers:
             reader.cancel()
@@ -125,8 +143,9 @@ async def measure(run: CalibrationRun, streams: list[Stream]) -> float | None:
         rate.set_baseline(min(model, sustained) if sustained > 0 else model)
     capacity = run.capacity(now_s)
     log.info(
-        "calibrated in %.2f s: vocoder %.1f, talker %.1f audio s/s; capacity %.1f streams "
+        "calibrated %s in %.2f s: vocoder %.1f, talker %.1f audio s/s; capacity %.1f streams "
         "at 1x (audio out meanwhile %.1f audio s/s)",
+        run.voice.id,
         loop.time() - started_s,
         vocoder.rate.baseline,
         talker.rate.baseline,

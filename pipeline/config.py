@@ -155,7 +155,9 @@ class EngineConfig:
     # start-up calibration: both stages run internal streams until the vocoder made this
     # many calls, before the engine reports ready (0: no calibration)
     calibration_calls: int = 12
-    calibration_max_s: float = 5.0  # a calibration ends after this long, whatever it measured
+    # a calibration ends after this long, whatever it measured (each backend's: a server of
+    # Piper and Kokoro calibrates both, Piper in ~1.5 s, Kokoro's 12 decodes in ~5-8 s)
+    calibration_max_s: float = 10.0
     # calibrate again after this long with no stream at all (0: never); a request that
     # arrives meanwhile ends that calibration at once
     recalibrate_idle_s: float = 60.0

@@ -45,6 +45,7 @@ from pipeline.executor import StageExecutor
 from pipeline.stream import Stream
 from pipeline.talker import Talker
 from pipeline.vocoder import Vocoder
+from pipeline.voice_costs import voice_costs_of
 from scheduling import (
     Admission,
     AdmissionConfig,
@@ -94,6 +95,8 @@ class Engine:
         # hooks that raise are logged, never passed into the loops
         self._events = GuardedEvents(events if events is not None else NullEvents())
         self._voices = backend.voices()
+        # each voice's cost per audio second against the default voice's backend's
+        self.voice_costs, self._group_voices = voice_costs_of(backend)
         # a batched loop's capacity, said by the backend (0: measured, pipeline/capacity.py)
         declared = getattr(backend, "sustained_streams", None)
         self._sustained_streams = float((declared() if declared else None) or 0.0)
@@ -158,6 +161,7 @@ class Engine:
             events=self._events,
             capacity_window_s=engine.capacity_window_s,
             urgent_stage=self.urgent_stage,
+            cost=self.voice_costs.cost,
         )
         self.vocoder = Vocoder(
             self.book.vocoder,
@@ -168,6 +172,7 @@ class Engine:
             capacity_window_s=engine.capacity_window_s,
             capacity=self._turn_capacity,
             extra_stages=self.extra_vocoder_stages,
+            cost=self.voice_costs.cost,
         )
 
     def _stage_timed_out(self, stage: str, timeout_s: float) -> None:
@@ -249,23 +254,42 @@ class Engine:
         # the first chunks of a stream are small (the ramp): a loaded server decodes
         # steady chunks, so the turns of the ramp are run but not measured
         window = max(1, self._scheduling.active_stream_window)
-        run = CalibrationRun(
-            book=self.book,
-            talker=self.talker,
-            vocoder=self.vocoder,
-            voice=self.resolve_voice(self._backend.default_voice()),
-            count=count,
-            ramp_turns=math.ceil(count * max(1, len(self._chunking.ramp)) / window),
-            calls=self._config.calibration_calls,
-            max_s=self._config.calibration_max_s,
-            clock=self._clock,
-            current=lambda: self._calibration,
-            capacity=self.capacity,
-        )
-        measured = await measure(run, streams)
+        # each backend alone, the reference (the default voice's) last: its run is the
+        # one the capacity model keeps; the others give their costs against it
+        costs = self.voice_costs
+        capacities: dict[str, float] = {}
+        measured = None
+        for group in costs.groups:
+            run = CalibrationRun(
+                book=self.book,
+                talker=self.talker,
+                vocoder=self.vocoder,
+                voice=self.resolve_voice(self._group_voices[group]),
+                count=count,
+                ramp_turns=math.ceil(count * max(1, len(self._chunking.ramp)) / window),
+                calls=self._config.calibration_calls,
+                max_s=self._config.calibration_max_s,
+                clock=self._clock,
+                current=lambda: self._calibration,
+                capacity=self.capacity,
+                cost=costs.group_cost(group),
+            )
+            measured = await measure(run, streams)
+            if self._calibration is not streams:  # a submit ended it
+                return self.calibrated_capacity
+            streams.clear()  # measure cancelled them
+            if measured is not None:  # read in reference seconds at the group's cost then
+                capacities[group] = measured / costs.group_cost(group)
         if measured is not None:
+            costs.set_capacities(capacities)
             self.calibrated_capacity = measured
             self.calibrations += 1
+            if len(capacities) > 1:
+                log.info(
+                    "costs per audio second against %s: %s",
+                    costs.reference,
+                    ", ".join(f"{g} {costs.group_cost(g):.2f}" for g in costs.groups),
+                )
         return self.calibrated_capacity
 
     def _end_calibration(self, streams: list[Stream]) -> None:
@@ -331,18 +355,33 @@ class Engine:
                 return candidate
         raise UnknownVoice(voice, [v.id for v in self._voices])
 
-    def reserve(self) -> Reservation:
+    def reserve(self, voice: str | None = None) -> Reservation:
         """Admission decided now, before a request's slower preparation: NotReady or
         Rejected (with its Retry-After) at once, else a Reservation, granted or queued
         (pipeline/admission.py: `await reservation.wait_start()`, then
         `submit(..., reservation=it)`, or `release()`). A granted one counts as a
-        starting stream, so a burst cannot pass the check before its streams exist."""
-        return self.admission.reserve(self._admit_now())
+        starting stream, so a burst cannot pass the check before its streams exist.
+        `voice`: the request's, whose backend's cost it counts (None: not known yet,
+        the default voice's, 1; a dearer voice's stream is decided again at `submit`;
+        a voice not served: the dearest backend's)."""
+        return self.admission.reserve(self._admit_now(), self.voice_cost(voice))
+
+    def voice_cost(self, voice: str | None) -> float:
+        """A voice's cost per audio second against the reference voice's
+        (scheduling/voice_cost.py); None: the default voice's (1); an unknown voice: the
+        dearest backend's."""
+        costs = self.voice_costs
+        if voice is None:
+            return 1.0
+        try:
+            return costs.cost(self.resolve_voice(voice).id)
+        except UnknownVoice:
+            return costs.most
 
     def _load(self, now_s: float, granted: int) -> LoadView:
         """What admission reads: the capacity and the work owed (pipeline/book.py)."""
         chunk_s = start_chunk_audio_s(self._chunking, self._voices[0])
-        loads = self.book.loads(chunk_s)
+        loads = self.book.loads(chunk_s, self.voice_costs.cost)
         return LoadView(
             self.capacity(now_s),
             loads,
@@ -383,8 +422,18 @@ class Engine:
         was decided already: it is used up (also when this raises). Without one the
         stream must fit now (a synchronous caller cannot wait in the queue, nor pass
         those waiting): else Rejected."""
+        try:
+            resolved = self.resolve_voice(voice)
+        except UnknownVoice:
+            if reservation is not None:
+                reservation.release()  # used up, as when anything below raises
+            raise
+        cost = self.voice_costs.cost(resolved.id)
+        if reservation is not None and reservation.cost < cost - 1e-9:
+            # reserved before its voice was read (the OpenAI route's gate) at a lower
+            # cost: decided again now, at its voice's, as a submit without one is
+            reservation.release()
         held = reservation is not None and reservation.take(self.admission)
-        resolved = self.resolve_voice(voice)
         if not (math.isfinite(speed) and speed > 0):
             raise ValueError(f"speed must be a finite number > 0, got {speed!r}")
         if held:
@@ -395,7 +444,7 @@ class Engine:
             if reservation is not None:
                 reservation.release()  # queued, refused or spent: admission decides anew
             now_s = self._admit_now()
-            self.admission.check_now(now_s)
+            self.admission.check_now(now_s, cost)
         book = self.book
         stream = book.add_stream(resolved, speed=speed, now_s=now_s)
         if held:

@@ -45,7 +45,7 @@ class StreamTable:
         self,
         *,
         scheduler: PlaybackScheduler,
-        segmenter: Callable[[], Segmenter],
+        segmenter: Callable[..., Segmenter],  # called with language=the voice's
         max_pending_audio_s: float,
         clock: Callable[[], float],
         events: EngineEvents,
@@ -83,6 +83,7 @@ class StreamTable:
         self._submitted = 0
         self._talked_chars = 0
         self._talked_audio_s = 0.0  # at speed 1
+        self._talked_by_language: dict[str, list[float]] = {}  # language -> [chars, audio_s]
 
     def on_forget(self, forget: Callable[[StreamRecord], None]) -> None:
         """`forget(record)` is called when a stream's work ends, however it ends."""
@@ -128,16 +129,20 @@ class StreamTable:
         """Audio talked per stream submitted, at speed 1 (inf before any was talked)."""
         return self._talked_audio_s / self._submitted if self._talked_audio_s else math.inf
 
-    def loads(self, start_chunk_audio_s: float) -> list[StreamLoad]:
+    def loads(
+        self, start_chunk_audio_s: float, cost: Callable[[str], float] | None = None
+    ) -> list[StreamLoad]:
         """What each stream with work left still owes, for admission: its audio left
-        (the text's estimated length less what was sent; inf while its text is open), and
-        while it starts, `start_chunk_audio_s` per start-phase chunk still to send (one
-        while its chunks are sent and the talker's next step is still owed)."""
-        per_char_s = (
-            self._talked_audio_s / self._talked_chars
-            if self._talked_chars
-            else _DEFAULT_AUDIO_S_PER_CHAR
-        )
+        (the text's estimated length less what was sent, from the audio per character
+        talked in its language; inf while its text is open), and while it starts,
+        `start_chunk_audio_s` per start-phase chunk still to send (one while its chunks
+        are sent and the talker's next step is still owed). `cost(voice_id)`: its voice's
+        cost against the reference voice's (StreamLoad.cost; None: 1)."""
+        per_char = {
+            language: audio_s / chars
+            for language, (chars, audio_s) in self._talked_by_language.items()
+            if chars
+        }
         starting, chunks = self._starting, self._start_phase_chunks
         loads = []
         for stream_id, record in self._records.items():
@@ -145,6 +150,7 @@ class StreamTable:
             if job_rate == 0:  # a best-effort job: takes only what is left, counts nothing
                 continue
             stream = record.stream
+            per_char_s = per_char.get(stream.voice.language, _DEFAULT_AUDIO_S_PER_CHAR)
             owed_s = record.text_chars * per_char_s / stream.speed - stream.stats.audio_s
             owed_s = max(owed_s, start_chunk_audio_s) if record.text_closed else math.inf
             left = 0
@@ -153,7 +159,8 @@ class StreamTable:
             if job_rate is not None:  # a job with a deadline: the rate promised to it
                 loads.append(StreamLoad(owed_s, 0.0, units=job_rate))
                 continue
-            loads.append(StreamLoad(owed_s, left * start_chunk_audio_s))
+            stream_cost = 1.0 if cost is None else cost(stream.voice.id)
+            loads.append(StreamLoad(owed_s, left * start_chunk_audio_s, cost=stream_cost))
         return loads
 
     def stats(self, capacity_audio_s_per_s: float) -> EngineStats:
@@ -213,7 +220,7 @@ class StreamTable:
             sender=sender,
             tag=self._submitted,
             order=self._submitted,
-            segmenter=self._new_segmenter(),
+            segmenter=self._new_segmenter(language=voice.language),
             aligner=StreamAligner(
                 stream.alignment,
                 voice.samples_per_frame / voice.sample_rate_hz,
@@ -232,10 +239,14 @@ class StreamTable:
         self._events.stream_started(stream_id)
         return record
 
-    def talked_segment(self, chars: int, audio_s_at_speed_1: float) -> None:
-        """A segment of `chars` characters was talked: the owed-work estimate learns."""
+    def talked_segment(self, chars: int, audio_s_at_speed_1: float, language: str = "") -> None:
+        """A segment of `chars` characters was talked in `language`: the owed-work
+        estimate learns (a Japanese character is ~4x an English one's audio)."""
         self._talked_chars += chars
         self._talked_audio_s += audio_s_at_speed_1
+        entry = self._talked_by_language.setdefault(language, [0, 0.0])
+        entry[0] += chars
+        entry[1] += audio_s_at_speed_1
 
     def text_added(self, record: StreamRecord) -> None:
         """The stream has text to talk: it has work again."""

@@ -45,8 +45,12 @@ class Talker:
         events: EngineEvents,
         capacity_window_s: float,
         urgent_stage: StageExecutor | None = None,
+        cost: Callable[[str], float] | None = None,
     ) -> None:
+        """`cost(voice_id)`: a voice's cost against the reference voice's
+        (scheduling/voice_cost.py): a step's audio is recorded in reference seconds."""
         self._core = core
+        self._cost = cost
         self._backend = backend
         self._stage = stage
         self._urgent_stage = urgent_stage
@@ -99,6 +103,14 @@ class Talker:
                         async with asyncio.timeout(max(retry_in_s, 0.0)):
                             await self.wake.wait()
 
+    def _weight(self, plan: TalkPlan) -> float:
+        """The step's cost per audio second against the reference voice's: its
+        segments' mean (one segment at talker.batch = 1)."""
+        cost = self._cost
+        if cost is None or not plan.batch:
+            return 1.0
+        return sum(cost(open_.request.voice) for open_ in plan.batch) / len(plan.batch)
+
     async def _lane(self, stage: StageExecutor, plan: TalkPlan) -> None:
         core = self._core
         try:
@@ -111,7 +123,8 @@ class Talker:
         else:
             audio_s = core.update(plan, timed.result, self._clock())
             if timed.result.stepped:
-                self.rate.record(timed.started_s, timed.finished_s, audio_s)
+                weight = self._weight(plan)
+                self.rate.record(timed.started_s, timed.finished_s, audio_s * weight)
                 self._events.talker_call(timed.seconds)
         finally:
             self.lanes_busy -= 1

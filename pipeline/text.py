@@ -147,6 +147,10 @@ _PHONEMES_SYMBOL = 12
 # letter", "Japanese letter"): 15-16 phonemes measured on the bundled voice (3 assumed
 # before: a 300-character segment of them was 1,649 phonemes, a talker call 4x too long).
 _PHONEMES_IDEOGRAPH = 16
+# A voice that READS them (Japanese: Kokoro's readings take 2 to 4 phonemes a character)
+# says each in ~4: its segments' phoneme bound is raised by _PHONEMES_IDEOGRAPH / 4, so
+# a Japanese segment holds ~100 characters under the 400 of an English one's phonemes
+_IDEOGRAPH_READERS = {"ja": 4}
 _IDEOGRAPHS = re.compile(
     "[\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f\U00020000-\U0003134f]"
 )
@@ -239,7 +243,14 @@ class Segmenter:
         max_segment_chars: int = 300,
         max_segment_phonemes: int = 400,
         first_segment_chars: int = 80,
+        language: str = "",
     ) -> None:
+        """`language`: the voice's ("ja", "en-US"); a voice that reads ideographs
+        (_IDEOGRAPH_READERS) gets a phoneme bound as many times larger as its reading of
+        one is shorter than the estimate's."""
+        reads = _IDEOGRAPH_READERS.get(language.split("-")[0].lower())
+        if reads:
+            max_segment_phonemes = max_segment_phonemes * _PHONEMES_IDEOGRAPH // reads
         self._first_fragment_words = first_fragment_words
         self._max_segment_chars = max_segment_chars
         self._max_segment_phonemes = max_segment_phonemes

@@ -18,7 +18,7 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 
-from pipeline.backend import Backend
+from pipeline.backend import Backend, VocodeItem
 from pipeline.capacity import CapacityEstimate
 from pipeline.events import EngineEvents, TurnTiming
 from pipeline.executor import StageExecutor
@@ -39,11 +39,14 @@ class Vocoder:
         capacity_window_s: float,
         capacity: Callable[[float], float] | None = None,
         extra_stages: Sequence[StageExecutor] = (),
+        cost: Callable[[str], float] | None = None,
     ) -> None:
         """`capacity(now_s)`: the pipeline's capacity, reported after each turn.
         `extra_stages`: more workers' threads, for a backend whose vocode calls may run
-        side by side."""
+        side by side. `cost(voice_id)`: a voice's cost against the reference voice's
+        (scheduling/voice_cost.py): a turn's audio is recorded in reference seconds."""
         self._core = core
+        self._cost = cost
         self._backend = backend
         self._capacity = capacity
         self._stages = (stage, *extra_stages)
@@ -60,6 +63,14 @@ class Vocoder:
     @property
     def yields(self) -> int:
         return self._core.yields
+
+    def _weight(self, items: Sequence[VocodeItem]) -> float:
+        """The turn's cost per audio second against the reference voice's: its items'
+        mean (a turn is one stream at K = 1)."""
+        cost = self._cost
+        if cost is None or not items:
+            return 1.0
+        return sum(cost(item.voice) for item in items) / len(items)
 
     async def run(self) -> None:
         if len(self._stages) == 1:
@@ -94,7 +105,7 @@ class Vocoder:
             emitted_at_s = clock()
             audio_s = core.update(plan, timed.result, emitted_at_s)
             # the call's own cost (pipeline/capacity.py), whatever the other workers did
-            self.rate.record(timed.started_s, timed.finished_s, audio_s)
+            self.rate.record(timed.started_s, timed.finished_s, audio_s * self._weight(plan.items))
             ended_perf_s = time.perf_counter()
             ended_cpu_s = time.thread_time()
             self._events.vocoder_turn(len(plan.batch), clock() - plan.started_s)

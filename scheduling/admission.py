@@ -28,6 +28,12 @@ first audio, scheduling/first_audio.py): one predicted to wait longer is refused
 with its Retry-After rather than served after the bound, and a waiter is refused when
 that time has passed (its deadline is set as it queues). Tickets are opaque to the policy
 (the engine's reservations, the simulator's requests); the clock is passed in.
+
+Voices of different costs (scheduling/voice_cost.py): the capacity is read in streams of
+the reference voice (the default voice's backend), and every stream, granted ticket and
+waiter counts `cost` times its units: its backend's machine seconds per audio second over
+the reference's. So the load is summed in machine time, whatever the mix; with one
+backend every cost is 1 and nothing changes.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from scheduling.validation import (
     check_bool,
@@ -86,6 +92,9 @@ class StreamLoad:
     owed_audio_s: float  # audio still to produce (an estimate; inf: live text, open-ended)
     start_left_audio_s: float = 0.0  # audio left to produce in its start phase (0: past it)
     units: float = 1.0  # streams' worth of capacity it takes (a job: the rate promised it)
+    # its voice's machine seconds per audio second, over the reference voice's (1: the
+    # capacity's own voice; a Kokoro stream in a server whose C is Piper's: ~10)
+    cost: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +104,9 @@ class LoadView:
     granted but not yet streams (each costs a starting stream). For the prediction: the
     audio a new stream owes (its text is not read yet: a typical one's; inf: unknown)
     and its start phase's audio. `first_audio_s`: how long a stream admitted now is
-    predicted to take from its submit to its first audio (measured; 0: not known)."""
+    predicted to take from its submit to its first audio (measured; 0: not known).
+    `granted_cost`: the granted tickets' costs summed (None: 1 each); `new_stream_cost`:
+    the cost of the request being decided (its voice's; scheduling/voice_cost.py)."""
 
     capacity_audio_s_per_s: float
     streams: Sequence[StreamLoad] = ()
@@ -103,6 +114,8 @@ class LoadView:
     new_stream_audio_s: float = math.inf
     start_audio_s: float = 0.0
     first_audio_s: float = 0.0
+    granted_cost: float | None = None
+    new_stream_cost: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +142,7 @@ class Admission:
     def __init__(self, config: AdmissionConfig) -> None:
         self._config = config
         self._queue: OrderedDict[Hashable, float] = OrderedDict()  # ticket -> deadline_s
+        self._costs: dict[Hashable, float] = {}  # ticket -> its voice's cost (waiters)
 
     @property
     def config(self) -> AdmissionConfig:
@@ -143,15 +157,21 @@ class Admission:
 
     def load_units(self, view: LoadView) -> float:
         """Streams' worth of capacity committed: 1 per stream with work left, plus
-        `start_cost` while it starts, and `1 + start_cost` per granted ticket."""
+        `start_cost` while it starts, and `1 + start_cost` per granted ticket, each times
+        its cost (streams of the reference voice). The start's extra is the same for
+        every voice: the reference's small ramp chunks' overhead (a Kokoro chunk is cut from
+        its piece's one decode: no such overhead; counted x its cost, ~4 x 3.3 reference
+        streams, a Kokoro start fitted only an idle Piper server)."""
         start = self._config.start_cost
-        units = view.granted * (1.0 + start)
+        granted_cost = view.granted if view.granted_cost is None else view.granted_cost
+        units = granted_cost + view.granted * start
         for stream in view.streams:
-            units += stream.units + (start if stream.start_left_audio_s > 0 else 0.0)
+            units += stream.units * stream.cost + (start if stream.start_left_audio_s > 0 else 0.0)
         return units
 
-    def fits(self, view: LoadView, ahead: int = 0) -> bool:
-        """Whether one more request fits after `ahead` others that wait before it."""
+    def fits(self, view: LoadView, ahead: int = 0, ahead_cost: float | None = None) -> bool:
+        """Whether one more request (of `view.new_stream_cost`) fits after `ahead` others
+        that wait before it (their costs summed: `ahead_cost`; None: the waiters')."""
         config = self._config
         if config.max_streams and len(view.streams) + view.granted + ahead >= config.max_streams:
             return False
@@ -161,8 +181,15 @@ class Admission:
         load = self.load_units(view)
         if load == 0 and ahead == 0:  # an idle engine takes one, whatever the capacity
             return True
-        need = (ahead + 1) * (1.0 + config.start_cost)
+        if ahead_cost is None:
+            ahead_cost = self._waiters_cost(ahead)
+        need = ahead_cost + view.new_stream_cost + (ahead + 1) * config.start_cost
         return load + need <= capacity * config.capacity_headroom + 1e-9
+
+    def _waiters_cost(self, count: int) -> float:
+        """The first `count` waiters' costs summed (1 each past the queue: a prediction's)."""
+        costs = [self._costs.get(ticket, 1.0) for ticket in list(self._queue)[:count]]
+        return sum(costs) + max(0, count - len(costs))
 
     def free_slots(self, view: LoadView) -> float:
         """How many more requests would be admitted now, none waiting (math.inf: no limit
@@ -177,7 +204,7 @@ class Admission:
         if capacity > 0:
             load = self.load_units(view)
             room = capacity * config.capacity_headroom - load + 1e-9
-            slots = math.floor(room / (1.0 + config.start_cost))
+            slots = math.floor(room / (view.new_stream_cost + config.start_cost))
             limits.append(max(slots, 1) if load == 0 else slots)  # idle: one, as in fits
         return float(max(0, min(limits) - self.waiting)) if limits else math.inf
 
@@ -198,6 +225,7 @@ class Admission:
         max_wait_s = self.max_wait_s(view)
         if wait and max_wait_s > 0 and wait_s <= max_wait_s:
             self._queue[ticket] = now_s + max_wait_s
+            self._costs[ticket] = view.new_stream_cost
             return Decision(False, None, "queued", wait_s)
         return self._refusal(view, wait_s, ahead)
 
@@ -215,10 +243,18 @@ class Admission:
         """The waiters that fit now, from the head of the queue, in order (removed from
         it; the caller counts them granted)."""
         granted: list[Hashable] = []
+        granted_cost = 0.0
         queue = self._queue
-        while queue and self.fits(view, ahead=len(granted)):
-            ticket, _ = queue.popitem(last=False)
+        while queue:
+            ticket = next(iter(queue))
+            cost = self._costs.get(ticket, 1.0)
+            head = replace(view, new_stream_cost=cost)
+            if not self.fits(head, ahead=len(granted), ahead_cost=granted_cost):
+                break
+            del queue[ticket]
+            self._costs.pop(ticket, None)
             granted.append(ticket)
+            granted_cost += cost
         return granted
 
     def expire(self, now_s: float, view: LoadView) -> list[tuple[Hashable, Decision]]:
@@ -228,6 +264,7 @@ class Admission:
         for ticket, deadline_s in list(self._queue.items()):
             if deadline_s <= now_s:
                 del self._queue[ticket]
+                self._costs.pop(ticket, None)
                 wait_s = self.predict_wait_s(view, ahead=0)
                 expired.append((ticket, self._refusal(view, wait_s, 0, "queue_timeout")))
         return expired
@@ -238,12 +275,14 @@ class Admission:
 
     def leave(self, ticket: Hashable) -> bool:
         """A waiter gone (its client left): out of the queue. False if it was not there."""
+        self._costs.pop(ticket, None)
         return self._queue.pop(ticket, None) is not None
 
     def clear(self) -> list[Hashable]:
         """Every waiter, removed (the engine stops taking streams)."""
         tickets = list(self._queue)
         self._queue.clear()
+        self._costs.clear()
         return tickets
 
     def predict_wait_s(self, view: LoadView, ahead: int = 0) -> float:
@@ -256,33 +295,44 @@ class Admission:
         capacity = view.capacity_audio_s_per_s
         if not capacity > 0:  # only max_streams binds; ends are predicted at 1x
             capacity = 1.0
-        new = [view.new_stream_audio_s, min(view.start_audio_s, view.new_stream_audio_s)]
-        streams = [[s.owed_audio_s, s.start_left_audio_s] for s in view.streams]
-        streams += [list(new) for _ in range(view.granted)]
+        start_s = min(view.start_audio_s, view.new_stream_audio_s)
+        # [owed, start left, cost]: a stream of cost c gets C / n / c audio s per s
+        streams = [[s.owed_audio_s, s.start_left_audio_s, s.cost] for s in view.streams]
+        granted_cost = view.granted if view.granted_cost is None else view.granted_cost
+        each = granted_cost / view.granted if view.granted else 1.0
+        streams += [[view.new_stream_audio_s, start_s, each] for _ in range(view.granted)]
+        waiters = [self._costs.get(ticket, 1.0) for ticket in list(self._queue)[:ahead]]
+        waiters += [1.0] * (ahead - len(waiters))
         t_s = 0.0
         for _ in range(2 * (len(streams) + ahead) + 2):
             while True:
-                loads = [StreamLoad(owed, left) for owed, left in streams]
-                if not self.fits(LoadView(view.capacity_audio_s_per_s, loads)):
+                loads = [StreamLoad(owed, left, cost=cost) for owed, left, cost in streams]
+                probe = LoadView(
+                    view.capacity_audio_s_per_s, loads, new_stream_cost=view.new_stream_cost
+                )
+                if not self.fits(probe, ahead_cost=0.0):
                     break
-                if not ahead:
+                if not waiters:
                     return t_s
-                ahead -= 1  # the next waiter starts
-                streams.append(list(new))
+                # the next waiter starts
+                streams.append([view.new_stream_audio_s, start_s, waiters.pop(0)])
             if not streams:
                 return math.inf  # (an idle engine takes one: not reached)
-            share = capacity / len(streams)  # audio s per s each
-            step_s = min((min(left, owed) if left > 0 else owed) / share for owed, left in streams)
+            share = capacity / len(streams)  # reference audio s per s each
+            step_s = min(
+                (min(left, owed) if left > 0 else owed) * cost / share
+                for owed, left, cost in streams
+            )
             if not math.isfinite(step_s):
                 return math.inf
             t_s += step_s
-            produced = step_s * share
             kept = []
-            for owed, left in streams:
+            for owed, left, cost in streams:
+                produced = step_s * share / cost
                 owed -= produced
                 left = max(0.0, left - produced) if left > 0 else 0.0
                 if owed > 1e-9:
-                    kept.append([owed, 0.0 if left <= 1e-9 else left])
+                    kept.append([owed, 0.0 if left <= 1e-9 else left, cost])
             streams = kept
         return math.inf
 

@@ -146,3 +146,15 @@ def test_a_long_first_japanese_sentence_leaves_its_first_clause_first() -> None:
     # a short first sentence (under 13 words of about two characters) is not cut
     short = split_text("雨ですが、晴れました。", first_fragment_words=13, first_segment_chars=0)
     assert short == ["雨ですが、晴れました。"]
+
+
+def test_a_japanese_voice_segments_by_its_own_reading_of_kanji() -> None:
+    """An English voice's espeak-ng says a kanji in ~16 phonemes, a Japanese voice in 2
+    to 4: under the same `max_segment_phonemes` a Japanese stream's segment holds 4x the
+    characters (one server serves both: configs/default.yaml)."""
+    sentence = "今日は朝から雨が降っていたので、駅まで歩いて行くことにしましたが、" * 2 + "。"
+    english = Segmenter(max_segment_phonemes=400, first_segment_chars=0)
+    japanese = Segmenter(max_segment_phonemes=400, first_segment_chars=0, language="ja")
+    cut = english.push(sentence) + english.flush()
+    whole = japanese.push(sentence) + japanese.flush()
+    assert len(cut) > 1 and whole == [sentence]

@@ -76,9 +76,9 @@ def test_empty_file_or_empty_sections_load(tmp_path, text):
     assert load_settings(write(tmp_path, text), environ={}) == Settings()
 
 
-def test_default_yaml_loads_as_the_piper_deployment():
+def test_default_yaml_loads_as_piper_and_kokoro():
     settings = load_settings(CONFIGS / "default.yaml", environ={})
-    assert settings.backend.kind == "piper"
+    assert settings.backend.kind == "multi" and settings.multi.kinds == ("piper", "kokoro")
     assert settings.scheduling == SchedulingConfig(
         policy="edf", active_stream_window=1, first_chunk_ms=100.0, safety_margin_ms=100.0
     )

@@ -113,14 +113,17 @@ def server() -> Iterator[Server]:
     assert "Traceback" not in stderr, stderr[-3000:]
 
 
-async def test_describe_lists_the_voice_with_streaming(server: Server) -> None:
+async def test_describe_lists_the_voices_with_streaming(server: Server) -> None:
     async with server.client() as client:
         await client.write_event(Describe().event())
         event = await asyncio.wait_for(client.read_event(), 10)
     assert event is not None
     (program,) = Info.from_event(event).tts
     assert program.supports_synthesize_streaming
-    assert [(v.name, v.languages) for v in program.voices] == [(VOICE, ["en_US"])]
+    # configs/default.yaml serves Piper's voice first, then Kokoro's Japanese ones
+    voices = [(v.name, v.languages) for v in program.voices]
+    assert voices[0] == (VOICE, ["en_US"])
+    assert ("jf_alpha", ["ja"]) in voices and len(voices) == 6
 
 
 async def test_one_shot_synthesize_is_heard(server: Server) -> None:

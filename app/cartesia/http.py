@@ -109,7 +109,9 @@ async def speech_response(request: Request, state: AppState, *, sse: bool) -> Re
             )
         voice = resolve_voice(engine, generation.voice_id)
         # a client that leaves while queued gives its place back at once
-        reservation = await admit(engine, client_watch(request.scope, request.receive).gone())
+        reservation = await admit(
+            engine, client_watch(request.scope, request.receive).gone(), voice=voice.id
+        )
         if reservation is None:
             raise ClientDisconnect()
         try:

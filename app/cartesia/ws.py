@@ -225,7 +225,7 @@ class CartesiaSocket:
             generation.output_format, voice.sample_rate_hz, self.settings.encoding
         )
         try:
-            reservation = self.engine.reserve()
+            reservation = self.engine.reserve(voice.id)
         except PipelineError as exc:  # Rejected (429) or NotReady (503)
             encoder.close()
             raise pipeline_error(exc) from None

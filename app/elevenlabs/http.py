@@ -209,7 +209,9 @@ async def _speech(request: Request, state: AppState, voice_id: str) -> Speech:
         engine, voice, output, state.settings, state.encoder_threads, speed=speed or 1.0
     )
     # a client that leaves while queued gives its place back at once
-    reservation = await admit(engine, client_watch(request.scope, request.receive).gone())
+    reservation = await admit(
+        engine, client_watch(request.scope, request.receive).gone(), voice=voice.id
+    )
     if reservation is None:
         raise ClientDisconnect()
     try:

@@ -203,7 +203,7 @@ class Connection:
     async def _speak(self, context: Context) -> None:
         speech = context.speech
         try:
-            reservation = await admit(self.engine)
+            reservation = await admit(self.engine, voice=speech.voice.id)
         except (Rejected, NotReady) as exc:
             self.state.metrics.protocol_streams.labels(PROTOCOL, "rejected").inc()
             await self.send_error(pipeline_api_error(exc), context.id)

@@ -416,7 +416,7 @@ class Session:
         index = self.next_index
         self.next_index += 1
         try:
-            reservation = self.engine.reserve()
+            reservation = self.engine.reserve(voice.voice_id)
         except Rejected as exc:
             self.rejected_open = True
             raise at_capacity_error(exc, index) from exc

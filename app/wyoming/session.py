@@ -71,7 +71,7 @@ CHANNELS = 1
 CLOSE_LINGER_S = 1.0
 
 
-async def admit(state: AppState) -> tuple[Engine, Reservation]:
+async def admit(state: AppState, voice: str | None = None) -> tuple[Engine, Reservation]:
     """Admission as every protocol has it (docs/admission.md): a slot now or a place in the
     one fair queue (Rejected, NotReady, or the 503 of a loading or draining server), then
     the wait in that queue. The caller submits with the reservation, then releases it (a
@@ -79,7 +79,7 @@ async def admit(state: AppState) -> tuple[Engine, Reservation]:
     engine = state.require_engine()
     started_s = time.perf_counter()
     try:
-        reservation = engine.reserve()
+        reservation = engine.reserve(voice)
     except Rejected:
         state.metrics.rejection_s.observe(time.perf_counter() - started_s)
         raise
@@ -360,7 +360,7 @@ class Session:
                 "nothing_to_speak",
             )
         try:
-            engine, reservation = await admit(self._state)
+            engine, reservation = await admit(self._state, synthesis.voice.id)
             try:
                 # text that came while admission waited goes in too; no await from here
                 # to the end of the submit, so the receiver sees the stream or the list

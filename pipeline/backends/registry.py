@@ -92,7 +92,7 @@ class BackendConfig:
     backend)."""
 
     # a registered kind (pipeline/backends/__init__.py: piper, the real voice; sim; codec_lm)
-    kind: str = "piper"
+    kind: str = "multi"  # configs/default.yaml: piper and kokoro (multi.kinds)
 
     def __post_init__(self) -> None:
         backend_entry(self.kind)  # ConfigError listing the registered kinds
