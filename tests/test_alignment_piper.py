@@ -44,7 +44,12 @@ WORST_MAX_S = 0.250
 def settings() -> Settings:
     return load_settings(
         ROOT / "configs" / "default.yaml",
-        ["piper.noise_scale=0", "piper.noise_w=0", "engine.calibration_calls=0"],
+        [
+            "backend.kind=piper",
+            "piper.noise_scale=0",
+            "piper.noise_w=0",
+            "engine.calibration_calls=0",
+        ],
         environ={},
     )
 

@@ -69,8 +69,8 @@ def settings() -> Settings:
         # admission off: the tests run one after another, but each one's audio still
         # "plays" a while after it was read, and on a busy 2-core machine Piper's capacity
         # is a few streams (admission's 429s are tests/test_cartesia_api.py's)
-        ["server.log_level=warning", f"server.api_key={KEY}", "piper.noise_scale=0",
-         "piper.noise_w=0", "admission.enabled=false",
+        ["backend.kind=piper", "server.log_level=warning", f"server.api_key={KEY}",
+         "piper.noise_scale=0", "piper.noise_w=0", "admission.enabled=false",
          "engine.calibration_calls=0"],  # nothing admits: no capacity to measure
         environ={},
     )  # fmt: skip

@@ -55,6 +55,7 @@ def settings() -> Settings:
     which the clients' times are checked, do not depend on the voice's sampling (with
     Piper's noise, "five dollars" was once heard as "by ago" and the words lost step)."""
     overrides = [
+        "backend.kind=piper",
         "server.log_level=warning",
         "admission.enabled=false",
         "piper.noise_scale=0",

@@ -201,7 +201,12 @@ def test_live_voice_first_body_piece_decodes_alone():
     """The default voice: a 93 ms first chunk at 22050 Hz, resampled to 24 kHz."""
     settings = load_settings(
         ROOT / "configs" / "default.yaml",
-        ["server.log_level=warning", "admission.enabled=false", "engine.calibration_calls=0"],
+        [
+            "backend.kind=piper",
+            "server.log_level=warning",
+            "admission.enabled=false",
+            "engine.calibration_calls=0",
+        ],
         environ={},
     )
     formats = ("pcm", "mp3", "opus", "aac")

@@ -149,7 +149,12 @@ def _server_first_audio_ms(client: httpx.Client, text: str) -> float:
 def test_long_tokens_start_within_one_and_a_half_ordinary_sentences():
     settings = load_settings(
         ROOT / "configs" / "default.yaml",
-        ["server.log_level=warning", "engine.calibration_calls=0", "admission.enabled=false"],
+        [
+            "backend.kind=piper",
+            "server.log_level=warning",
+            "engine.calibration_calls=0",
+            "admission.enabled=false",
+        ],
         environ={},
     )
     inputs = {"ordinary": ORDINARY, "url": URL_SENTENCE, "e4096": E_RUN}

@@ -257,7 +257,9 @@ def piper_server() -> Iterator[LiveServer]:
         # Then the voice itself falls behind real time (measured at a load of 10 on 2 cores:
         # chunks seconds late): no player could play it without a gap.
         pytest.skip(f"the machine is too busy to play in real time: load {load:.1f}, {cores} cores")
-    settings = load_settings(CONFIGS / "default.yaml", ["server.log_level=warning"], environ={})
+    settings = load_settings(
+        CONFIGS / "default.yaml", ["backend.kind=piper", "server.log_level=warning"], environ={}
+    )
     live = LiveServer(settings)
     live.start(timeout_s=60)  # loads the voice and calibrates (a few s; more on a busy machine)
     try:

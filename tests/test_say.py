@@ -182,7 +182,12 @@ def test_say_on_the_default_voice_is_heard(tmp_path, capsys):
 
     settings = load_settings(
         ROOT / "configs" / "default.yaml",
-        ["server.log_level=warning", "admission.enabled=false", "engine.calibration_calls=0"],
+        [
+            "backend.kind=piper",
+            "server.log_level=warning",
+            "admission.enabled=false",
+            "engine.calibration_calls=0",
+        ],
         environ={},
     )
     text = "The quick brown fox jumps over the lazy dog."

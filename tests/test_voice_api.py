@@ -64,6 +64,7 @@ def settings() -> Settings:
     return load_settings(
         ROOT / "configs" / "default.yaml",
         [
+            "backend.kind=piper",
             "server.log_level=warning",
             "piper.noise_scale=0",
             "piper.noise_w=0",

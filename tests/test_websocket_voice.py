@@ -41,6 +41,7 @@ def settings() -> Settings:
     return load_settings(
         ROOT / "configs" / "default.yaml",
         [
+            "backend.kind=piper",
             "server.log_level=warning",
             # one socket after another on a shared CPU: the capacity estimate must not
             # refuse them (admission on the socket is tested on the sim backend)
