@@ -329,6 +329,10 @@ class CodecLMConfig:
     # the step's hot pieces compiled by torch.compile (inductor) at start-up, fused kernels;
     # off until a GPU run shows it pays (docs/codec-lm.md, benchmarks/gpu_check.py)
     compile_step: bool = False
+    # the cost table gpu_check measured on this GPU (pipeline/backends/gpu_costs.py): the
+    # streams the loop sustains at 1x, read from it, are admission's capacity (null: measured
+    # from the stages' calls while serving, which reads a batched loop low)
+    cost_table: str | None = None
     mimi_dtype: str = "float32"  # Mimi's dtype: float32, bfloat16, float16 or model
     vocoder_max_batch: int = 64  # with CUDA graphs: Mimi graphs for K = 1, 2, 4 .. this (0: none)
     vocoder_max_frames: int = 32  # ... and 4, 8 .. this frames per chunk (beyond: eager)
@@ -370,6 +374,7 @@ class CodecLMConfig:
         check_bool("cuda_graphs", self.cuda_graphs)
         check_bool("overlap_steps", self.overlap_steps)
         check_bool("compile_step", self.compile_step)
+        check_text("cost_table", self.cost_table, optional=True)
         if self.mimi_dtype not in (*CODEC_LM_DTYPES[1:], "model"):
             raise ConfigError(
                 "mimi_dtype must be one of float32, bfloat16, float16, model, "

@@ -303,3 +303,47 @@ def test_mimi_reads_nothing_back_from_the_device_while_a_graph_is_captured(
         vocoder._decode(2, 8)
     vocoder._buffers.pop((2, 8))
     assert seen == []
+
+
+def test_its_capacity_is_what_its_gpus_cost_table_sustains(codec_cache: Path) -> None:
+    """With `codec_lm.cost_table` (what gpu_check measured on its GPU), the backend says
+    the streams its loop sustains at 1x by the gpu_model's arithmetic for its own prefill
+    settings and frame length, and the Engine's capacity is that figure; without one it
+    says nothing. A table path that does not exist fails at start-up, naming it."""
+    from pipeline.backends.gpu_costs import load_cost_table, sustained_streams
+    from pipeline.engine import Engine
+    from scheduling import AdmissionConfig
+
+    path = "configs/gpu-costs/h200-20261204-1453-backbone-prefill.yaml"
+    settings = tiny_settings(codec_cache, f"codec_lm.cost_table={path}")
+    backend = CodecLMBackend(settings.codec_lm)
+    cfg = settings.codec_lm
+    frame_ms = 1000.0 * backend.samples_per_frame / backend.sample_rate_hz
+    want = sustained_streams(
+        load_cost_table(path),
+        prefill_rows=cfg.prefill_rows,
+        prefill_chunk_tokens=cfg.prefill_chunk_tokens,
+        frame_ms=frame_ms,
+    )
+    assert frame_ms == pytest.approx(80.0) and want is not None and want > 64
+    assert backend.sustained_streams() == want
+    # a smaller prefill per step leaves more of a frame to decode: never fewer streams
+    fewer = sustained_streams(
+        load_cost_table(path), prefill_rows=8, prefill_chunk_tokens=128, frame_ms=frame_ms
+    )
+    assert fewer is None or fewer <= want
+    engine = Engine(
+        backend,
+        scheduling=settings.scheduling,
+        chunking=settings.chunking,
+        admission=AdmissionConfig(),
+        engine=settings.engine,
+        talker=settings.talker,
+        text=settings.text,
+    )
+    assert engine.capacity(0.0) == want
+    assert CodecLMBackend(tiny_settings(codec_cache).codec_lm).sustained_streams() is None
+    with pytest.raises(ConfigError, match="no-such-table"):
+        CodecLMBackend(
+            tiny_settings(codec_cache, "codec_lm.cost_table=no-such-table.yaml").codec_lm
+        )

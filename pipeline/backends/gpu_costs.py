@@ -347,3 +347,26 @@ def load_cost_table(path: str | Path) -> GpuCostTable:
     if isinstance(data, dict) and "cost_table" in data:
         data = data["cost_table"]
     return table_from_dict(data)
+
+
+def sustained_streams(
+    table: GpuCostTable, *, prefill_rows: int, prefill_chunk_tokens: int, frame_ms: float
+) -> float | None:
+    """Streams at 1x a batched loop with these costs sustains: the most rows whose step,
+    carrying a full prefill (`prefill_rows` x `prefill_chunk_tokens` tokens) at the longest
+    keys, takes at most a frame's playing time, and at most the streams Mimi keeps up with
+    (its largest measured turn's chunks of 8 new frames each, one frame per `frame_ms`).
+    None when not even one row fits. Admission's capacity on a GPU backend (the gpu_model
+    replaying a table, the codec LM given the table its GPU measured) is this figure."""
+    prefill_ms = table.prefill(prefill_rows * prefill_chunk_tokens)
+    rows = [
+        n
+        for n in range(1, table.max_rows + 1)
+        if table.decode(n, table.max_keys) + prefill_ms + table.host(n) <= frame_ms
+    ]
+    if not rows:
+        return None
+    chunks = table.mimi_max_batch
+    turn_ms = table.mimi(chunks, 16)  # 8 new frames + 8 of context, as measured
+    mimi_streams = chunks * 8 * frame_ms / turn_ms if turn_ms > 0 else float("inf")
+    return float(min(max(rows), mimi_streams))

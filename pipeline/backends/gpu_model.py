@@ -42,7 +42,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pipeline.backend import AbortHandle, Backend, TalkRequest, TalkStep, VocodeItem, Voice
-from pipeline.backends.gpu_costs import GpuCostTable, bucket_of, load_cost_table
+from pipeline.backends.gpu_costs import (
+    GpuCostTable,
+    bucket_of,
+    load_cost_table,
+    sustained_streams,
+)
 from pipeline.backends.sim import encode_sim_signal
 from pipeline.config import GpuModelConfig
 
@@ -274,24 +279,14 @@ class GpuModelBackend(Backend):
         ]
 
     def sustained_streams(self) -> float | None:
-        """Streams at 1x the table's loop sustains: the most rows whose step, carrying a
-        full prefill (`prefill_rows` x `prefill_chunk_tokens` tokens) at the longest keys,
-        takes at most a frame's playing time, and at most the streams Mimi keeps up with
-        (its largest measured turn's chunks of 8 new frames each, one frame per 80 ms)."""
-        cfg, table = self.config, self.table
-        frame_ms = 1000.0 * self.samples_per_frame / self.sample_rate_hz
-        prefill_ms = table.prefill(cfg.prefill_rows * cfg.prefill_chunk_tokens)
-        rows = [
-            n
-            for n in range(1, table.max_rows + 1)
-            if table.decode(n, table.max_keys) + prefill_ms + table.host(n) <= frame_ms
-        ]
-        if not rows:
-            return None
-        chunks = table.mimi_max_batch
-        turn_ms = table.mimi(chunks, 16)  # 8 new frames + 8 of context, as measured
-        mimi_streams = chunks * 8 * frame_ms / turn_ms if turn_ms > 0 else float("inf")
-        return float(min(max(rows), mimi_streams))
+        """Streams at 1x the table's loop sustains (gpu_costs.sustained_streams)."""
+        cfg = self.config
+        return sustained_streams(
+            self.table,
+            prefill_rows=cfg.prefill_rows,
+            prefill_chunk_tokens=cfg.prefill_chunk_tokens,
+            frame_ms=1000.0 * self.samples_per_frame / self.sample_rate_hz,
+        )
 
     def close(self) -> None:
         self._collect(self._in_flight)

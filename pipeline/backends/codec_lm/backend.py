@@ -34,6 +34,7 @@ from pipeline.backends.codec_lm.launches import Launch, Launcher, SlotSegment
 from pipeline.backends.codec_lm.loading import LoadedModel, load_model
 from pipeline.backends.codec_lm.sampling import segment_seed
 from pipeline.backends.codec_lm.vocoder import MimiVocoder
+from pipeline.backends.gpu_costs import load_cost_table, sustained_streams
 from pipeline.config import CodecLMConfig
 
 logger = logging.getLogger("playhead.codec_lm")
@@ -58,6 +59,10 @@ class CodecLMBackend(Backend):
         frame_rate = float(codec_config.frame_rate)
         self.samples_per_frame = round(self.sample_rate_hz / frame_rate)
         self.num_codebooks = int(model.config.num_codebooks)
+        # the GPU's measured costs, when given: read now, so a bad path fails at start-up
+        self.cost_table = (
+            load_cost_table(self.config.cost_table) if self.config.cost_table else None
+        )
         tokenizer = self.loaded.tokenizer
         self._bos = tokenizer.bos_token_id
         self._eos = tokenizer.eos_token_id
@@ -230,6 +235,20 @@ class CodecLMBackend(Backend):
         return [
             audio[item.emit_offset_frames * spf :] for audio, item in zip(pcm, items, strict=True)
         ]
+
+    def sustained_streams(self) -> float | None:
+        """Streams at 1x the loop sustains, from the cost table its GPU measured
+        (`codec_lm.cost_table`, gpu_costs.sustained_streams, the gpu_model's arithmetic);
+        None without one (admission then measures the stages' calls)."""
+        if self.cost_table is None:
+            return None
+        cfg = self.config
+        return sustained_streams(
+            self.cost_table,
+            prefill_rows=cfg.prefill_rows,
+            prefill_chunk_tokens=cfg.prefill_chunk_tokens,
+            frame_ms=1000.0 * self.samples_per_frame / self.sample_rate_hz,
+        )
 
     def close(self) -> None:
         self.launcher.collect(self._in_flight)
