@@ -280,6 +280,8 @@ class FixedStep:
             if past is not None:
                 k = torch.cat([past[index][0], k], dim=2)
                 v = torch.cat([past[index][1], v], dim=2)
+            else:  # kept contiguous as every later pass's are: one layout, one compiled graph
+                k, v = k.contiguous(), v.contiguous()
             kept.append((k, v))
             attended = gqa_attention(q, k, v, mask, layer.self_attn.scaling)
             hidden = finish_layer_fused(layer, hidden, attended)
