@@ -121,3 +121,43 @@ def test_leases_keep_two_runners_off_one_job(tmp_path: Path) -> None:
     second.part_path(job.id, 0, "b").write_bytes(b"\x00\x00")
     first.reconcile(at_s=220.0)
     assert second.part_path(job.id, 0, "b").exists()
+
+
+def test_finished_jobs_and_their_audio_go_after_keep_days_and_nothing_else(
+    tmp_path: Path,
+) -> None:
+    """`jobs.keep_days` (7): at day 7.5 of a fake wall clock, the done and the failed job
+    that ended at day 0 are deleted, rows and audio; the one that ended at day 6.5, the
+    queued one and the rendering one (however old) stay."""
+    import asyncio
+
+    from prometheus_client import CollectorRegistry
+
+    from app.jobs.config import JobsConfig
+    from app.jobs.metrics import JobMetrics
+    from app.jobs.runner import JobRunner
+
+    day_s = 86400.0
+    store = JobStore(tmp_path)
+    ended = {"old_done": (JobState.DONE, 0.0), "old_failed": (JobState.FAILED, 0.0)}
+    ended["recent_done"] = (JobState.DONE, 6.5 * day_s)
+    for job_id, (state, at_s) in ended.items():
+        _make(store, _job(store, job_id), 0, 0, 100)
+        store.set_state(job_id, state, error="x" if state is JobState.FAILED else None, at_s=at_s)
+    _job(store, "queued")
+    _make(store, _job(store, "rendering", JobState.RENDERING), 0, 0, 100)
+    runner = JobRunner(
+        JobsConfig(keep_days=7.0),
+        tmp_path,
+        engine=lambda: None,
+        wait_loaded=lambda: None,
+        normalize=None,
+        metrics=JobMetrics(CollectorRegistry()),
+        wall_clock=lambda: 7.5 * day_s,
+    )
+    asyncio.run(runner._expire(store))
+    assert sorted(store.ids()) == ["queued", "recent_done", "rendering"]
+    assert not (store.audio_dir / "old_done").exists()
+    assert not (store.audio_dir / "old_failed").exists()
+    assert store.segment_path("recent_done", 0).exists()
+    assert store.segment_path("rendering", 0).exists()
