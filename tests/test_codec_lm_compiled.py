@@ -3,8 +3,12 @@ against the eager one on the tiny model, float32 CPU, sampled under a seed: the 
 frame for frame, alone and batched across row buckets 4, 8 and 16 and key buckets 64 and
 128, with joins, chunked prefill, leaves, steps sat out and a cancel.
 
-Slow: inductor compiles the step's pieces (7 graphs) in about a minute on this project's
-2-core CPU (more when it is shared); the steps themselves take seconds."""
+Slow: inductor compiles the step's pieces (7 graphs); the steps themselves take seconds.
+Compiling costs about the same per layer (dynamic shapes: the symbolic shape reasoning
+grows with the operators traced), so the model here has one backbone layer and one depth
+layer: 2 + 2 layers took 115 s on this project's shared 2-core CPU, 2 + 1 84 s, 1 + 1 58 s.
+What a second layer would add (each layer's own cache rows) is the eager code's, which
+tests/test_codec_lm_fixed.py checks against the reference model with two."""
 
 from __future__ import annotations
 
@@ -41,7 +45,13 @@ CANCEL = {3: 12}
 def _backend(cache_dir: Path, *overrides: str) -> CodecLMBackend:
     """The tiny model, its norms' weights made unlike 1 (a random build leaves them at 1,
     which would hide a norm's weight applied wrongly)."""
-    settings = tiny_settings(cache_dir, "codec_lm.max_frames_per_segment=24", *overrides)
+    settings = tiny_settings(
+        cache_dir,
+        "codec_lm.max_frames_per_segment=24",
+        "codec_lm.backbone_layers=1",
+        "codec_lm.depth_layers=1",
+        *overrides,
+    )
     backend = CodecLMBackend(settings.codec_lm)
     noise = torch.Generator().manual_seed(0)
     with torch.no_grad():
