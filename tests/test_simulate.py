@@ -98,20 +98,20 @@ def test_routers_over_four_replicas_at_capacity() -> None:
     plan = [
         Scenario(
             label=router,
-            streams=1200,
+            streams=600,
             rate_per_s=4 * C / mean_s,  # offered audio = C over 4 replicas
             replicas=4,
             router=router,
             scheduling=SchedulingConfig(policy="edf", active_stream_window=DEFAULT_WINDOW),
             admission=AdmissionConfig(enabled=False),
-            seed=3,  # 1,200 arrivals: a seed where the coin toss overloads a replica
+            seed=6,  # 600 arrivals: a seed where the coin toss overloads a replica (0.86)
         )
         for router in ("random", "least-loaded", "slack")
     ]
     # seeded: the figures do not depend on the worker processes (run_plan's doc)
     results = {r.scenario.label: r.summary for r in run_plan(plan, jobs=2)}
     for s in results.values():
-        assert s.streams_ok == 1200
+        assert s.streams_ok == 600
     # A coin toss overloads some replica now and then; informed routers spread the load.
     assert results["random"].stall_free_share < 0.99
     assert results["least-loaded"].stall_free_share >= 0.99
