@@ -49,6 +49,10 @@ class StreamStats:
     frames: int = 0  # frames the talker produced
     chunks: int = 0  # PCM chunks sent
     finished_at_s: float | None = None  # when the stream reached a terminal state
+    # a segment of a long-text job (app/jobs/), not a live listener's request: kept out of
+    # the live figures (TTFA, stalls, streams, admission's first-audio window, the mean
+    # stream); the job counts its own (app/jobs/metrics.py)
+    job: bool = False
 
 
 class Stream:

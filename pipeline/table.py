@@ -80,9 +80,9 @@ class StreamTable:
         # live-text streams that sent all they had and wait for their client's next text
         # (no work now: they do not count against a stream being alone)
         self._idle: set[str] = set()
-        self._submitted = 0
-        self._talked_chars = 0
-        self._talked_audio_s = 0.0  # at speed 1
+        self._submitted = 0  # every stream (its tag and arrival order)
+        self._live_submitted = 0  # live streams (a job's segments are not)
+        self._talked_live_audio_s = 0.0  # at speed 1, of live streams
         self._talked_by_language: dict[str, list[float]] = {}  # language -> [chars, audio_s]
 
     def on_forget(self, forget: Callable[[StreamRecord], None]) -> None:
@@ -126,8 +126,11 @@ class StreamTable:
 
     @property
     def mean_stream_audio_s(self) -> float:
-        """Audio talked per stream submitted, at speed 1 (inf before any was talked)."""
-        return self._talked_audio_s / self._submitted if self._talked_audio_s else math.inf
+        """Audio talked per live stream submitted, at speed 1 (inf before any was talked);
+        a job's long segments are no guide to what a live request owes."""
+        if not self._talked_live_audio_s:
+            return math.inf
+        return self._talked_live_audio_s / self._live_submitted
 
     def loads(
         self, start_chunk_audio_s: float, cost: Callable[[str], float] | None = None
@@ -230,20 +233,24 @@ class StreamTable:
         )
         if job_pace is not None:
             record.job_rate = job_pace[1]
+            stream.stats.job = True
             self.scheduler.admit(stream_id, now_s, horizon_s=job_pace[0], rate=job_pace[1])
-            self._events.stream_started(stream_id)
             return record
+        self._live_submitted += 1
         if self._start_phase_chunks:
             self._starting[stream_id] = None
         self.scheduler.admit(stream_id, now_s)  # its first-chunk deadline counts from now
         self._events.stream_started(stream_id)
         return record
 
-    def talked_segment(self, chars: int, audio_s_at_speed_1: float, language: str = "") -> None:
+    def talked_segment(
+        self, chars: int, audio_s_at_speed_1: float, language: str = "", *, job: bool = False
+    ) -> None:
         """A segment of `chars` characters was talked in `language`: the owed-work
-        estimate learns (a Japanese character is ~4x an English one's audio)."""
-        self._talked_chars += chars
-        self._talked_audio_s += audio_s_at_speed_1
+        estimate learns (a Japanese character is ~4x an English one's audio), from a
+        job's segments too; the mean live stream only from live streams'."""
+        if not job:
+            self._talked_live_audio_s += audio_s_at_speed_1
         entry = self._talked_by_language.setdefault(language, [0, 0.0])
         entry[0] += chars
         entry[1] += audio_s_at_speed_1
@@ -256,8 +263,9 @@ class StreamTable:
         """The stream sent a chunk: a live-text stream may now wait for its client's text
         (idle), and it may have left its start phase."""
         stats = record.stream.stats
-        if stats.chunks == 1 and stats.ttfa_s is not None and record.text_closed:
-            # a whole text's start (a live text's first audio waits on its client too)
+        if stats.chunks == 1 and stats.ttfa_s is not None and record.text_closed and not stats.job:
+            # a whole text's start (a live text's first audio waits on its client too; a
+            # job's segment waits on the capacity live listeners leave)
             self.first_audio.record(stats.ttfa_s)
         waits = record.waits_for_text
         if waits:
@@ -371,7 +379,9 @@ class StreamTable:
         stats = stream.stats
         stats.finished_at_s = self._clock()
         self._streams.pop(stream.id, None)
-        log.info(
+        # one line per live stream; a job's segments are its runner's (one line per job)
+        log.log(
+            logging.DEBUG if stats.job else logging.INFO,
             "stream %s %s ttfa_ms=%s start_wait_ms=%.0f audio_s=%.2f stalls=%d stall_s=%.3f"
             " policy=%s",
             stream.id,
@@ -383,4 +393,5 @@ class StreamTable:
             stats.stall_s,
             self.scheduler.policy_name,
         )
-        self._events.stream_finished(stats, stream.state)
+        if not stats.job:
+            self._events.stream_finished(stats, stream.state)

@@ -376,7 +376,9 @@ class TalkerCore:
         stream.stats.segments += 1
         voice = stream.voice
         audio_s = opened.segment.available_frames * voice.samples_per_frame / voice.sample_rate_hz
-        self._table.talked_segment(len(opened.request.text), audio_s * stream.speed, voice.language)
+        self._table.talked_segment(
+            len(opened.request.text), audio_s * stream.speed, voice.language, job=stream.stats.job
+        )
         self.update_candidate(record)
         if record.talked_all:
             record.aligner.finish(record.frames.produced_frames)

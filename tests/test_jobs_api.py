@@ -14,7 +14,14 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from api_support import asgi_client, decode, live_server, metric_value, sim_settings
+from api_support import (
+    asgi_client,
+    decode,
+    expected_audio_s,
+    live_server,
+    metric_value,
+    sim_settings,
+)
 
 from app.settings import Settings
 
@@ -296,3 +303,41 @@ async def test_metrics_count_jobs_by_state_and_their_audio(tmp_path: Path) -> No
         made = metric_value(text, "playhead_job_audio_seconds_total")
         assert made == pytest.approx(done["progress"]["audio_seconds"], abs=0.01)
         assert "playhead_job_capacity_share" in text
+
+
+async def test_a_jobs_segments_stay_out_of_the_live_figures(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A job's segments are engine streams, but not live listeners': the TTFA and stall
+    metrics, the stream counts, the stream-end log lines, admission's first-audio window
+    and the mean live stream (what a new request is predicted to owe) are the live
+    request's alone. A job's segment waits for what live listeners leave: in admission's
+    first-audio window it would read as a slow start and refuse live requests."""
+    live_text = "Hello there, a live listener is here."
+    async with asgi_client(_settings(tmp_path)) as client:
+        engine = client.app.state.playhead.engine  # type: ignore[attr-defined]
+        with caplog.at_level("INFO", logger="playhead"):
+            job = await _create(client)
+            speech = await client.post(
+                "/v1/audio/speech",
+                json={
+                    "model": "tts-1",
+                    "input": live_text,
+                    "voice": "sim",
+                    "response_format": "pcm",
+                },
+            )
+            assert speech.status_code == 200
+            done = await _wait_done(client, job["id"])
+        assert done["state"] == "done" and done["progress"]["segments_done"] > 1
+        text = (await client.get("/metrics")).text
+        table = engine.book.table
+    assert metric_value(text, "playhead_ttfa_seconds_count") == 1
+    assert metric_value(text, "playhead_streams_total", 'state="done"') == 1
+    assert metric_value(text, "playhead_stalls_total") == 0
+    live_ttfa_s = metric_value(text, "playhead_ttfa_seconds_sum")
+    assert table.first_audio.predict_s() == pytest.approx(live_ttfa_s, abs=1e-9)
+    live_audio_s = expected_audio_s(_settings(tmp_path), live_text)
+    assert table.mean_stream_audio_s == pytest.approx(live_audio_s, abs=1e-6)
+    ends = [r for r in caplog.records if r.levelname == "INFO" and r.name == "playhead.engine"]
+    assert len([r for r in ends if r.getMessage().startswith("stream ")]) == 1
