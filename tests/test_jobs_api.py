@@ -341,3 +341,50 @@ async def test_a_jobs_segments_stay_out_of_the_live_figures(
     assert table.mean_stream_audio_s == pytest.approx(live_audio_s, abs=1e-6)
     ends = [r for r in caplog.records if r.levelname == "INFO" and r.name == "playhead.engine"]
     assert len([r for r in ends if r.getMessage().startswith("stream ")]) == 1
+
+
+async def test_a_form_upload_of_a_markdown_file_makes_a_job(tmp_path: Path) -> None:
+    """multipart/form-data as `curl -F file=@book.md -F voice=sim` sends it: the file's
+    text, its chapters, the file's name as the title; and what a form must not be."""
+    settings = _settings(tmp_path, "jobs.max_request_bytes=65536")
+    async with asgi_client(settings) as client:
+
+        async def post(files: dict | None = None, **fields: str) -> httpx.Response:
+            return await client.post("/v1/audio/jobs", files=files, data=fields)
+
+        made = await post({"file": ("book.md", MARKDOWN.encode(), "text/markdown")}, voice="sim")
+        assert made.status_code == 202, made.text
+        job = await _wait_done(client, made.json()["id"])
+        assert job["title"] == "book" and job["progress"]["characters"] == len(MARKDOWN)
+        assert [c["title"] for c in job["chapters"]][:2] == ["The first part", "A second heading"]
+        titled = await post(
+            {"file": ("a.txt", b"Plain words.", "text/plain")}, voice="sim", title="Mine"
+        )
+        assert titled.status_code == 202 and titled.json()["title"] == "Mine"
+        as_field = await post(None, voice="sim", input="Text as a field.")
+        assert as_field.status_code == 202
+
+        def error(response: httpx.Response) -> tuple[int, str | None, str | None]:
+            body = response.json()["error"]
+            assert set(body) == {"message", "type", "param", "code"}
+            return response.status_code, body["param"], body["code"]
+
+        binary = await post({"file": ("b.txt", bytes(range(256)) * 4, "text/plain")}, voice="sim")
+        assert error(binary) == (400, "file", "invalid_file")
+        pdf = await post({"file": ("b.pdf", b"%PDF-1.7 words", "application/pdf")}, voice="sim")
+        assert error(pdf) == (400, "file", "invalid_file")
+        empty = await post({"file": ("e.txt", b"", "text/plain")}, voice="sim")
+        assert error(empty)[0] == 400
+        assert error(await post(None, voice="sim"))[:2] == (400, "file")
+        both = await post({"file": ("a.txt", b"One.", "text/plain")}, voice="sim", input="Two.")
+        assert error(both)[:2] == (400, "input")
+        bad_speed = await post({"file": ("a.txt", b"One.", "text/plain")}, voice="sim", speed="x")
+        assert error(bad_speed)[:2] == (400, "speed")
+        big = await post({"file": ("big.txt", b"word " * 20000, "text/plain")}, voice="sim")
+        assert error(big)[0] == 413
+        broken = await client.post(
+            "/v1/audio/jobs",
+            content=b"--xyz\r\nnot a part",
+            headers={"Content-Type": "multipart/form-data; boundary=xyz"},
+        )
+        assert broken.status_code == 400

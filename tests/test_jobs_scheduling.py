@@ -113,6 +113,36 @@ def test_under_load_a_feasible_deadline_is_met_and_live_listeners_do_not_stall()
     assert finished_s is not None and stalls == 0
 
 
+@pytest.mark.parametrize("live", [1, 3, 4, 7])
+def test_finish_by_across_loads_met_when_the_check_takes_it(live: int) -> None:
+    """C = 5x (1 s of audio per 0.2 s turn), `live` listeners at 1x (0.2, 0.6, 0.8 and
+    1.4 C). A 60 s job asks to finish with a quarter more time than the capacity left
+    needs: where the finish_by check takes it, it finishes by then and no listener stalls;
+    where nothing is left (1.4 C), the check refuses it at once."""
+    job_audio_s, capacity = 60.0, 5.0
+    spare = capacity - live
+    finish_by_s = 1.25 * job_audio_s / spare if spare > 0 else 100.0
+    check = check_finish_by(
+        audio_s=job_audio_s,
+        finish_by_s=finish_by_s,
+        now_s=0.0,
+        capacity_audio_s_per_s=capacity,
+        live_streams=live,
+        promised_audio_s_per_s=0.0,
+    )
+    if spare <= 0:
+        assert not check.feasible and check.predicted_finish_s == math.inf
+        return
+    assert check.feasible
+    finished_s, stalls = _run_overload(live, job_audio_s, finish_by_s, turns_s=0.2, chunk_s=1.0)
+    print(
+        f"\n{live / capacity:.1f} C: predicted finish {check.predicted_finish_s:.1f} s (all the "
+        f"capacity left), due {finish_by_s:.1f} s, finished {finished_s} s, live stalls {stalls}"
+    )
+    assert finished_s is not None and finished_s <= finish_by_s
+    assert stalls == 0
+
+
 def test_overloaded_by_listeners_a_best_effort_job_waits() -> None:
     # 6 listeners on a 5x machine: no turn is left for a best-effort job
     finished_s, _ = _run_overload(
