@@ -2,7 +2,8 @@
 
     python -m benchmarks.lab.lone_request_profile [--rounds 3] [--set section.field=value ...]
 
-One engine on the default voice (configs/default.yaml plus --set; no calibration, no
+One engine on the default voice (configs/default.yaml with `backend.kind=piper`, the
+default voice's backend alone, whose calls it times, plus --set; no calibration, no
 admission), in this process. Each text of `benchmarks.lab.rtf_ab.SHORT_TEXTS` is sent alone,
 read as fast as possible, `--settle` s of quiet after it; the last round is printed: every
 backend call (phonemiser, encoder, each flow step with the frames it made, each vocoder
@@ -56,7 +57,8 @@ def _vocode_detail(args: tuple[Any, ...], _: object) -> str:
 
 async def _run(args: argparse.Namespace) -> None:
     settings = load_settings(
-        CONFIG, ["engine.calibration_calls=0", "admission.enabled=false", *args.set]
+        CONFIG,
+        ["backend.kind=piper", "engine.calibration_calls=0", "admission.enabled=false", *args.set],
     )
     s = settings
     backend = build_backend(s.backend, s.backend_config(), talker=s.talker, vocoder=s.vocoder)
