@@ -260,7 +260,7 @@ def run_row(policy: Policy, result: LoadResult, capacity: float) -> dict[str, ob
         # where the slowest first audios went (the 10 slowest accepted streams), in ms:
         # [TTFA, refused and waiting out Retry-After before, the server's wait for a start
         # slot, its submit -> first audio] (the server's None when it did not say)
-        "ttfa_parts_ms": _ttfa_parts_ms(result.records, 10),
+        "ttfa_parts_ms": ttfa_parts_ms(result.records, 10),
         "margin_p1_ms": s.margin_p1_ms,
         "margin_p5_ms": s.margin_p5_ms,
         # every finished stream's margin, tightest first: (ms, where in its audio, s); the
@@ -273,7 +273,7 @@ def run_row(policy: Policy, result: LoadResult, capacity: float) -> dict[str, ob
     }
 
 
-def _ttfa_parts_ms(records: Sequence[StreamRecord], count: int) -> list[list[float | None]]:
+def ttfa_parts_ms(records: Sequence[StreamRecord], count: int) -> list[list[float | None]]:
     """The `count` slowest accepted streams' first audio, taken apart (ms): TTFA, the
     429s and Retry-After waits before it, the server's start wait, its first audio."""
 
