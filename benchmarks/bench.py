@@ -62,7 +62,13 @@ from benchmarks.loadgen import (
     load_corpus,
     request_once,
 )
-from benchmarks.player import STALL_TOLERANCE_S, Outcome, percentile, stall_ratio_bound
+from benchmarks.player import (
+    STALL_TOLERANCE_S,
+    Outcome,
+    StreamRecord,
+    percentile,
+    stall_ratio_bound,
+)
 from benchmarks.report import markdown_table, publish_latest, stall_free_capacity, write_report
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -251,6 +257,10 @@ def run_row(policy: Policy, result: LoadResult, capacity: float) -> dict[str, ob
             if r.playback.stall_count() > 0
         ][:30],
         "ttfa_ms": [round(t * 1000.0, 2) for t in result.ttfas_s()],
+        # where the slowest first audios went (the 10 slowest accepted streams), in ms:
+        # [TTFA, refused and waiting out Retry-After before, the server's wait for a start
+        # slot, its submit -> first audio] (the server's None when it did not say)
+        "ttfa_parts_ms": ttfa_parts_ms(result.records, 10),
         "margin_p1_ms": s.margin_p1_ms,
         "margin_p5_ms": s.margin_p5_ms,
         # every finished stream's margin, tightest first: (ms, where in its audio, s); the
@@ -261,6 +271,21 @@ def run_row(policy: Policy, result: LoadResult, capacity: float) -> dict[str, ob
             if r.outcome is Outcome.OK and (m := r.playback.margin_s) is not None
         ),
     }
+
+
+def ttfa_parts_ms(records: Sequence[StreamRecord], count: int) -> list[list[float | None]]:
+    """The `count` slowest accepted streams' first audio, taken apart (ms): TTFA, the
+    429s and Retry-After waits before it, the server's start wait, its first audio."""
+
+    def ms(value: float | None) -> float | None:
+        return None if value is None else round(value * 1000.0, 1)
+
+    timed = [(t, r) for r in records if r.outcome is Outcome.OK and (t := r.ttfa_s) is not None]
+    timed.sort(key=lambda item: item[0], reverse=True)
+    return [
+        [ms(t), ms(r.waited_s), ms(r.server_start_wait_s), ms(r.server_first_audio_s)]
+        for t, r in timed[:count]
+    ]
 
 
 def machine() -> str:
