@@ -80,6 +80,8 @@ class StreamTable:
         # live-text streams that sent all they had and wait for their client's next text
         # (no work now: they do not count against a stream being alone)
         self._idle: set[str] = set()
+        # job streams (Engine.submit_job) not finalized yet: kept out of the live metrics
+        self._job_ids: set[str] = set()
         self._submitted = 0
         self._talked_chars = 0
         self._talked_audio_s = 0.0  # at speed 1
@@ -229,9 +231,10 @@ class StreamTable:
             ),
         )
         if job_pace is not None:
+            # a job's segment: out of the live listeners' metrics (its own: app/jobs/metrics.py)
             record.job_rate = job_pace[1]
+            self._job_ids.add(stream_id)
             self.scheduler.admit(stream_id, now_s, horizon_s=job_pace[0], rate=job_pace[1])
-            self._events.stream_started(stream_id)
             return record
         if self._start_phase_chunks:
             self._starting[stream_id] = None
@@ -256,7 +259,8 @@ class StreamTable:
         """The stream sent a chunk: a live-text stream may now wait for its client's text
         (idle), and it may have left its start phase."""
         stats = record.stream.stats
-        if stats.chunks == 1 and stats.ttfa_s is not None and record.text_closed:
+        live = record.job_rate is None
+        if live and stats.chunks == 1 and stats.ttfa_s is not None and record.text_closed:
             # a whole text's start (a live text's first audio waits on its client too)
             self.first_audio.record(stats.ttfa_s)
         waits = record.waits_for_text
@@ -371,6 +375,9 @@ class StreamTable:
         stats = stream.stats
         stats.finished_at_s = self._clock()
         self._streams.pop(stream.id, None)
+        if stream.id in self._job_ids:  # a job's segment: the job logs its own end
+            self._job_ids.discard(stream.id)
+            return
         log.info(
             "stream %s %s ttfa_ms=%s start_wait_ms=%.0f audio_s=%.2f stalls=%d stall_s=%.3f"
             " policy=%s",

@@ -353,16 +353,19 @@ class VocoderCore:
         stats = stream.stats
         scheduler = self._scheduler
         horizon_s = scheduler.horizon_s(stream_id)
+        live = record.job_rate is None  # a job's stream: not in the live metrics
         if horizon_s is not None and at_s > horizon_s:
             stall_s = at_s - horizon_s
             stats.stalls += 1
             stats.stall_s += stall_s
-            self._events.stall(stream_id, stall_s)
+            if live:
+                self._events.stall(stream_id, stall_s)
         scheduler.record_audio(stream_id, pcm.size, stream.sample_rate_hz, at_s)
         first = stats.ttfa_s is None
         if first:
             stats.ttfa_s = at_s - stats.submitted_at_s
-            self._events.first_audio(stream_id, stats.ttfa_s)
+            if live:
+                self._events.first_audio(stream_id, stats.ttfa_s)
         stats.audio_s += pcm.size / stream.sample_rate_hz
         stats.chunks += 1
         record.sender.send(pcm)
