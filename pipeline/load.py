@@ -2,7 +2,9 @@
 
 A stage core builds it once per turn (`StreamTable.load()`) and hands it to what it
 decides in that turn. The one definition of a stream being alone lives here: a stream is
-alone when no other stream has work left. What the engine does differently then (see
+alone when no other stream has work left; a job's segment stream (Engine.submit_job) is
+such a stream too: its work takes the same cores (docs/jobs.md). What the engine does
+differently then (see
 docs/architecture.md, "A stream alone"):
 
 - the vocoder's workers decode a lone stream's next chunks side by side (work-ahead),

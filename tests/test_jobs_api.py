@@ -7,6 +7,8 @@ the disk limit, a corrupt row, an audio file deleted underneath)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import sqlite3
 import time
 from pathlib import Path
@@ -183,6 +185,17 @@ async def test_hostile_input_gets_clear_errors(tmp_path: Path) -> None:
         assert error["code"] == "finish_by_unreachable" and "would finish at" in error["message"]
 
 
+def _open_paths(fragment: str) -> list[str]:
+    """The paths this process holds open that contain `fragment`."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # closed meanwhile
+            path = os.readlink(f"/proc/self/fd/{fd}")
+            if fragment in path:
+                found.append(path)
+    return found
+
+
 def _in_seconds(seconds: float) -> float:
     return time.time() + seconds
 
@@ -255,6 +268,7 @@ def test_delete_during_a_download_cuts_it_and_leaves_nothing(tmp_path: Path) -> 
         while engine.in_flight and time.monotonic() < deadline:
             time.sleep(0.02)
         assert engine.in_flight == 0
+        assert _open_paths(job_id) == []  # no file of the job is left open
 
 
 async def test_a_corrupt_row_and_a_deleted_file_fail_that_job_only(tmp_path: Path) -> None:
@@ -343,48 +357,125 @@ async def test_a_jobs_segments_stay_out_of_the_live_figures(
     assert len([r for r in ends if r.getMessage().startswith("stream ")]) == 1
 
 
-async def test_a_form_upload_of_a_markdown_file_makes_a_job(tmp_path: Path) -> None:
-    """multipart/form-data as `curl -F file=@book.md -F voice=sim` sends it: the file's
-    text, its chapters, the file's name as the title; and what a form must not be."""
-    settings = _settings(tmp_path, "jobs.max_request_bytes=65536")
+async def test_a_jobs_streams_stay_out_of_the_live_listeners_metrics(tmp_path: Path) -> None:
+    """A job's segments are engine streams, but not live listeners: their first audio, stalls
+    and ends are the job's (its own metrics), never in playhead_ttfa_seconds or the stream
+    counters that operators read as the live service."""
+    async with asgi_client(_settings(tmp_path)) as client:
+        job = await _create(client)
+        done = await _wait_done(client, job["id"])
+        assert done["state"] == "done" and done["progress"]["segments"] > 1
+        text = (await client.get("/metrics")).text
+        assert metric_value(text, "playhead_ttfa_seconds_count") == 0
+        assert metric_value(text, "playhead_streams_started_total") == 0
+        assert metric_value(text, "playhead_streams_total", 'state="done"') == 0
+        assert metric_value(text, "playhead_stalls_total") == 0
+        speech = await client.post(
+            "/v1/audio/speech", json={"model": "tts-1", "input": "A live one.", "voice": "sim"}
+        )
+        assert speech.status_code == 200
+        text = (await client.get("/metrics")).text
+        assert metric_value(text, "playhead_ttfa_seconds_count") == 1  # the live one counts
+        assert metric_value(text, "playhead_streams_started_total") == 1
+
+
+async def test_a_file_uploaded_as_multipart_form_data(tmp_path: Path) -> None:
+    """POST /v1/audio/jobs with the file in the `file` field and the options as form fields;
+    a binary file, an empty one, one past the text limit, and a form without a file: each
+    a clear error in OpenAI's envelope."""
+    settings = _settings(tmp_path, "jobs.max_text_chars=2000")
     async with asgi_client(settings) as client:
-
-        async def post(files: dict | None = None, **fields: str) -> httpx.Response:
-            return await client.post("/v1/audio/jobs", files=files, data=fields)
-
-        made = await post({"file": ("book.md", MARKDOWN.encode(), "text/markdown")}, voice="sim")
-        assert made.status_code == 202, made.text
-        job = await _wait_done(client, made.json()["id"])
-        assert job["title"] == "book" and job["progress"]["characters"] == len(MARKDOWN)
-        assert [c["title"] for c in job["chapters"]][:2] == ["The first part", "A second heading"]
-        titled = await post(
-            {"file": ("a.txt", b"Plain words.", "text/plain")}, voice="sim", title="Mine"
-        )
-        assert titled.status_code == 202 and titled.json()["title"] == "Mine"
-        as_field = await post(None, voice="sim", input="Text as a field.")
-        assert as_field.status_code == 202
-
-        def error(response: httpx.Response) -> tuple[int, str | None, str | None]:
-            body = response.json()["error"]
-            assert set(body) == {"message", "type", "param", "code"}
-            return response.status_code, body["param"], body["code"]
-
-        binary = await post({"file": ("b.txt", bytes(range(256)) * 4, "text/plain")}, voice="sim")
-        assert error(binary) == (400, "file", "invalid_file")
-        pdf = await post({"file": ("b.pdf", b"%PDF-1.7 words", "application/pdf")}, voice="sim")
-        assert error(pdf) == (400, "file", "invalid_file")
-        empty = await post({"file": ("e.txt", b"", "text/plain")}, voice="sim")
-        assert error(empty)[0] == 400
-        assert error(await post(None, voice="sim"))[:2] == (400, "file")
-        both = await post({"file": ("a.txt", b"One.", "text/plain")}, voice="sim", input="Two.")
-        assert error(both)[:2] == (400, "input")
-        bad_speed = await post({"file": ("a.txt", b"One.", "text/plain")}, voice="sim", speed="x")
-        assert error(bad_speed)[:2] == (400, "speed")
-        big = await post({"file": ("big.txt", b"word " * 20000, "text/plain")}, voice="sim")
-        assert error(big)[0] == 413
-        broken = await client.post(
+        response = await client.post(
             "/v1/audio/jobs",
-            content=b"--xyz\r\nnot a part",
-            headers={"Content-Type": "multipart/form-data; boundary=xyz"},
+            files={"file": ("notes.md", MARKDOWN.encode(), "text/markdown")},
+            data={"voice": "sim", "response_format": "wav", "speed": "1.25", "title": "Notes"},
         )
-        assert broken.status_code == 400
+        assert response.status_code == 202, response.text
+        job = response.json()
+        assert job["title"] == "Notes" and job["progress"]["characters"] == len(MARKDOWN)
+        assert [c["title"] for c in job["chapters"]][:2] == ["The first part", "A second heading"]
+        done = await _wait_done(client, job["id"])
+        assert done["state"] == "done"
+
+        async def upload(content: bytes, **fields: str) -> httpx.Response:
+            return await client.post(
+                "/v1/audio/jobs",
+                files={"file": ("book.txt", content, "text/plain")},
+                data={"voice": "sim", **fields},
+            )
+
+        for content in (bytes(range(256)) * 8, b"text\x00more", "é".encode("latin-1")):
+            bad = await upload(content)
+            assert bad.status_code == 400, content[:10]
+            assert bad.json()["error"]["param"] == "file"
+            assert set(bad.json()["error"]) == {"message", "type", "param", "code"}
+        empty = await upload(b"")
+        assert empty.status_code == 400 and "empty" in empty.json()["error"]["message"]
+        over = await upload(b"word " * 401)  # 2005 characters
+        assert over.status_code == 413 and over.json()["error"]["code"] == "file_too_large"
+        huge = await upload(b"a" * (4 * 2000 + 70 * 1024))  # past what 2000 chars can take
+        assert huge.status_code == 413, huge.text
+        bad_speed = await upload(b"Hello there.", speed="fast")
+        assert bad_speed.status_code == 400 and bad_speed.json()["error"]["param"] == "speed"
+        no_file = await client.post(
+            "/v1/audio/jobs", data={"voice": "sim"}, files={"other": ("a.txt", b"Hi.")}
+        )
+        assert no_file.status_code == 400 and no_file.json()["error"]["param"] == "other"
+        as_field = await client.post(
+            "/v1/audio/jobs",
+            content=b"--b\r\nContent-Disposition: form-data; name=file\r\n\r\nHi.\r\n--b--\r\n",
+            headers={"Content-Type": "multipart/form-data; boundary=b"},
+        )
+        assert as_field.status_code == 400 and as_field.json()["error"]["param"] == "file"
+        torn = await client.post(
+            "/v1/audio/jobs",
+            content=b"not a multipart body",
+            headers={"Content-Type": "multipart/form-data"},
+        )
+        assert torn.status_code == 400 and torn.json()["error"]["code"] == "invalid_form"
+
+
+async def test_more_hostile_input(tmp_path: Path) -> None:
+    """A malformed finish_by, an unknown voice or format: 400 naming the field; a job id
+    that is not one and another key's job: the same 404 (no existence leak)."""
+    async with asgi_client(_settings(tmp_path, "server.api_key=first")) as client:
+        mine = {"Authorization": "Bearer first"}
+        for field, value in (
+            ("finish_by", "tomorrow at noon"),
+            ("finish_by", "2030-13-45T99:00:00Z"),
+            ("finish_by", float("nan")),
+            ("voice", "no-such-voice"),
+            ("response_format", "midi"),
+            ("speed", -1),
+        ):
+            body: dict[str, object] = {"input": "Hello there.", "voice": "sim", field: value}
+            if value != value:  # NaN: JSON has no such number; send the literal
+                raw = b'{"input": "Hello there.", "voice": "sim", "finish_by": NaN}'
+                response = await client.post(
+                    "/v1/audio/jobs",
+                    content=raw,
+                    headers={**mine, "Content-Type": "application/json"},
+                )
+            else:
+                response = await client.post("/v1/audio/jobs", json=body, headers=mine)
+            assert response.status_code == 400, (field, value, response.text)
+            error = response.json()["error"]
+            assert set(error) == {"message", "type", "param", "code"}
+            if value != value:  # a clear error, if not about the field: JSON has no NaN
+                assert error["code"] == "invalid_json" and "NaN" in error["message"]
+            else:
+                assert field in (error["param"] or "") or field in error["message"], error
+        job = await client.post(
+            "/v1/audio/jobs", json={"input": TEXT, "voice": "sim"}, headers=mine
+        )
+        job_id = job.json()["id"]
+    async with asgi_client(_settings(tmp_path, "server.api_key=second")) as client:
+        other = {"Authorization": "Bearer second"}
+        for suffix in ("", "/audio", "/timestamps"):
+            theirs = await client.get(f"/v1/audio/jobs/{job_id}{suffix}", headers=other)
+            fake_id = "job_" + "B" * (len(job_id) - 4)
+            none = await client.get(f"/v1/audio/jobs/{fake_id}{suffix}", headers=other)
+            assert theirs.status_code == none.status_code == 404
+            assert theirs.json()["error"]["message"].replace(job_id, "ID") == none.json()["error"][
+                "message"
+            ].replace(fake_id, "ID")

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from app.jobs.store import Job, JobState, JobStore, JobStoreError
+from app.jobs.job import Job, JobState, JobStoreError
+from app.jobs.store import JobStore
 from app.jobs.text import cut_segments
 
 TEXT = "One sentence here. Another one there. A third one now. And the last one."

@@ -19,7 +19,8 @@ import numpy as np
 
 from app.audio import open_encoder
 from app.encoding_config import EncodingConfig
-from app.jobs.store import BYTES_PER_SAMPLE, Job, JobState, JobStore, JobStoreError
+from app.jobs.job import BYTES_PER_SAMPLE, Job, JobState, JobStoreError
+from app.jobs.store import JobStore
 
 BLOCK_SAMPLES = 16384  # PCM fed to the encoder per call, counted from the job's start
 FOLLOW_POLL_S = 1.0

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from app.jobs.store import JobState, JobStore
+from app.jobs.job import JobState
+from app.jobs.store import JobStore
 
 SHARE_WINDOW_S = 60.0
 

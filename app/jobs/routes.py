@@ -1,8 +1,7 @@
 """/v1/audio/jobs: long texts rendered as jobs (docs/jobs.md).
 
-POST (JSON like the speech request, a form with a .txt or .md file (app/jobs/upload.py), or
-the file itself as a text/plain or text/markdown body with the options in the query) -> 202
-with the job; GET (a page), GET one, GET its
+POST (JSON like the speech request, or the file itself as a text/plain or text/markdown
+body with the options in the query) -> 202 with the job; GET (a page), GET one, GET its
 audio (what is made, then following; a Range once done), GET its timestamps, DELETE.
 Errors in OpenAI's envelope (app/errors.py). A job is visible only to the API key that
 created it (a digest of the key is its owner); without a key, to everyone.
@@ -24,11 +23,12 @@ from app.audio import UnsupportedFormat, UnsupportedSampleRate, encoded_rate_hz
 from app.client_json import quote
 from app.errors import ApiError, InvalidRequest, NotFound, RateLimited
 from app.jobs.audio import JobGone, encoded_audio, write_final
+from app.jobs.job import Job, JobState, JobStoreError, new_job_id
 from app.jobs.runner import JobRunner
 from app.jobs.schema import JobRequest, parse_job_request, parse_job_upload
-from app.jobs.store import Job, JobState, JobStore, JobStoreError, new_job_id
+from app.jobs.store import JobStore
 from app.jobs.text import chapters, cut_segments
-from app.jobs.upload import parse_job_form
+from app.jobs.upload import checked_upload, parse_multipart_job, upload_limit_bytes
 from app.routes import read_body, resolve_voice
 from app.security import CREDENTIAL_HEADERS
 from app.state import AppState, StateDep
@@ -201,19 +201,19 @@ def _view_of(state: AppState, runner: JobRunner, job: Job) -> dict[str, Any]:
 async def create_job(request: Request, state: StateDep) -> JSONResponse:
     runner = runner_of(state)
     config = runner.config
-    body = await read_body(request, config.max_request_bytes)
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if content_type in ("text/plain", "text/markdown", "text/x-markdown"):
-        job_request = parse_job_upload(body, dict(request.query_params))
-    elif content_type in ("multipart/form-data", "application/x-www-form-urlencoded"):
-        job_request = await parse_job_form(body, request.headers["content-type"])
+    if content_type == "multipart/form-data":
+        job_request = await parse_multipart_job(request, config)
+    elif content_type in ("text/plain", "text/markdown", "text/x-markdown"):
+        body = await read_body(request, upload_limit_bytes(config))
+        job_request = checked_upload(parse_job_upload(body, dict(request.query_params)), config)
     elif content_type in ("application/json", ""):
-        job_request = parse_job_request(body)
+        job_request = parse_job_request(await read_body(request, config.max_request_bytes))
     else:
         raise ApiError(
-            f"Content-Type {quote(content_type)} is not taken: send JSON, a form "
-            "(multipart/form-data: the file as 'file'), or the file itself as text/plain or "
-            "text/markdown with the options in the query string.",
+            f"Content-Type {quote(content_type)} is not taken: send JSON, a .txt or .md file "
+            "as multipart/form-data (field 'file', the options as form fields), or the file "
+            "itself as text/plain or text/markdown with the options in the query string.",
             code="unsupported_media_type",
             status_code=415,
         )

@@ -32,8 +32,9 @@ from pathlib import Path
 import numpy as np
 
 from app.jobs.config import JobsConfig
+from app.jobs.job import BYTES_PER_SAMPLE, Job, JobState, JobStoreError
 from app.jobs.metrics import JobMetrics
-from app.jobs.store import BYTES_PER_SAMPLE, Job, JobState, JobStore, JobStoreError
+from app.jobs.store import JobStore
 from app.jobs.text import Segment, spoken_form
 from app.text_input import normalized, words_apart
 from pipeline import Engine, NotReady, StreamFailed

@@ -1,92 +1,129 @@
-"""POST /v1/audio/jobs as a form, as `curl -F file=@book.md -F voice=...` and a browser's
-form send it (multipart/form-data): the text as a .txt or .md file in the part `file` (or
-as the field `input`), the other options as form fields named as in the JSON body. A form
-without a file (application/x-www-form-urlencoded, `curl -d input=... -d voice=...`) gives
-its text as `input`.
-
-The body was read whole within `jobs.max_request_bytes` before it gets here (a larger one
-is answered 413 unread); Starlette's parser (python-multipart) splits it. What a file holds
-is checked as a text/plain upload's is (app/jobs/schema.py): UTF-8, no NUL.
+"""A job's text as an uploaded file: `multipart/form-data` (the file in the `file` field,
+the JSON body's other fields as form fields) or the file itself as the body (options in
+the query string). Either way the body is read in bounded pieces: past
+`jobs.max_request_bytes`, or past the most bytes a text of `jobs.max_text_chars`
+characters can take in UTF-8 (4 a character), the answer is 413 before the rest is read.
+The multipart parser (python-multipart, through Starlette) keeps a large file part on
+disk, not in memory, until it is known to fit.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import PurePosixPath
 
-from starlette.datastructures import Headers, UploadFile
-from starlette.formparsers import FormParser, MultiPartException, MultiPartParser
+from fastapi import Request
+from starlette.datastructures import UploadFile
+from starlette.formparsers import MultiPartException, MultiPartParser
 
-from app.errors import InvalidRequest
+from app.errors import InvalidRequest, RequestTooLarge
+from app.jobs.config import JobsConfig
 from app.jobs.schema import JobRequest, parse_job_upload
 
-TEXT_SUFFIXES = (".txt", ".text", ".md", ".markdown")
-MAX_FIELDS = 16  # the options are fewer; more is not a job form
-MAX_FIELD_BYTES = 4096  # an option's value (a title, a time); the text goes as a file
+# room for a multipart body's boundaries, part headers and form fields beside the file
+_FORM_OVERHEAD_BYTES = 64 * 1024
+_UTF8_MAX_BYTES_PER_CHAR = 4
+# the JSON body's fields besides `input`, each at most this long as a form field
+_MAX_FIELDS = 16
+_MAX_FIELD_BYTES = 4096
 
 
-async def parse_job_form(body: bytes, content_type: str) -> JobRequest:
-    """The job a multipart body asks for: InvalidRequest (400) for a form that cannot be
-    read, no text or two, a file that is not .txt or .md, or what a text/plain upload
-    refuses."""
+def upload_limit_bytes(config: JobsConfig) -> int:
+    """The largest upload body read: the request limit, or less when no text of
+    `max_text_chars` characters can be that large."""
+    most = config.max_text_chars * _UTF8_MAX_BYTES_PER_CHAR + _FORM_OVERHEAD_BYTES
+    return min(config.max_request_bytes, most)
 
-    async def chunks() -> AsyncIterator[bytes]:
-        yield body
 
-    headers = Headers({"content-type": content_type})
-    if content_type.split(";")[0].strip().lower() == "multipart/form-data":
-        parser: MultiPartParser | FormParser = MultiPartParser(
-            headers,
-            chunks(),
-            max_files=1,
-            max_fields=MAX_FIELDS,
-            max_part_size=MAX_FIELD_BYTES,
-        )
-    else:
-        parser = FormParser(headers, chunks())
+def too_large(limit_bytes: int, what: str = "request body") -> RequestTooLarge:
+    return RequestTooLarge(
+        f"The {what} is larger than the limit of {limit_bytes} bytes.",
+        code="request_too_large",
+        # the rest of the body is never read: the connection cannot serve another request
+        headers={"Connection": "close"},
+    )
+
+
+async def capped_stream(request: Request, limit_bytes: int) -> AsyncIterator[bytes]:
+    """The request body in the pieces it arrives in; 413 once it passes `limit_bytes`
+    (at once when its Content-Length says so)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isascii() and declared.isdigit() and int(declared) > limit_bytes:
+        raise too_large(limit_bytes)
+    received = 0
+    async for part in request.stream():
+        received += len(part)
+        if received > limit_bytes:
+            raise too_large(limit_bytes)
+        yield part
+
+
+async def parse_multipart_job(request: Request, config: JobsConfig) -> JobRequest:
+    """A multipart/form-data job: the text in `file` (a .txt or .md file, UTF-8), the
+    other fields (`voice`, `response_format`, `speed`, `sample_rate`, `finish_by`,
+    `title`) as form fields."""
+    limit = upload_limit_bytes(config)
+    parser = MultiPartParser(
+        request.headers,
+        capped_stream(request, limit),  # type: ignore[arg-type]
+        max_files=1,
+        max_fields=_MAX_FIELDS,
+        max_part_size=_MAX_FIELD_BYTES,
+    )
     try:
         form = await parser.parse()
     except MultiPartException as exc:
         raise InvalidRequest(
-            f"We could not read the form: {exc.message}.", code="invalid_form"
+            f"The multipart/form-data body does not parse: {exc.message}",
+            param="file",
+            code="invalid_form",
         ) from None
     try:
-        files = [(name, part) for name, part in form.multi_items() if isinstance(part, UploadFile)]
         fields: dict[str, str] = {}
+        upload: UploadFile | None = None
         for name, value in form.multi_items():
             if isinstance(value, UploadFile):
-                continue
-            if name in fields:
-                raise InvalidRequest(f"The field '{name}' is given twice.", param=name)
-            fields[name] = value
-        if files:
-            name, upload = files[0]
-            if name != "file":
+                if name != "file":
+                    raise InvalidRequest(
+                        f"The uploaded file is in the field {name!r}: send it as 'file'.",
+                        param=name,
+                    )
+                upload = value
+            elif name == "file":
                 raise InvalidRequest(
-                    f"The file is in the part '{name}': send it as 'file'.", param="file"
-                )
-            if "input" in fields:
-                raise InvalidRequest(
-                    "Send the text as a file or as 'input', not both.", param="input"
-                )
-            filename = upload.filename or ""
-            suffix = PurePosixPath(filename).suffix.lower()
-            if filename and suffix not in TEXT_SUFFIXES:
-                raise InvalidRequest(
-                    f"The file {filename!r} is not a .txt or .md file.",
+                    "'file' must be an uploaded file (a filename in its part), not a form "
+                    "field: send the text as JSON 'input' instead.",
                     param="file",
-                    code="invalid_file",
                 )
-            text = await upload.read()
-            if not fields.get("title") and filename:
-                fields["title"] = PurePosixPath(filename).stem
-        elif "input" in fields:
-            text = fields.pop("input").encode("utf-8")
-        else:
+            elif name in fields:
+                raise InvalidRequest(f"The form field {name!r} is sent twice.", param=name)
+            else:
+                fields[name] = value
+        if upload is None:
             raise InvalidRequest(
-                "The form has no text: send the file as 'file' (or the text as 'input').",
+                "A multipart/form-data job needs its text as the file field 'file' "
+                "(a .txt or .md file).",
                 param="file",
+                code="missing_file",
             )
-        return parse_job_upload(text, fields)
+        size = upload.size
+        if size is not None and size > limit - _FORM_OVERHEAD_BYTES:
+            raise RequestTooLarge(
+                f"The uploaded file is {size} bytes: more than a text of "
+                f"{config.max_text_chars} characters (jobs.max_text_chars) takes.",
+                code="file_too_large",
+            )
+        body = await upload.read()
     finally:
         await form.close()
+    return checked_upload(parse_job_upload(body, fields), config)
+
+
+def checked_upload(job_request: JobRequest, config: JobsConfig) -> JobRequest:
+    """An uploaded text over `jobs.max_text_chars` characters: 413, as a file too large."""
+    if len(job_request.input) > config.max_text_chars:
+        raise RequestTooLarge(
+            f"The uploaded file has {len(job_request.input)} characters, at most "
+            f"{config.max_text_chars} allowed (jobs.max_text_chars).",
+            code="file_too_large",
+        )
+    return job_request
