@@ -140,7 +140,13 @@ class StreamTable:
         talked in its language; inf while its text is open), and while it starts,
         `start_chunk_audio_s` per start-phase chunk still to send (one while its chunks
         are sent and the talker's next step is still owed). `cost(voice_id)`: its voice's
-        cost against the reference voice's (StreamLoad.cost; None: 1)."""
+        cost against the reference voice's (StreamLoad.cost; None: 1).
+
+        A chunk carries no more audio than its stream's text: with a closed text, the
+        start chunk's audio is at most the text's estimated audio. A whole-segment
+        chunking (Kokoro's 4096 frames, 102 s a chunk) otherwise made every stream owe
+        >= 102 s, and a burst of six requests on Kokoro alone was refused with a 36 s
+        Retry-After for streams that ended in 2 s."""
         per_char = {
             language: audio_s / chars
             for language, (chars, audio_s) in self._talked_by_language.items()
@@ -154,8 +160,11 @@ class StreamTable:
                 continue
             stream = record.stream
             per_char_s = per_char.get(stream.voice.language, _DEFAULT_AUDIO_S_PER_CHAR)
-            owed_s = record.text_chars * per_char_s / stream.speed - stream.stats.audio_s
-            owed_s = max(owed_s, start_chunk_audio_s) if record.text_closed else math.inf
+            text_s = record.text_chars * per_char_s / stream.speed
+            chunk_s = (
+                min(start_chunk_audio_s, text_s) if record.text_closed else start_chunk_audio_s
+            )
+            owed_s = max(text_s - stream.stats.audio_s, chunk_s) if record.text_closed else math.inf
             left = 0
             if stream_id in starting and not record.waits_for_text:
                 left = max(1, chunks - stream.stats.chunks)
@@ -163,7 +172,7 @@ class StreamTable:
                 loads.append(StreamLoad(owed_s, 0.0, units=job_rate))
                 continue
             stream_cost = 1.0 if cost is None else cost(stream.voice.id)
-            loads.append(StreamLoad(owed_s, left * start_chunk_audio_s, cost=stream_cost))
+            loads.append(StreamLoad(owed_s, left * chunk_s, cost=stream_cost))
         return loads
 
     def stats(self, capacity_audio_s_per_s: float) -> EngineStats:

@@ -571,3 +571,24 @@ def test_a_short_stream_talked_all_leaves_its_start_phase_with_its_chunks() -> N
     _vocode(book, backend, book.vocoder.schedule(100.0), 100.0)
     assert stream.stats.chunks == 2 and 0 < record.frames.queued_frames < 8
     assert not _starting(book) and freed == [1]
+
+
+def test_a_whole_segment_chunk_owes_no_more_than_its_text() -> None:
+    """A chunking of whole segments (Kokoro's: 4096 frames, a 100 s chunk) makes a
+    short stream owe its text's audio, not a chunk's: the start chunk is bounded by the
+    text (owing >= 102 s each, a burst on Kokoro alone was refused with a 36 s
+    Retry-After for streams that ended in 2 s). A chunk shorter than the text still
+    floors what a stream owes."""
+    book = _fake_clock_book([100.0], ChunkingConfig(chunk_frames=4096), start_phase_chunks=3)
+    voice = _sim(4).voices()[0]
+    chunk_s = 4096 * voice.samples_per_frame / voice.sample_rate_hz
+    text = "Two short words."
+    text_s = len(text) * 0.07  # the table's audio per character before any was talked
+    _submitted(book, voice, text)
+    (load,) = book.loads(chunk_s)
+    assert chunk_s > 50 * text_s
+    assert load.owed_audio_s == pytest.approx(text_s)
+    assert 0 < load.start_left_audio_s <= 3 * text_s + 1e-9
+    (small,) = book.loads(0.01)  # a chunk shorter than the text: the text's audio owed
+    assert small.owed_audio_s == pytest.approx(text_s)
+    assert small.start_left_audio_s == pytest.approx(0.03)
