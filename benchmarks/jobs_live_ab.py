@@ -1,7 +1,7 @@
 """Live listeners with and without a long job rendering beside them (issue #53's claim).
 
     python -m benchmarks.jobs_live_ab [--factors 0.9,1.5] [--pairs 2] [--chars 20000]
-        [--duration 20] [--set backend.kind=piper]
+        [--duration 20] [--finish-by S] [--set backend.kind=piper]
 
 C is measured first (benchmarks.bench.measure_capacity: saturating clients, fifo), then
 for each factor f, `--pairs` pairs of points, the two arms in turn (which goes first
@@ -11,6 +11,9 @@ honour Retry-After (benchmarks/admission_runs.py's load), and in the "job" arm a
 listeners start. Per point: the listeners' playing share of C, their stall-free share,
 TTFA p50/p99 from the first try, 429s; in the job arm, the audio the job made per wall
 second over the window (the capacity live listeners left it) and its share of C.
+`--finish-by S`: the job is due S seconds after it is sent (a window longer than S keeps
+the listeners beside it until then); the point says whether it was done by then, or the
+refusal if the finish_by check turned it away.
 
 Writes benchmarks/results/jobs-live-ab-<UTC>.json and prints a markdown table.
 """
@@ -24,7 +27,9 @@ import json
 import statistics
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -69,9 +74,17 @@ def _job_audio_s(client: httpx.Client, job_id: str) -> JobProgress:
 
 
 def one_point(
-    config: Path, settings: list[str], plan: LoadPlan, n: int, job_text: str | None, log: Path
+    config: Path,
+    settings: list[str],
+    plan: LoadPlan,
+    n: int,
+    job_text: str | None,
+    log: Path,
+    finish_by_s: float | None = None,
 ) -> dict[str, Any]:
-    """A fresh server, `n` listeners, and with `job_text` a job rendering throughout."""
+    """A fresh server, `n` listeners, and with `job_text` a job rendering throughout (with
+    `finish_by_s`: due that many seconds after it is sent; the listeners' window should
+    outlast it, so that it renders beside them until its deadline)."""
     row: dict[str, Any] = {}
     with contextlib.ExitStack() as stack:
         jobs_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="jobs-ab-"))
@@ -79,10 +92,21 @@ def one_point(
         client = stack.enter_context(httpx.Client(base_url=url, timeout=30))
         job_id = None
         if job_text is not None:
-            body = {"input": job_text, "voice": plan.options.voice, "response_format": "wav"}
+            body: dict[str, Any] = {
+                "input": job_text,
+                "voice": plan.options.voice,
+                "response_format": "wav",
+            }
+            if finish_by_s is not None:
+                row["finish_by_unix_s"] = body["finish_by"] = time.time() + finish_by_s
             response = client.post("/v1/audio/jobs", json=body)
-            response.raise_for_status()
+            if response.status_code != 202:  # a finish_by the check refused, say
+                row["job_refused"] = response.json()["error"]["message"]
+                row["result"] = run_load(url, n, plan)
+                return row
             job_id = response.json()["id"]
+            if finish_by_s is not None:
+                stack.enter_context(_watch_done(client, job_id, row))
             before = _job_audio_s(client, job_id)
         row["result"] = run_load(url, n, plan)
         if job_id is not None:
@@ -92,6 +116,29 @@ def one_point(
             row["job_state_after"] = state  # "done": it ran out before the listeners did
             client.delete(f"/v1/audio/jobs/{job_id}")
     return row
+
+
+@contextlib.contextmanager
+def _watch_done(client: httpx.Client, job_id: str, row: dict[str, Any]) -> Iterator[None]:
+    """Polls the job every 0.25 s from a thread while the block runs: `row["done_unix_s"]`
+    is when it was first seen done."""
+    stop = threading.Event()
+    url = str(client.base_url)
+
+    def watch() -> None:
+        with httpx.Client(base_url=url, timeout=10) as own:
+            while not stop.wait(0.25):
+                if own.get(f"/v1/audio/jobs/{job_id}").json()["state"] == "done":
+                    row["done_unix_s"] = time.time()
+                    return
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--capacity-clients", type=int, default=20)
     parser.add_argument("--max-text-chars", type=int, default=150)
+    parser.add_argument(
+        "--finish-by", type=float, default=None, help="the job due this many s after it is sent"
+    )
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
@@ -139,8 +189,17 @@ def main(argv: list[str] | None = None) -> int:
             for arm in arms:
                 log = logs / f"served-{f:g}-{pair}-{arm}.log"
                 got = one_point(
-                    args.config, settings, plan, n, job_text if arm == "job" else None, log
+                    args.config,
+                    settings,
+                    plan,
+                    n,
+                    job_text if arm == "job" else None,
+                    log,
+                    args.finish_by,
                 )
+                if "finish_by_unix_s" in got and "done_unix_s" in got:
+                    got["finish_by_met"] = got["done_unix_s"] <= got["finish_by_unix_s"]
+                    got["done_before_deadline_s"] = got["finish_by_unix_s"] - got["done_unix_s"]
                 row = run_row(Policy("served", 0, True), got.pop("result"), capacity)
                 row.update(got)
                 row.update(factor=f, pair=pair, arm=arm, listeners=n)
@@ -158,6 +217,16 @@ def main(argv: list[str] | None = None) -> int:
                         if "job_audio_s_per_s" in row
                         else ""
                     )
+                    + (
+                        f", finish_by met with {row['done_before_deadline_s']:.1f} s to spare"
+                        if row.get("finish_by_met")
+                        else ", finish_by MISSED (not done by its deadline)"
+                        if "done_before_deadline_s" in row
+                        else ", the job not done by the end of the point"
+                        if "finish_by_unix_s" in row and arm == "job"
+                        else ""
+                    )
+                    + (f", job refused: {row['job_refused']}" if "job_refused" in row else "")
                 )
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     summary = {
