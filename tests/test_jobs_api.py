@@ -409,6 +409,8 @@ async def test_a_file_uploaded_as_multipart_form_data(tmp_path: Path) -> None:
             assert bad.status_code == 400, content[:10]
             assert bad.json()["error"]["param"] == "file"
             assert set(bad.json()["error"]) == {"message", "type", "param", "code"}
+        named = await upload(b"Plain words.")  # no title: the file's name without .txt
+        assert named.status_code == 202 and named.json()["title"] == "book"
         empty = await upload(b"")
         assert empty.status_code == 400 and "empty" in empty.json()["error"]["message"]
         over = await upload(b"word " * 401)  # 2005 characters

@@ -10,6 +10,7 @@ disk, not in memory, until it is known to fit.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import PurePosixPath
 
 from fastapi import Request
 from starlette.datastructures import UploadFile
@@ -60,7 +61,7 @@ async def capped_stream(request: Request, limit_bytes: int) -> AsyncIterator[byt
 async def parse_multipart_job(request: Request, config: JobsConfig) -> JobRequest:
     """A multipart/form-data job: the text in `file` (a .txt or .md file, UTF-8), the
     other fields (`voice`, `response_format`, `speed`, `sample_rate`, `finish_by`,
-    `title`) as form fields."""
+    `title`, by default the file's name without its extension) as form fields."""
     limit = upload_limit_bytes(config)
     parser = MultiPartParser(
         request.headers,
@@ -113,6 +114,8 @@ async def parse_multipart_job(request: Request, config: JobsConfig) -> JobReques
                 code="file_too_large",
             )
         body = await upload.read()
+        if not fields.get("title") and upload.filename:  # book.md: "book"
+            fields["title"] = PurePosixPath(upload.filename).stem
     finally:
         await form.close()
     return checked_upload(parse_job_upload(body, fields), config)
