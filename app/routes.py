@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -53,17 +54,23 @@ def _too_large(max_bytes: int) -> RequestTooLarge:
     )
 
 
-async def read_body(request: Request, max_bytes: int) -> bytes:
-    """The request body, or RequestTooLarge once it is known to exceed `max_bytes`."""
+async def capped_body(request: Request, max_bytes: int) -> AsyncIterator[bytes]:
+    """The request body in the pieces it arrives in; RequestTooLarge once it is known to
+    exceed `max_bytes` (at once when its Content-Length says so), the rest unread."""
     declared = request.headers.get("content-length", "")
     if declared.isascii() and declared.isdigit() and int(declared) > max_bytes:
         raise _too_large(max_bytes)
-    received = bytearray()
+    received = 0
     async for part in request.stream():
-        received += part
-        if len(received) > max_bytes:
+        received += len(part)
+        if received > max_bytes:
             raise _too_large(max_bytes)
-    return bytes(received)
+        yield part
+
+
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """The request body, or RequestTooLarge once it is known to exceed `max_bytes`."""
+    return b"".join([part async for part in capped_body(request, max_bytes)])
 
 
 v1_router = APIRouter(prefix="/v1")

@@ -481,3 +481,31 @@ async def test_more_hostile_input(tmp_path: Path) -> None:
             assert theirs.json()["error"]["message"].replace(job_id, "ID") == none.json()["error"][
                 "message"
             ].replace(fake_id, "ID")
+
+
+async def test_a_body_without_a_length_is_cut_at_the_limit(tmp_path: Path) -> None:
+    """A chunked body (no Content-Length) is counted as it arrives: 413 once it passes
+    the limit, the rest unread, as text/plain and as a form."""
+    settings = _settings(tmp_path, "jobs.max_request_bytes=65536")
+    sent: list[int] = []
+
+    async def pieces(head: bytes = b""):
+        yield head
+        for _ in range(64):
+            sent.append(1)
+            yield b"word " * 2000  # 10 kB a piece, 640 kB in all
+
+    async with asgi_client(settings) as client:
+        plain = await client.post(
+            "/v1/audio/jobs?voice=sim", content=pieces(), headers={"Content-Type": "text/plain"}
+        )
+        assert plain.status_code == 413 and "Content-Length" not in plain.request.headers
+        assert len(sent) < 64  # cut where it passed the limit, not read to its end
+        sent.clear()
+        head = b'--xyz\r\nContent-Disposition: form-data; name="file"; filename="a.txt"\r\n\r\n'
+        form = await client.post(
+            "/v1/audio/jobs",
+            content=pieces(head),
+            headers={"Content-Type": "multipart/form-data; boundary=xyz"},
+        )
+        assert form.status_code == 413 and len(sent) < 64

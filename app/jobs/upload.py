@@ -9,7 +9,6 @@ disk, not in memory, until it is known to fit.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import PurePosixPath
 
 from fastapi import Request
@@ -19,6 +18,7 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from app.errors import InvalidRequest, RequestTooLarge
 from app.jobs.config import JobsConfig
 from app.jobs.schema import JobRequest, parse_job_upload
+from app.routes import capped_body
 
 # room for a multipart body's boundaries, part headers and form fields beside the file
 _FORM_OVERHEAD_BYTES = 64 * 1024
@@ -35,29 +35,6 @@ def upload_limit_bytes(config: JobsConfig) -> int:
     return min(config.max_request_bytes, most)
 
 
-def too_large(limit_bytes: int, what: str = "request body") -> RequestTooLarge:
-    return RequestTooLarge(
-        f"The {what} is larger than the limit of {limit_bytes} bytes.",
-        code="request_too_large",
-        # the rest of the body is never read: the connection cannot serve another request
-        headers={"Connection": "close"},
-    )
-
-
-async def capped_stream(request: Request, limit_bytes: int) -> AsyncIterator[bytes]:
-    """The request body in the pieces it arrives in; 413 once it passes `limit_bytes`
-    (at once when its Content-Length says so)."""
-    declared = request.headers.get("content-length", "")
-    if declared.isascii() and declared.isdigit() and int(declared) > limit_bytes:
-        raise too_large(limit_bytes)
-    received = 0
-    async for part in request.stream():
-        received += len(part)
-        if received > limit_bytes:
-            raise too_large(limit_bytes)
-        yield part
-
-
 async def parse_multipart_job(request: Request, config: JobsConfig) -> JobRequest:
     """A multipart/form-data job: the text in `file` (a .txt or .md file, UTF-8), the
     other fields (`voice`, `response_format`, `speed`, `sample_rate`, `finish_by`,
@@ -65,7 +42,7 @@ async def parse_multipart_job(request: Request, config: JobsConfig) -> JobReques
     limit = upload_limit_bytes(config)
     parser = MultiPartParser(
         request.headers,
-        capped_stream(request, limit),  # type: ignore[arg-type]
+        capped_body(request, limit),  # type: ignore[arg-type]
         max_files=1,
         max_fields=_MAX_FIELDS,
         max_part_size=_MAX_FIELD_BYTES,
