@@ -15,9 +15,11 @@ from dataclasses import dataclass
 
 from pipeline.backend import Voice
 from pipeline.book import StreamBook
+from pipeline.events import GuardedEvents
 from pipeline.stream import Stream
 from pipeline.talker import Talker
 from pipeline.vocoder import Vocoder
+from scheduling.voice_cost import VoiceCosts
 
 log = logging.getLogger("playhead.engine")
 
@@ -153,3 +155,42 @@ async def measure(run: CalibrationRun, streams: list[Stream]) -> float | None:
         sustained,
     )
     return capacity
+
+
+async def measure_groups(
+    run_for: Callable[[str], CalibrationRun], costs: VoiceCosts, streams: list[Stream]
+) -> float | None:
+    """Each backend (voice group) calibrated alone in turn, the reference (the default
+    voice's) last: its run is the one the capacity model keeps; the others give their
+    costs against it (`costs.set_capacities`). Returns the reference's calibrated
+    capacity; None when nothing was measured or a submit ended it."""
+    capacities: dict[str, float] = {}
+    measured = None
+    for group in costs.groups:
+        run = run_for(group)
+        measured = await measure(run, streams)
+        if run.current() is not streams:  # a submit ended it
+            return None
+        streams.clear()  # measure cancelled them
+        if measured is not None:  # read in reference seconds at the group's cost then
+            capacities[group] = measured / costs.group_cost(group)
+    if measured is not None:
+        costs.set_capacities(capacities)
+        if len(capacities) > 1:
+            log.info(
+                "costs per audio second against %s: %s",
+                costs.reference,
+                ", ".join(f"{g} {costs.group_cost(g):.2f}" for g in costs.groups),
+            )
+    return measured
+
+
+def end_calibration(book: StreamBook, events: GuardedEvents, streams: list[Stream]) -> None:
+    """Cancel a calibration's streams (not reported), forget their first audio (they
+    start all at once: nothing admission's first-audio bound should subtract) and
+    report events again."""
+    events.muted = True
+    for stream in streams:
+        book.cancel(stream.id)
+    book.table.first_audio.clear()
+    events.muted = False

@@ -36,7 +36,7 @@ from pipeline.admission import (
 )
 from pipeline.backend import Backend, Voice, backend_capabilities
 from pipeline.book import Wakes, build_book, vocoder_workers
-from pipeline.calibration import CalibrationRun, measure
+from pipeline.calibration import CalibrationRun, end_calibration, measure_groups
 from pipeline.capacity import pipeline_capacity, slower_stage
 from pipeline.config import AloneConfig, EngineConfig, TalkerConfig, TextConfig, VocoderConfig
 from pipeline.errors import NotReady, UnknownVoice
@@ -245,7 +245,7 @@ class Engine:
             # a submit may have ended it already (and unmuted the events)
             if self._calibration is streams:
                 self._calibration = None
-                self._end_calibration(streams)
+                end_calibration(self.book, self._events, streams)
             self._last_activity_s = self._clock()
         return measured
 
@@ -254,13 +254,9 @@ class Engine:
         # the first chunks of a stream are small (the ramp): a loaded server decodes
         # steady chunks, so the turns of the ramp are run but not measured
         window = max(1, self._scheduling.active_stream_window)
-        # each backend alone, the reference (the default voice's) last: its run is the
-        # one the capacity model keeps; the others give their costs against it
-        costs = self.voice_costs
-        capacities: dict[str, float] = {}
-        measured = None
-        for group in costs.groups:
-            run = CalibrationRun(
+
+        def run_for(group: str) -> CalibrationRun:
+            return CalibrationRun(
                 book=self.book,
                 talker=self.talker,
                 vocoder=self.vocoder,
@@ -272,35 +268,14 @@ class Engine:
                 clock=self._clock,
                 current=lambda: self._calibration,
                 capacity=self.capacity,
-                cost=costs.group_cost(group),
+                cost=self.voice_costs.group_cost(group),
             )
-            measured = await measure(run, streams)
-            if self._calibration is not streams:  # a submit ended it
-                return self.calibrated_capacity
-            streams.clear()  # measure cancelled them
-            if measured is not None:  # read in reference seconds at the group's cost then
-                capacities[group] = measured / costs.group_cost(group)
+
+        measured = await measure_groups(run_for, self.voice_costs, streams)
         if measured is not None:
-            costs.set_capacities(capacities)
             self.calibrated_capacity = measured
             self.calibrations += 1
-            if len(capacities) > 1:
-                log.info(
-                    "costs per audio second against %s: %s",
-                    costs.reference,
-                    ", ".join(f"{g} {costs.group_cost(g):.2f}" for g in costs.groups),
-                )
         return self.calibrated_capacity
-
-    def _end_calibration(self, streams: list[Stream]) -> None:
-        """Cancel a calibration's streams (not reported), forget their first audio (they
-        start all at once: nothing admission's first-audio bound should subtract) and
-        report events again."""
-        self._events.muted = True
-        for stream in streams:
-            self.book.cancel(stream.id)
-        self.book.table.first_audio.clear()
-        self._events.muted = False
 
     async def _recalibrate_when_idle(self) -> None:
         """Calibrate again after `engine.recalibrate_idle_s` with no stream at all."""
@@ -403,7 +378,7 @@ class Engine:
         self._check_open()
         calibration, self._calibration = self._calibration, None
         if calibration is not None:
-            self._end_calibration(calibration)
+            end_calibration(self.book, self._events, calibration)
         now_s = self._clock()
         self._last_activity_s = now_s
         return now_s
