@@ -28,6 +28,7 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
+from app.jobs.text import cut_segments
 from app.settings import Settings, load_settings
 from benchmarks.jobs_render import corpus_text
 from benchmarks.loadgen import load_corpus
@@ -36,7 +37,7 @@ from pipeline.backends.sim import SimBackend
 from pipeline.engine import Engine
 from pipeline.errors import Rejected
 from pipeline.stream import Stream
-from scheduling.jobs import check_finish_by, job_rate
+from scheduling.jobs import check_finish_by, job_rate, segment_pace
 
 ROOT = Path(__file__).resolve().parent.parent
 SIM_CONFIG = ROOT / "configs" / "sim.yaml"
@@ -67,17 +68,8 @@ class JobRun:
 
 
 def _segments(text: str) -> list[str]:
-    out: list[str] = []
-    current = ""
-    for sentence in text.replace(". ", ".\n").splitlines():
-        if current and len(current) + len(sentence) + 1 > SEGMENT_CHARS:
-            out.append(current)
-            current = sentence
-        else:
-            current = f"{current} {sentence}".strip()
-    if current:
-        out.append(current)
-    return out
+    """The job's segments as app/jobs/text.py cuts them."""
+    return [text[segment.start : segment.end] for segment in cut_segments(text, SEGMENT_CHARS)]
 
 
 async def _drain(stream: Stream) -> None:
@@ -121,15 +113,11 @@ async def _job(
             now_s = loop.time()
             chars_left = sum(len(s) for s in segments[next_index:])
             rate = job_rate(chars_left * audio_s_per_char, finish_by_s, now_s)
-            if rate == 0:
-                pace = (math.inf, 0.0)
-            elif math.isinf(rate):
-                pace = (now_s, 1e3)
-            else:
-                horizon_s = max(horizon_s, now_s)
-                pace = (horizon_s, rate)
+            rate, start_s = segment_pace(rate, horizon_s, now_s)
+            if math.isfinite(start_s):
+                horizon_s = start_s
             stream = engine.submit_job(
-                segments[next_index], voice="sim", speed=1.0, horizon_s=pace[0], rate=pace[1]
+                segments[next_index], voice="sim", speed=1.0, horizon_s=start_s, rate=rate
             )
             pending.append((next_index, loop.create_task(_drain(stream)), stream))
             next_index += 1

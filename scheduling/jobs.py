@@ -37,6 +37,22 @@ def job_rate(audio_left_s: float, finish_by_s: float | None, now_s: float) -> fl
     return audio_left_s / time_left_s
 
 
+# an overdue job's rate: as urgent as a stream can be
+OVERDUE_RATE = 1e3
+
+
+def segment_pace(rate: float, horizon_s: float, now_s: float) -> tuple[float, float]:
+    """A job's next segment's virtual player, (rate, horizon_s) for Engine.submit_job, from
+    the rate the job needs (`job_rate`): best effort (0) never comes due; overdue (inf)
+    is due now at OVERDUE_RATE; otherwise the player goes on from `horizon_s` (from now
+    when it fell behind, or was never set: inf)."""
+    if rate == 0:
+        return 0.0, math.inf
+    if math.isinf(rate):
+        return OVERDUE_RATE, now_s
+    return rate, max(horizon_s, now_s) if math.isfinite(horizon_s) else now_s
+
+
 def listener_horizon_s(listening_since_s: float, sent_from_s: float, made_s: float) -> float:
     """When a listener who started reading at `listening_since_s` from audio position
     `sent_from_s` runs dry, if it plays at 1x everything made so far (`made_s`): the job's

@@ -10,7 +10,15 @@ import pytest
 
 from scheduling import Admission, AdmissionConfig, LoadView, PlaybackScheduler, SchedulingConfig
 from scheduling.admission import StreamLoad
-from scheduling.jobs import JobDemand, check_finish_by, job_key, job_rate, promised_rate
+from scheduling.jobs import (
+    OVERDUE_RATE,
+    JobDemand,
+    check_finish_by,
+    job_key,
+    job_rate,
+    promised_rate,
+    segment_pace,
+)
 
 RATE_HZ = 1000  # record_audio takes samples: 1000 samples = 1 s
 AHEAD_MAX_S = 10.0
@@ -23,6 +31,14 @@ def test_the_rate_a_job_needs() -> None:
     assert job_rate(10.0, finish_by_s=100.0, now_s=100.0) == math.inf  # overdue
     with pytest.raises(ValueError):
         job_rate(-1.0, 200.0, 100.0)
+
+
+def test_a_segments_pace_from_the_rate_its_job_needs() -> None:
+    assert segment_pace(0.0, 105.0, 100.0) == (0.0, math.inf)  # best effort: never due
+    assert segment_pace(math.inf, 105.0, 100.0) == (OVERDUE_RATE, 100.0)  # overdue: due now
+    assert segment_pace(0.5, 105.0, 100.0) == (0.5, 105.0)  # the player goes on
+    assert segment_pace(0.5, 95.0, 100.0) == (0.5, 100.0)  # fell behind: from now
+    assert segment_pace(0.5, math.inf, 100.0) == (0.5, 100.0)  # was best effort: from now
 
 
 def test_a_job_horizon_advances_d_over_r() -> None:

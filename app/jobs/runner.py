@@ -39,7 +39,7 @@ from app.jobs.text import Segment, spoken_form
 from app.text_input import normalized, words_apart
 from pipeline import Engine, NotReady, StreamFailed
 from pipeline.normalize import speakable
-from scheduling.jobs import job_key, job_rate, listener_horizon_s
+from scheduling.jobs import job_key, job_rate, listener_horizon_s, segment_pace
 
 log = logging.getLogger("playhead.jobs")
 
@@ -395,12 +395,7 @@ class JobRunner:
             return 1.0, now_s + (listened - self._wall())
         chars_left = segments[-1].end - segments[index].start
         audio_left_s = chars_left * self.audio_s_per_char / job.speed
-        rate = job_rate(audio_left_s, job.finish_by_s, self._wall())
-        if rate == 0:
-            return 0.0, math.inf
-        if math.isinf(rate):
-            return 1e3, now_s  # overdue: as urgent as a stream can be
-        return rate, max(horizon_s, now_s) if math.isfinite(horizon_s) else now_s
+        return segment_pace(job_rate(audio_left_s, job.finish_by_s, self._wall()), horizon_s, now_s)
 
     def _repace(self, job_id: str) -> None:
         """A listener came or went: the job's streams in flight get its new pace."""
