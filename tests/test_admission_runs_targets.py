@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks.admission_runs import met, point_met
+from benchmarks.admission_runs import met, point_met, run_order
 
 
 def _point(factor: float, playing: float, ttfa_p99_ms: float, stall_free: float = 1.0) -> dict:
@@ -32,3 +32,16 @@ def test_a_run_meets_the_targets_only_if_every_point_does() -> None:
     bad = {"points": [_point(2.0, 0.945, 629.0)]}
     assert met([good])
     assert not met([good, bad])
+
+
+def test_a_point_under_capacity_is_sized_by_both_probes() -> None:
+    """One probe alone read C up to 7% off the two's mean: 0.9 C was offered as 0.96 C."""
+    assert run_order([0.9, 1.5, 2.0]) == [
+        ("probe", 0), ("probe", 1), ("point", 0.9), ("point", 1.5), ("point", 2.0)
+    ]  # fmt: skip
+
+
+def test_points_over_capacity_keep_a_probe_beside_each() -> None:
+    assert run_order([1.5, 2.0]) == [("probe", 0), ("point", 1.5), ("probe", 1), ("point", 2.0)]
+    assert run_order([1.5]) == [("probe", 0), ("point", 1.5), ("probe", 1)]
+    assert run_order([0.9]) == [("probe", 0), ("probe", 1), ("point", 0.9)]
