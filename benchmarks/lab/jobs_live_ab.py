@@ -1,6 +1,6 @@
 """Live listeners with and without a long job rendering beside them (issue #53's claim).
 
-    python -m benchmarks.jobs_live_ab [--factors 0.9,1.5] [--pairs 2] [--chars 20000]
+    python -m benchmarks.lab.jobs_live_ab [--factors 0.9,1.5] [--pairs 2] [--chars 20000]
         [--duration 20] [--finish-by S] [--set backend.kind=piper]
 
 C is measured first (benchmarks.bench.measure_capacity: saturating clients, fifo), then
@@ -142,7 +142,7 @@ def _watch_done(client: httpx.Client, job_id: str, row: dict[str, Any]) -> Itera
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.jobs_live_ab")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.lab.jobs_live_ab")
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "default.yaml")
     parser.add_argument("--factors", default="0.9,1.5")
     parser.add_argument("--pairs", type=int, default=2)
