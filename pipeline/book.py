@@ -72,7 +72,6 @@ class StreamBook:
         prepares: bool = False,
         urgent: UrgentSlack = ALWAYS_URGENT,
         new_abort: Callable[[], AbortHandle] | None = None,
-        lane_slack_s: float | None = None,  # the vocoder's urgent lane (None: no lane)
     ) -> None:
         self.scheduler = scheduler
         self.planner = planner
@@ -105,7 +104,6 @@ class StreamBook:
             yield_slack_s=yield_slack_s,
             urgent=urgent,
             new_abort=new_abort,
-            lane_slack_s=lane_slack_s,
         )
         self.talker = TalkerCore(
             self.table,
@@ -258,13 +256,7 @@ def build_book(
         prepares=capabilities.prepares_segments and alone.prepare_next,
         urgent=UrgentSlack(talker.urgent_slack_s, alone.urgent_slack_s),
         new_abort=backend.vocode_abort if capabilities.aborts_vocode else None,
-        lane_slack_s=vocoder.urgent_lane_slack_s if urgent_lane(vocoder, backend) else None,
     )
-
-
-def urgent_lane(vocoder: VocoderConfig, backend: Backend) -> bool:
-    """Whether the vocoder gets an urgent lane: asked for, where vocode calls may overlap."""
-    return vocoder.urgent_lane and backend.capabilities.concurrent_vocode_calls
 
 
 def vocoder_workers(vocoder: VocoderConfig, backend: Backend) -> int:

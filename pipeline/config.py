@@ -16,7 +16,6 @@ from scheduling.validation import (
     check_bool,
     check_choice,
     check_int,
-    check_int_in,
     check_non_negative,
     check_optional_non_negative,
     check_positive,
@@ -143,20 +142,10 @@ class VocoderConfig:
     # buffered waits for it, leaving the core to it (more than one worker: Piper).
     # 0: never waits. 1 s, the measured default (docs/voice-tuning.md)
     yield_slack_s: float = 1.0
-    # one more worker, at normal OS priority, that takes only urgent chunks (a stream with no
-    # audio yet, or under urgent_lane_slack_s of it ahead) while the `workers` run at
-    # `bulk_nice`: the kernel preempts a long decode for a new stream's first chunk, which
-    # no model call can do (a Kokoro chunk is a whole segment's decode: docs/kokoro.md)
-    urgent_lane: bool = False
-    urgent_lane_slack_s: float = 2.0
-    bulk_nice: int = 10  # the workers' OS priority (nice) while there is an urgent lane
 
     def __post_init__(self) -> None:
         check_int("workers", self.workers, 1)
         check_non_negative("yield_slack_s", self.yield_slack_s)
-        check_bool("urgent_lane", self.urgent_lane)
-        check_non_negative("urgent_lane_slack_s", self.urgent_lane_slack_s)
-        check_int_in("bulk_nice", self.bulk_nice, (0, 19))
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from pipeline.admission import (
     start_chunk_audio_s,
 )
 from pipeline.backend import Backend, Voice, backend_capabilities
-from pipeline.book import Wakes, build_book, urgent_lane, vocoder_workers
+from pipeline.book import Wakes, build_book, vocoder_workers
 from pipeline.calibration import CalibrationRun, end_calibration, measure_groups
 from pipeline.capacity import pipeline_capacity, slower_stage
 from pipeline.config import AloneConfig, EngineConfig, TalkerConfig, TextConfig, VocoderConfig
@@ -133,16 +133,10 @@ class Engine:
         # a second talker lane where the backend's steps may run side by side
         concurrent = capabilities.concurrent_talker_steps
         self.urgent_stage = stage("talker-urgent") if talker.urgent_lane and concurrent else None
-        # more vocoder workers where the backend's vocode calls may run side by side, at a
-        # lower OS priority beside an urgent lane (pipeline/vocoder.py)
-        lane = urgent_lane(self._vocoder_config, self._backend)
-        nice = self._vocoder_config.bulk_nice if lane else 0
-        self.vocoder_stage = stage("vocoder", nice=nice)
+        self.vocoder_stage = stage("vocoder")
+        # more vocoder workers where the backend's vocode calls may run side by side
         workers = vocoder_workers(self._vocoder_config, self._backend)
-        self.extra_vocoder_stages = [
-            stage(f"vocoder-{index}", nice=nice) for index in range(1, workers)
-        ]
-        self.vocoder_lane_stage = stage("vocoder-urgent") if lane else None
+        self.extra_vocoder_stages = [stage(f"vocoder-{index}") for index in range(1, workers)]
         self.book = build_book(
             scheduling=scheduling,
             chunking=self._chunking,
@@ -179,7 +173,6 @@ class Engine:
             capacity=self._turn_capacity,
             extra_stages=self.extra_vocoder_stages,
             cost=self.voice_costs.cost,
-            lane_stage=self.vocoder_lane_stage,
         )
 
     def _stage_timed_out(self, stage: str, timeout_s: float) -> None:
@@ -311,8 +304,6 @@ class Engine:
         await self.vocoder_stage.aclose()
         for stage in self.extra_vocoder_stages:
             await stage.aclose()
-        if self.vocoder_lane_stage is not None:
-            await self.vocoder_lane_stage.aclose()
 
     @property
     def ready(self) -> bool:

@@ -16,19 +16,12 @@ is abandoned in its old thread (its result, if it ever comes, is dropped), so on
 model call cannot stop every other stream. The backend must then accept a call from the
 new thread while the old one may still run (ONNX Runtime sessions do); `abandoned` counts
 such threads.
-
-A stage may run at a lower OS priority (`nice` > 0, Linux: a thread's own nice value): the
-kernel then preempts its calls for any normal-priority thread, such as the vocoder's
-urgent lane (pipeline/vocoder.py), which no model call could do. Threads a call starts
-(ONNX Runtime's intra-op pool, made when a session is created in the stage thread)
-inherit it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -72,27 +65,16 @@ class StageExecutor:
         clock: Callable[[], float] = time.monotonic,
         call_timeout_s: float = 0.0,
         on_timeout: Callable[[str, float], None] | None = None,
-        nice: int = 0,
     ) -> None:
-        """`call_timeout_s` > 0: a call running longer raises StageTimeout (module doc).
-        `nice` > 0: the stage thread runs at that lower OS priority (module doc)."""
-        if not 0 <= nice <= 19:
-            raise ValueError(f"nice must be 0..19, got {nice!r}")
+        """`call_timeout_s` > 0: a call running longer raises StageTimeout (module doc)."""
         self.name = name
         self.thread_name = f"{THREAD_PREFIX}{name}"
-        self.nice = nice
         self._clock = clock
-        self._pool = self._new_pool()
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.thread_name)
         self._closed = False
         self.call_timeout_s = call_timeout_s
         self.abandoned = 0  # worker threads left behind with a hung call
         self._on_timeout = on_timeout  # (stage name, timeout) on each hung call
-
-    def _new_pool(self) -> ThreadPoolExecutor:
-        initializer = _nice_initializer(self.nice) if self.nice else None
-        return ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix=self.thread_name, initializer=initializer
-        )
 
     @property
     def closed(self) -> bool:
@@ -133,7 +115,10 @@ class StageExecutor:
     def _abandon(self, future: asyncio.Future[object]) -> None:
         """Leave the hung call's thread behind; later calls get a fresh one."""
         future.add_done_callback(_drop_result)
-        stuck, self._pool = self._pool, self._new_pool()
+        stuck, self._pool = (
+            self._pool,
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.thread_name),
+        )
         stuck.shutdown(wait=False, cancel_futures=True)
         self.abandoned += 1
         if self._on_timeout is not None:
@@ -160,18 +145,6 @@ class StageExecutor:
         finally:
             # cancelled while waiting: the worker still ends after the calls in flight
             self._pool.shutdown(wait=not _cancelling())
-
-
-def _nice_initializer(nice: int) -> Callable[[], None]:
-    """A thread initializer that lowers the calling thread's priority by `nice`."""
-    return functools.partial(_lower_priority, nice)
-
-
-def _lower_priority(nice: int) -> None:
-    # Linux: PRIO_PROCESS with a thread id sets that thread's nice value alone
-    if hasattr(os, "setpriority"):
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
 
 
 def _noop() -> None:

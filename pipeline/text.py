@@ -7,8 +7,7 @@ A stream's text is cut into segments, one talker call each:
   text, also by 。！？ (and a closing bracket after them) with no space after, and by a
   line end after such a character (confirmed once the next character has arrived);
 - with `first_fragment_words` > 0, a stream's first sentence longer than that is cut at
-  its first clause end (, ; : or a dash; 、 and in Japanese an earlier phrase end after a
-  particle, 会議は|木曜日), wherever it falls, so that the first chunk
+  its first clause end (, ; : or a dash), wherever it falls, so that the first chunk
   comes sooner (the Piper talker encodes a whole segment before its first frames); never
   between two words without a natural pause (0, this class's default, never cuts);
 - a sentence longer than `max_segment_chars` characters or `max_segment_phonemes`
@@ -51,13 +50,6 @@ _PARAGRAPH = re.compile(r"\n[^\S\n]*\n")
 _CLAUSE_END = re.compile(
     rf"(?:[,;:]|[—–])[{_CLOSERS}]*(?=\s)|(?<=\s)(?:—|–|--?)(?=\s)|[、，；：]+[{_CJK_CLOSERS}]*"
 )
-# Japanese phrases (bunsetsu) end after a case or topic particle: one of these kana between
-# a kanji or katakana and another (会議は|木曜日, 角を|左に). A first sentence with no clause
-# end early in it may leave its first fragment there: where a speaker may pause, never
-# inside a word. Matched only between such characters, so で of です or に of にも is not.
-_CONTENT = "\u30a1-\u30ff\u3400-\u4dbf\u4e00-\u9fff"
-_PHRASE_END = re.compile(rf"(?<=[{_CONTENT}])[はがをにでともへ](?=[{_CONTENT}])")
-MIN_PHRASE_WORDS = 3  # a first fragment cut at a phrase end has at least this many words
 _ABBREVIATIONS = frozenset(
     [
         "mr.",
@@ -133,17 +125,11 @@ def _first_fragment(text: str, max_words: int) -> int | None:
     fraction of a second of audio)."""
     if max_words <= 0 or _words(text) <= max_words:
         return None
-    # the first clause end with a word before it (a leading dash is no clause), or in
-    # Japanese an earlier phrase end with MIN_PHRASE_WORDS words before it
+    # the first clause end with a word before it (a leading dash is no clause)
     clause = next((m for m in _CLAUSE_END.finditer(text) if _has_word(text[: m.start()])), None)
-    phrase = next(
-        (m for m in _PHRASE_END.finditer(text) if _words(text[: m.end()]) >= MIN_PHRASE_WORDS),
-        None,
-    )
-    ends = [m.end() for m in (clause, phrase) if m is not None]
-    if not ends:
+    if clause is None:
         return None
-    cut = min(ends)
+    cut = clause.end()
     if _words(text[cut:]) < MIN_REST_WORDS:
         return None
     return cut

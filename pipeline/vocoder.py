@@ -10,19 +10,11 @@ Workers (`vocoder.workers`): W such loops take turns side by side where the back
 vocode calls may overlap (`capabilities.concurrent_vocode_calls`: Piper's ONNX Runtime
 session, not the codec LM's). The rate (the capacity model, pipeline/capacity.py) is fed
 each call's own time and audio, with the workers' count.
-
-The urgent lane (`vocoder.urgent_lane`, pipeline/vocoder_core.py): one more loop, on its
-own stage at normal OS priority, that asks the core for urgent chunks only; the workers'
-stages then run at `vocoder.bulk_nice`. It is not a worker of the capacity model (its
-calls are recorded, its thread is not counted: it takes the cores from the workers, it
-adds none). With nothing urgent it sleeps until a wake or until a ready stream's slack
-falls to the lane's limit.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable, Sequence
 
@@ -48,19 +40,16 @@ class Vocoder:
         capacity: Callable[[float], float] | None = None,
         extra_stages: Sequence[StageExecutor] = (),
         cost: Callable[[str], float] | None = None,
-        lane_stage: StageExecutor | None = None,
     ) -> None:
         """`capacity(now_s)`: the pipeline's capacity, reported after each turn.
         `extra_stages`: more workers' threads, for a backend whose vocode calls may run
         side by side. `cost(voice_id)`: a voice's cost against the reference voice's
-        (scheduling/voice_cost.py): a turn's audio is recorded in reference seconds.
-        `lane_stage`: the urgent lane's thread (module doc)."""
+        (scheduling/voice_cost.py): a turn's audio is recorded in reference seconds."""
         self._core = core
         self._cost = cost
         self._backend = backend
         self._capacity = capacity
         self._stages = (stage, *extra_stages)
-        self._lane_stage = lane_stage
         self._clock = clock
         self._events = events
         self.wake = asyncio.Event()
@@ -84,18 +73,14 @@ class Vocoder:
         return sum(cost(item.voice) for item in items) / len(items)
 
     async def run(self) -> None:
-        if len(self._stages) == 1 and self._lane_stage is None:
+        if len(self._stages) == 1:
             await self._worker(self._stages[0])
             return
         async with asyncio.TaskGroup() as workers:
             for index, stage in enumerate(self._stages):
                 workers.create_task(self._worker(stage), name=f"playhead-vocoder-{index}")
-            if self._lane_stage is not None:
-                workers.create_task(
-                    self._worker(self._lane_stage, lane=True), name="playhead-vocoder-urgent"
-                )
 
-    async def _worker(self, stage: StageExecutor, *, lane: bool = False) -> None:
+    async def _worker(self, stage: StageExecutor) -> None:
         """One worker's loop. The wake event is shared: each loop clears it and then
         asks the core without yielding, so no wake is lost between them."""
         core, clock, vocode = self._core, self._clock, self._backend.vocode
@@ -103,13 +88,10 @@ class Vocoder:
             self.wake.clear()
             started_perf_s = time.perf_counter()
             started_cpu_s = time.thread_time()
-            plan = core.schedule(clock(), lane=True) if lane else core.schedule(clock())
+            plan = core.schedule(clock())
             if plan is None:
                 self.idle_waits += 1
-                wait_s = core.lane_wait_s(clock()) if lane else None
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(wait_s):
-                        await self.wake.wait()
+                await self.wake.wait()
                 continue
             sent_perf_s = time.perf_counter()
             sent_cpu_s = time.thread_time()

@@ -24,14 +24,6 @@ Yielding to a first audio (`vocoder.yield_slack_s`, more than one worker): while
 talker call or a vocode call that makes some stream's first audio runs, a worker whose
 selection is all streams with that much audio buffered takes no turn; it is woken when
 the last such call ends.
-
-The urgent lane (`vocoder.urgent_lane`): one more worker, at normal OS priority while the
-others run at a lower one, plans only urgent chunks, one stream a call: a stream with no
-audio yet or under `lane_slack_s` of it ahead. While the lane is free, the other workers
-leave urgent chunks to it; while it is busy they take any (work-conserving). A chunk's
-decode cannot be cut short (a Kokoro chunk is a whole segment's), so the kernel's
-preemption of the low-priority workers is what lets a new stream's first chunk go at once
-instead of after theirs.
 """
 
 from __future__ import annotations
@@ -61,7 +53,6 @@ class VocodePlan:
     abort: AbortHandle | None  # ends the call early (one stream's call, where possible)
     first_audio: bool  # it makes some stream's first audio
     started_s: float
-    lane: bool = False  # planned for the urgent lane
 
 
 class VocoderCore:
@@ -81,15 +72,12 @@ class VocoderCore:
         yield_slack_s: float = 0.0,
         urgent: UrgentSlack = ALWAYS_URGENT,
         new_abort: Callable[[], AbortHandle] | None = None,
-        lane_slack_s: float | None = None,
     ) -> None:
         """`workers`: vocode calls that may run at once; `work_ahead`: a stream alone
         may have that many chunks in flight (see the module doc). `urgent`: a stream whose
         player has less audio ahead than its limit (or none yet) is urgent to the planner,
         whose chunk then waits for no lookahead.
-        `new_abort`: the backend's `vocode_abort`, where it can end a call early.
-        `lane_slack_s`: there is an urgent lane, for streams under this much audio ahead
-        (module doc); None: none."""
+        `new_abort`: the backend's `vocode_abort`, where it can end a call early."""
         self._table = table
         self._scheduler = table.scheduler
         self.planner = planner
@@ -103,9 +91,6 @@ class VocoderCore:
         self._cuts_short = planner.config.right_context_frames > 0
         self._urgent = urgent
         self._new_abort = new_abort
-        self._lane_slack_s = lane_slack_s
-        self.lane_busy = False  # the urgent lane decodes now
-        self.lane_turns = 0  # vocode calls planned for the urgent lane
         self.talker: TalkerSide = _NoTalker()
         self._dirty: dict[str, StreamRecord] = {}  # chunk plan out of date
         self._ready: dict[str, None] = {}  # a non-empty chunk planned, not parked
@@ -191,24 +176,16 @@ class VocoderCore:
                 ready[stream_id] = None
         self.talker.vocoder_progressed()  # it may have nothing waiting now
 
-    def schedule(self, now_s: float, *, lane: bool = False) -> VocodePlan | None:
-        """The next vocode call, or None (nothing to decode, or this worker yields).
-        `lane`: the urgent lane's (module doc)."""
+    def schedule(self, now_s: float) -> VocodePlan | None:
+        """The next vocode call, or None (nothing to decode, or this worker yields)."""
         table = self._table
         table.apply_inbox()
         load = table.load()
         self.refresh(load, now_s)
         select = self._scheduler.select
-        ready: KeysView[str] | list[str] = self.ready_ids
-        if self._lane_slack_s is not None and (lane or not self.lane_busy):
-            ready = self._urgent_split(ready, now_s, urgent=lane)
         # every stream was admitted at submit
-        if ready:
+        if ready := self.ready_ids:
             selected = select(now_s, ready, all_admitted=True)
-            if lane:  # one stream a call: the lane is for the most urgent chunk
-                selected = selected[:1]
-        elif lane:
-            return None
         elif ahead := self.ahead_ids(load):
             selected = select(now_s, ahead, all_admitted=True)
             self.ahead_turns += bool(selected)
@@ -216,12 +193,7 @@ class VocoderCore:
             return None
         if not selected:  # fifo: the streams in its window have nothing ready
             return None
-        if (
-            not lane
-            and self._yield_slack_s
-            and self.first_audio_work
-            and self._buffered(selected, now_s)
-        ):
+        if self._yield_slack_s and self.first_audio_work and self._buffered(selected, now_s):
             self.yields += 1
             self._yielded = True  # woken when the first-audio work ends
             return None
@@ -254,39 +226,9 @@ class VocoderCore:
             abort = batch[0][0].in_flight[-1].abort = self._new_abort()
         if first:
             self.first_audio_started()
-        if lane:
-            self.lane_busy = True
-            self.lane_turns += 1
         self.talker.vocoder_progressed()  # it may have been the last chunk waiting
         self._events.vocoder_selection(selected)
-        return VocodePlan(list(selected), batch, items, abort, first, now_s, lane)
-
-    def _urgent_split(
-        self, stream_ids: KeysView[str] | list[str], now_s: float, *, urgent: bool
-    ) -> list[str]:
-        """The urgent streams among `stream_ids` (no audio yet, or under the lane's slack
-        ahead), or (urgent=False) the others."""
-        slack_s, limit_s = self._scheduler.slack_s, self._lane_slack_s
-        assert limit_s is not None
-        return [
-            stream_id
-            for stream_id in stream_ids
-            if ((slack := slack_s(stream_id, now_s)) is None or slack < limit_s) is urgent
-        ]
-
-    def lane_wait_s(self, now_s: float) -> float | None:
-        """How long until a ready stream that is not urgent yet becomes urgent (the lane
-        sleeps no longer than this); None when none is waiting."""
-        limit_s = self._lane_slack_s
-        if limit_s is None:
-            return None
-        slack_s = self._scheduler.slack_s
-        waits = [
-            slack - limit_s
-            for stream_id in self.ready_ids
-            if (slack := slack_s(stream_id, now_s)) is not None
-        ]
-        return max(0.0, min(waits)) if waits else None
+        return VocodePlan(list(selected), batch, items, abort, first, now_s)
 
     def _buffered(self, selected: list[str], now_s: float) -> bool:
         """Every selected stream's player has `yield_slack_s` of audio or more ahead."""
@@ -385,9 +327,6 @@ class VocoderCore:
         finally:
             if plan.first_audio:
                 self.first_audio_ended()
-            if plan.lane:
-                self.lane_busy = False
-                self._wake()  # the others leave urgent chunks to it again
             self._turns -= 1
             self.talker.vocoder_progressed()  # a worker is free
 

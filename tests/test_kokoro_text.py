@@ -137,13 +137,12 @@ def test_normalising_japanese_loses_no_sentence_and_keeps_currency_signs() -> No
     assert normalize_text("ーーーーーー", "ja") == "ーーー"  # runs of one character still bounded
 
 
-def test_a_long_first_japanese_sentence_leaves_its_first_fragment_first() -> None:
+def test_a_long_first_japanese_sentence_leaves_its_first_clause_first() -> None:
     text = "今日は朝から雨が降っていましたが、昼過ぎには晴れてきました。駅前の本屋に寄りました。"
     segments = split_text(
         text, first_fragment_words=13, max_segment_phonemes=1600, first_segment_chars=0
     )
-    # (its first phrase end, 雨が|降って, comes before the clause end: the earlier wins)
-    assert segments[:2] == ["今日は朝から雨が", "降っていましたが、昼過ぎには晴れてきました。"]
+    assert segments[:2] == ["今日は朝から雨が降っていましたが、", "昼過ぎには晴れてきました。"]
     # a short first sentence (under 13 words of about two characters) is not cut
     short = split_text("雨ですが、晴れました。", first_fragment_words=13, first_segment_chars=0)
     assert short == ["雨ですが、晴れました。"]
@@ -172,41 +171,3 @@ def test_a_japanese_first_sentence_is_not_cut_by_the_ramps_phoneme_bound() -> No
         sentence,
         "時間通りです。",
     ]
-
-
-def test_a_japanese_first_sentence_leaves_at_its_first_phrase_end() -> None:
-    """With no clause end early, a Japanese first sentence longer than first_fragment_words
-    leaves its first fragment at the first phrase end: a particle between a kanji or
-    katakana and another (会議は|木曜日), with MIN_PHRASE_WORDS words before it; never
-    inside a word (で of です, に after kana), and only the stream's first sentence."""
-    cut = split_text(
-        "会議は木曜日の午前に変更になりました。荷物はフロントに届いています。",
-        first_fragment_words=4,
-        first_segment_chars=0,
-        max_segment_phonemes=1600,
-    )
-    assert cut == ["会議は木曜日の午前に", "変更になりました。", "荷物はフロントに届いています。"]
-    # an earlier clause end wins; a later one does not
-    assert split_text(
-        "申し訳ありませんが、その商品は在庫切れです。",
-        first_fragment_words=4,
-        first_segment_chars=0,
-    )[0] == ("申し訳ありませんが、")
-    assert (
-        split_text(
-            "今日は朝から雨が降っていましたが、晴れました。",
-            first_fragment_words=4,
-            first_segment_chars=0,
-        )[0]
-        == "今日は朝から雨が"
-    )
-    # no phrase end between content characters: whole
-    assert split_text(
-        "駅までは歩いて十五分ほどです。", first_fragment_words=4, first_segment_chars=0
-    ) == ["駅までは歩いて十五分ほどです。"]
-    # English is cut at clause ends only, as before
-    assert split_text(
-        "We met at the station and then we went home.",
-        first_fragment_words=4,
-        first_segment_chars=0,
-    ) == ["We met at the station and then we went home."]

@@ -16,7 +16,6 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,13 +140,7 @@ class KokoroBackend(Backend):
             )
         split = load_split(assets.model_path, assets.model_sha256, cache)
         self._talker = _session(split.talker, config.talker_intra_op_threads)
-        # a vocoder session per calling thread, made in it: ONNX Runtime's intra-op threads
-        # are started by the thread that makes the session and take its OS priority, so a
-        # worker at a lower priority (vocoder.bulk_nice) decodes on threads that are lower
-        # too, and the urgent lane's decode preempts all of them (pipeline/vocoder.py)
-        self._vocoder_model = split.vocoder
-        self._vocoders = threading.local()
-        self._vocoder_session()  # this thread's (tests, benchmarks); a load error shows now
+        self._vocoder = _session(split.vocoder, config.vocoder_intra_op_threads)
         self._phonemizers = Phonemizers()
         self._gain = float(config.output_gain)
         self._pieces = PieceStore(MAX_KEPT_PIECES, SAMPLES_PER_FRAME)
@@ -295,15 +288,8 @@ class KokoroBackend(Backend):
             PHASE_OFFSET: np.ascontiguousarray(run[0, _PHASE:_STYLE].reshape(1, 1, HARMONICS)),
             STYLE: np.ascontiguousarray(run[0, _STYLE:_INDEX].reshape(1, STYLE_DIM)),
         }
-        (audio,) = self._vocoder_session().run(None, feed, options)
+        (audio,) = self._vocoder.run(None, feed, options)
         return np.asarray(audio, dtype=np.float32).reshape(-1)
-
-    def _vocoder_session(self) -> ort.InferenceSession:
-        session = getattr(self._vocoders, "session", None)
-        if session is None:
-            session = _session(self._vocoder_model, self._config.vocoder_intra_op_threads)
-            self._vocoders.session = session
-        return session
 
     # helpers for tests and benchmarks
 
