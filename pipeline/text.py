@@ -249,8 +249,9 @@ class Segmenter:
         (_IDEOGRAPH_READERS) gets a phoneme bound as many times larger as its reading of
         one is shorter than the estimate's."""
         reads = _IDEOGRAPH_READERS.get(language.split("-")[0].lower())
-        if reads:
-            max_segment_phonemes = max_segment_phonemes * _PHONEMES_IDEOGRAPH // reads
+        # estimated phonemes per phoneme the voice reads (the ramp's phoneme bound too)
+        self._phoneme_scale = _PHONEMES_IDEOGRAPH // reads if reads else 1
+        max_segment_phonemes = max_segment_phonemes * self._phoneme_scale
         self._first_fragment_words = first_fragment_words
         self._max_segment_chars = max_segment_chars
         self._max_segment_phonemes = max_segment_phonemes
@@ -279,7 +280,8 @@ class Segmenter:
         if self._first_fragment_words <= 0 or index >= 16:
             return self._max_segment_chars, self._max_segment_phonemes
         ramp = self._first_segment_chars << index
-        return min(ramp, self._max_segment_chars), min(ramp, self._max_segment_phonemes)
+        phonemes = min(ramp * self._phoneme_scale, self._max_segment_phonemes)
+        return min(ramp, self._max_segment_chars), phonemes
 
     def _split(self, text: str) -> list[str]:
         """`text` in bounded pieces, each within the bounds of its place in the stream."""

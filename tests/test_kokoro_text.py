@@ -158,3 +158,16 @@ def test_a_japanese_voice_segments_by_its_own_reading_of_kanji() -> None:
     cut = english.push(sentence) + english.flush()
     whole = japanese.push(sentence) + japanese.flush()
     assert len(cut) > 1 and whole == [sentence]
+
+
+def test_a_japanese_first_sentence_is_not_cut_by_the_ramps_phoneme_bound() -> None:
+    """The first segment's ramp bounds characters and estimated phonemes alike; a Japanese
+    voice's phoneme bound is scaled by its reading of a kanji (4, not 16), the ramp's too:
+    a 21-character sentence (336 estimated phonemes over the ramp's 300) stays whole
+    instead of losing its last kana ("発車し" | "ます。")."""
+    sentence = "次の電車は六番線から十二分後に発車します。"
+    japanese = Segmenter(first_fragment_words=13, first_segment_chars=0, language="ja")
+    assert japanese.push(sentence + "時間通りです。") + japanese.flush() == [
+        sentence,
+        "時間通りです。",
+    ]
