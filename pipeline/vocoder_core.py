@@ -18,7 +18,9 @@ The core keeps two sets incrementally, so that no turn scans every stream:
   A worker takes one only when no stream is ready (work-conserving). A stream's chunks
   leave strictly in order: one decoded before an earlier one is held on its record
   until that one is emitted. Once its text is all talked, its last frames are cut evenly
-  over the workers (`alone.even_tail`).
+  over the workers (`alone.even_tail`), within the ramp already where its player has
+  audio enough for those chunks to decode in time (at the rate the latest vocode call
+  took per frame): a short text's rest decodes on every worker at once.
 
 Yielding to a first audio (`vocoder.yield_slack_s`, more than one worker): while a
 talker call or a vocode call that makes some stream's first audio runs, a worker whose
@@ -100,6 +102,9 @@ class VocoderCore:
         self.first_audio_work = 0  # talker or vocode calls making a first audio, running
         self._yielded = False  # a worker waits for them to end
         self._even_tail = even_tail
+        # seconds the latest vocode call took per frame it emitted (0: none yet): how
+        # large a chunk a player's buffered audio covers (the even tail within the ramp)
+        self._s_per_frame = 0.0
         self.turns = 0  # vocode calls whose outcome was applied
         self.yields = 0  # schedules that held a worker back for a first audio
         self.ahead_turns = 0  # plans of a chunk beside one in flight (work-ahead)
@@ -278,15 +283,19 @@ class VocoderCore:
         done = segment.done
         stream_done = done and record.talked_all and frames.is_last(segment)
         # a lone stream's last frames are cut evenly over the workers that decode them
-        split = 1
-        if stream_done and self._even_tail and self._work_ahead(load):
-            split = self._max_in_flight
-        urgent = False
-        if self._cuts_short:
+        tail = stream_done and self._even_tail and self._work_ahead(load)
+        slack_s = None
+        if tail or self._cuts_short:
             slack_s = self._scheduler.slack_s(stream_id, now_s)
-            urgent = slack_s is None or slack_s < self._urgent.limit_s(load)
+        split, early_frames = 1, 0
+        if tail:
+            split = self._max_in_flight
+            if slack_s is not None and self._s_per_frame > 0.0:
+                # the chunks the player's audio covers, at the latest call's pace
+                early_frames = int(slack_s / self._s_per_frame)
+        urgent = self._cuts_short and (slack_s is None or slack_s < self._urgent.limit_s(load))
         return self.planner.next_chunk(
-            stream_id, segment.available_frames, done, stream_done, split, urgent
+            stream_id, segment.available_frames, done, stream_done, split, urgent, early_frames
         )
 
     # The outcome.
@@ -322,6 +331,9 @@ class VocoderCore:
                     continue
                 self.emit(record, chunk, samples, now_s)
                 audio_s += samples.size / voice.sample_rate_hz
+            emitted_frames = sum(item.emit_frames for item in plan.items)
+            if emitted_frames:
+                self._s_per_frame = (now_s - plan.started_s) / emitted_frames
             self.turns += 1
             return audio_s
         finally:
