@@ -116,7 +116,9 @@ class StreamRecord:
             and self.frames.queued_frames == 0
         )
 
-    def talk_request(self, text: str, index: int, *, urgent: bool) -> TalkRequest:
+    def talk_request(
+        self, text: str, index: int, *, urgent: bool, all_cores: bool = False
+    ) -> TalkRequest:
         """The talker's request for the stream's segment `index` of `text`."""
         stream = self.stream
         return TalkRequest(
@@ -127,4 +129,5 @@ class StreamRecord:
             segment_index=index,
             first_frame_index=self.frames.produced_frames,
             urgent=urgent,
+            all_cores=all_cores,
         )

@@ -341,6 +341,32 @@ def test_a_lone_stream_all_talked_is_cut_evenly_within_the_ramp_when_its_player_
         assert sizes == ([2, 18, 17] if first_call_s == 0.01 else [2, 4, 8, 12, 11])
 
 
+@pytest.mark.parametrize("case", ["alone", "another", "vocoding", "vocoded", "prepares"])
+def test_a_segment_gets_every_core_only_when_nothing_else_runs(case: str) -> None:
+    """`TalkRequest.all_cores`: a segment opened for a stream alone, while no vocode call
+    runs and nothing is prepared beside it, may use every core (its first segment, or its
+    second once the first one's chunk was sent); not with another stream waiting, while
+    a vocode call runs (the first segment's chunk), or with the stream's next sentence
+    prepared on the helper thread at once."""
+    backend = _sim(1000)  # a segment per step
+    voice = backend.voices()[0]
+    book = _fake_clock_book([100.0], ChunkingConfig(chunk_frames=50), prepares=case == "prepares")
+    two = case in ("vocoding", "vocoded", "prepares")
+    _, record = _submitted(book, voice, "One two three. Four five six." if two else "One two.")
+    if case == "another":
+        waiting = book.add_stream(voice, speed=1.0, now_s=100.0)
+        book.add_text(waiting.id, "Hello there.", final=True)
+    if case in ("vocoding", "vocoded"):
+        first, _ = _talk(book, backend, 100.0)  # the first sentence, all of it
+        assert _opened(first, record).request.all_cores
+        vocode = book.vocoder.schedule(100.0)
+        assert _one(vocode, record) == 12  # its one chunk
+        if case == "vocoded":
+            _vocode(book, backend, vocode, 100.0)
+    plan = book.talker.schedule(100.0)
+    assert _opened(plan, record).request.all_cores == (case in ("alone", "vocoded"))
+
+
 class _PausingSim(SimBackend):
     """The sim backend at no cost whose next `pauses` steps make no frames (a step may
     hold none: `TalkStep.frames`)."""
