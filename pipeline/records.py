@@ -33,6 +33,7 @@ class InFlight:
     emitted_at_s: float = 0.0
     # ends the vocode call decoding it (a call of this stream alone), where the backend can
     abort: AbortHandle | None = None
+    taken_at_s: float = 0.0  # when the worker took it
 
 
 class OpenSegment:

@@ -213,7 +213,7 @@ class VocoderCore:
             segment = record.frames.segment(chunk.segment)
             assert segment is not None, chunk
             first = first or record.stream.stats.chunks == 0
-            self._take(record, chunk, load)
+            self._take(record, chunk, load, now_s)
             batch.append((record, chunk))
             context_start = chunk.context_start
             # positional: voice, frames, emit_offset_frames, emit_frames
@@ -244,11 +244,11 @@ class VocoderCore:
                 return False
         return True
 
-    def _take(self, record: StreamRecord, chunk: Chunk, load: Load) -> None:
+    def _take(self, record: StreamRecord, chunk: Chunk, load: Load, now_s: float) -> None:
         """A worker takes the stream's planned chunk: in flight until emitted."""
         stream_id = record.stream.id
         self.planner.take(stream_id, chunk)
-        record.in_flight.append(InFlight(chunk))
+        record.in_flight.append(InFlight(chunk, taken_at_s=now_s))
         record.chunk = None
         self._vocoding.add(stream_id)
         self._ahead.pop(stream_id, None)
@@ -287,16 +287,28 @@ class VocoderCore:
         slack_s = None
         if tail or self._cuts_short:
             slack_s = self._scheduler.slack_s(stream_id, now_s)
-        split, early_frames = 1, 0
+        split, early_frames, busy_frames = 1, 0, 0
         if tail:
             split = self._max_in_flight
             if slack_s is not None and self._s_per_frame > 0.0:
                 # the chunks the player's audio covers, at the latest call's pace
                 early_frames = int(slack_s / self._s_per_frame)
+                busy_frames = self._busy_frames(record, now_s)
         urgent = self._cuts_short and (slack_s is None or slack_s < self._urgent.limit_s(load))
         return self.planner.next_chunk(
-            stream_id, segment.available_frames, done, stream_done, split, urgent, early_frames
-        )
+            stream_id, segment.available_frames, done, stream_done, split, urgent, early_frames,
+            busy_frames,
+        )  # fmt: skip
+
+    def _busy_frames(self, record: StreamRecord, now_s: float) -> int:
+        """The frames the stream's chunks in flight have left to decode, at the latest
+        call's pace: the work its other workers still hold."""
+        left_s = 0.0
+        for entry in record.in_flight:
+            if entry.pcm is None:
+                elapsed_s = now_s - entry.taken_at_s
+                left_s += max(0.0, entry.chunk.frames * self._s_per_frame - elapsed_s)
+        return int(left_s / self._s_per_frame)
 
     # The outcome.
 
