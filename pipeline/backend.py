@@ -129,6 +129,10 @@ class TalkRequest:
     # make a segment that is not urgent in fewer, larger steps (Piper: its whole flow at
     # once), which costs less per frame but makes its first frames later
     urgent: bool = True
+    # nothing else runs on the machine (the stream is alone, no vocode call runs, nothing
+    # is prepared beside it): the segment's first step may use every core (Piper: its
+    # encoder and first flow step on sessions of `piper.alone_intra_op_threads` threads)
+    all_cores: bool = False
 
 
 @dataclass(frozen=True)

@@ -227,6 +227,10 @@ class PiperConfig:
     talker_intra_op_threads: int = 1
     # ONNX Runtime threads inside each vocoder worker thread (its vocoder session)
     vocoder_intra_op_threads: int = 1
+    # a segment's first step (encoder and first flow chunk) when nothing else runs on the
+    # machine (`TalkRequest.all_cores`: a stream alone) runs on sessions of this many
+    # threads; 1: the talker's own sessions (docs/voice-tuning.md)
+    alone_intra_op_threads: int = 2
     # The vocoder's stages after its first decode only a chunk's emitted frames and their
     # own reach, not the chunk's whole context (bit-identical audio; README)
     vocoder_trim: bool = True
@@ -245,6 +249,7 @@ class PiperConfig:
         check_bool("ort_spinning", self.ort_spinning)
         check_int("talker_intra_op_threads", self.talker_intra_op_threads, 1)
         check_int("vocoder_intra_op_threads", self.vocoder_intra_op_threads, 1)
+        check_int("alone_intra_op_threads", self.alone_intra_op_threads, 1)
         check_bool("vocoder_trim", self.vocoder_trim)
         if self.flow_max_chunk_frames < self.flow_first_chunk_frames:
             raise ConfigError(

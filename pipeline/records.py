@@ -33,6 +33,7 @@ class InFlight:
     emitted_at_s: float = 0.0
     # ends the vocode call decoding it (a call of this stream alone), where the backend can
     abort: AbortHandle | None = None
+    taken_at_s: float = 0.0  # when the worker took it
 
 
 class OpenSegment:
@@ -116,7 +117,9 @@ class StreamRecord:
             and self.frames.queued_frames == 0
         )
 
-    def talk_request(self, text: str, index: int, *, urgent: bool) -> TalkRequest:
+    def talk_request(
+        self, text: str, index: int, *, urgent: bool, all_cores: bool = False
+    ) -> TalkRequest:
         """The talker's request for the stream's segment `index` of `text`."""
         stream = self.stream
         return TalkRequest(
@@ -127,4 +130,5 @@ class StreamRecord:
             segment_index=index,
             first_frame_index=self.frames.produced_frames,
             urgent=urgent,
+            all_cores=all_cores,
         )

@@ -276,7 +276,17 @@ class TalkerCore:
         record.preparing = None
         index = record.next_segment
         record.next_segment += 1
-        request = record.talk_request(text, index, urgent=self._urgent(record, load, now_s))
+        request = record.talk_request(
+            text,
+            index,
+            urgent=self._urgent(record, load, now_s),
+            # the machine is the stream's alone and idle: its first step may take every core
+            all_cores=(
+                load.alone
+                and not self._vocoder.turns_running
+                and not (self._prepares and record.text)  # its next one prepared beside it
+            ),
+        )
         opened = OpenSegment(record, record.frames.open_segment(index), request)
         record.talking = opened
         if record.stream.state is StreamState.QUEUED:
@@ -468,6 +478,9 @@ class VocoderSide(Protocol):
     """What the talker core asks of the vocoder core (pipeline/vocoder_core.py)."""
 
     def idle(self, load: Load, pace_on_full_workers: bool) -> bool: ...
+
+    @property
+    def turns_running(self) -> int: ...
 
     def frames_changed(self, record: StreamRecord) -> None: ...
 

@@ -18,7 +18,9 @@ The core keeps two sets incrementally, so that no turn scans every stream:
   A worker takes one only when no stream is ready (work-conserving). A stream's chunks
   leave strictly in order: one decoded before an earlier one is held on its record
   until that one is emitted. Once its text is all talked, its last frames are cut evenly
-  over the workers (`alone.even_tail`).
+  over the workers (`alone.even_tail`), within the ramp already where its player has
+  audio enough for those chunks to decode in time (at the rate the latest vocode call
+  took per frame): a short text's rest decodes on every worker at once.
 
 Yielding to a first audio (`vocoder.yield_slack_s`, more than one worker): while a
 talker call or a vocode call that makes some stream's first audio runs, a worker whose
@@ -100,6 +102,9 @@ class VocoderCore:
         self.first_audio_work = 0  # talker or vocode calls making a first audio, running
         self._yielded = False  # a worker waits for them to end
         self._even_tail = even_tail
+        # seconds the latest vocode call took per frame it emitted (0: none yet): how
+        # large a chunk a player's buffered audio covers (the even tail within the ramp)
+        self._s_per_frame = 0.0
         self.turns = 0  # vocode calls whose outcome was applied
         self.yields = 0  # schedules that held a worker back for a first audio
         self.ahead_turns = 0  # plans of a chunk beside one in flight (work-ahead)
@@ -208,7 +213,7 @@ class VocoderCore:
             segment = record.frames.segment(chunk.segment)
             assert segment is not None, chunk
             first = first or record.stream.stats.chunks == 0
-            self._take(record, chunk, load)
+            self._take(record, chunk, load, now_s)
             batch.append((record, chunk))
             context_start = chunk.context_start
             # positional: voice, frames, emit_offset_frames, emit_frames
@@ -239,11 +244,11 @@ class VocoderCore:
                 return False
         return True
 
-    def _take(self, record: StreamRecord, chunk: Chunk, load: Load) -> None:
+    def _take(self, record: StreamRecord, chunk: Chunk, load: Load, now_s: float) -> None:
         """A worker takes the stream's planned chunk: in flight until emitted."""
         stream_id = record.stream.id
         self.planner.take(stream_id, chunk)
-        record.in_flight.append(InFlight(chunk))
+        record.in_flight.append(InFlight(chunk, taken_at_s=now_s))
         record.chunk = None
         self._vocoding.add(stream_id)
         self._ahead.pop(stream_id, None)
@@ -278,16 +283,32 @@ class VocoderCore:
         done = segment.done
         stream_done = done and record.talked_all and frames.is_last(segment)
         # a lone stream's last frames are cut evenly over the workers that decode them
-        split = 1
-        if stream_done and self._even_tail and self._work_ahead(load):
-            split = self._max_in_flight
-        urgent = False
-        if self._cuts_short:
+        tail = stream_done and self._even_tail and self._work_ahead(load)
+        slack_s = None
+        if tail or self._cuts_short:
             slack_s = self._scheduler.slack_s(stream_id, now_s)
-            urgent = slack_s is None or slack_s < self._urgent.limit_s(load)
+        split, early_frames, busy_frames = 1, 0, 0
+        if tail:
+            split = self._max_in_flight
+            if slack_s is not None and self._s_per_frame > 0.0:
+                # the chunks the player's audio covers, at the latest call's pace
+                early_frames = int(slack_s / self._s_per_frame)
+                busy_frames = self._busy_frames(record, now_s)
+        urgent = self._cuts_short and (slack_s is None or slack_s < self._urgent.limit_s(load))
         return self.planner.next_chunk(
-            stream_id, segment.available_frames, done, stream_done, split, urgent
-        )
+            stream_id, segment.available_frames, done, stream_done, split, urgent, early_frames,
+            busy_frames,
+        )  # fmt: skip
+
+    def _busy_frames(self, record: StreamRecord, now_s: float) -> int:
+        """The frames the stream's chunks in flight have left to decode, at the latest
+        call's pace: the work its other workers still hold."""
+        left_s = 0.0
+        for entry in record.in_flight:
+            if entry.pcm is None:
+                elapsed_s = now_s - entry.taken_at_s
+                left_s += max(0.0, entry.chunk.frames * self._s_per_frame - elapsed_s)
+        return int(left_s / self._s_per_frame)
 
     # The outcome.
 
@@ -322,6 +343,9 @@ class VocoderCore:
                     continue
                 self.emit(record, chunk, samples, now_s)
                 audio_s += samples.size / voice.sample_rate_hz
+            emitted_frames = sum(item.emit_frames for item in plan.items)
+            if emitted_frames:
+                self._s_per_frame = (now_s - plan.started_s) / emitted_frames
             self.turns += 1
             return audio_s
         finally:

@@ -106,6 +106,7 @@ class _Progress:
         "planned_segment",
         "planned_sent",
         "tail_chunks",
+        "tail_first",
         "taken",
     )
 
@@ -120,6 +121,7 @@ class _Progress:
         self.planned: Chunk | None = None  # what next_chunk last answered
         # chunks left to cut from the last segment once it is cut evenly (next_chunk's split)
         self.tail_chunks = 0
+        self.tail_first = 0  # frames of the cut's first chunk, when it differs (0: even)
 
     def advance_planned(self, chunk: Chunk) -> None:
         (self.planned_segment, self.planned_sent, self.planned_chunks) = _advanced(
@@ -128,6 +130,7 @@ class _Progress:
         self.planned_finished = chunk.final
         if self.tail_chunks and chunk.stop != chunk.start:
             self.tail_chunks -= 1
+            self.tail_first = 0
 
     def advance_emitted(self, chunk: Chunk) -> None:
         (self.emitted_segment, self.emitted_sent, self.emitted_chunks) = _advanced(
@@ -179,6 +182,8 @@ class ChunkPlanner:
         stream_done: bool,
         split: int = 1,
         urgent: bool = False,
+        early_tail_frames: int = 0,
+        busy_frames: int = 0,
     ) -> Chunk | None:
         """The next chunk of the current segment, or None while it must wait.
 
@@ -187,9 +192,16 @@ class ChunkPlanner:
         `split` > 1: the stream's chunks decode that many at a time (a
         lone stream on that many vocoder workers); once its last segment is all talked, the
         frames it has left past the ramp (and the first chunk) are cut into chunks of
-        near-equal size, as many as plain chunks would be rounded down to a multiple of
+        near-equal size, as many as steady chunks would be rounded down to a multiple of
         `split` (at least `split`), so that no short last chunk decodes alone while the
-        other workers idle; later calls keep that cut. `urgent`: the stream's player is
+        other workers idle; later calls keep that cut. `early_tail_frames` > 0: the player
+        has audio enough for chunks of that many frames to decode in time, so the cut is
+        made already within the ramp (still never the first chunk) when its chunks are no
+        larger: the rest of a short text decodes at once on every worker rather than
+        ramp-sized chunk after chunk. `busy_frames`: the work the stream's chunks in flight
+        still hold its other workers for, in frames; a cut into exactly `split` chunks
+        then gives the first one (the free worker's) that much more, so that the workers
+        end together (up to `early_tail_frames`). `urgent`: the stream's player is
         close to running dry; a steady chunk (past the ramp and the first chunk, whose
         sizes are chosen to cover the next decode) whose frames are all there but not its
         lookahead (the segment's next frames may come with a talker step far off) is cut
@@ -217,11 +229,20 @@ class ChunkPlanner:
             and stream_done
             and segment_done
             and unsent > target
-            and progress.planned_chunks >= max(len(config.ramp), 1)  # never the first
+            and progress.planned_chunks >= 1  # never the first: first audio
         ):
-            count = -(-unsent // target)  # as many as plain chunks would be, rounded down
-            progress.tail_chunks = max(split, count - count % split)
-        if progress.tail_chunks:
+            progress.tail_chunks = count = self._tail_cut(
+                unsent, split, progress.planned_chunks, early_tail_frames
+            )
+            if count == split and busy_frames > 0:
+                # the free worker's chunk first, larger by the busy ones' work left (as
+                # long as the player's audio covers it, and a frame is left for each other)
+                even = -(-unsent // count)
+                first = min(-(-(unsent + busy_frames) // count), max(even, early_tail_frames))
+                progress.tail_first = min(unsent - count + 1, first)
+        if progress.tail_first:
+            target = progress.tail_first
+        elif progress.tail_chunks:
             target = -(-unsent // progress.tail_chunks)
         lookahead = config.right_context_frames
         chunk = None  # None: waiting for the chunk's frames and lookahead
@@ -254,6 +275,17 @@ class ChunkPlanner:
                 )
         progress.planned = chunk
         return chunk
+
+    def _tail_cut(self, unsent: int, split: int, planned_chunks: int, early_frames: int) -> int:
+        """How many chunks a last segment's `unsent` frames are cut into (next_chunk's
+        `split`): as many as steady chunks would be, rounded down to a multiple of `split`;
+        within the ramp only where each is at most `early_frames`; 0: no cut yet."""
+        config = self._config
+        count = -(-unsent // config.chunk_frames)
+        count = max(split, count - count % split)
+        if planned_chunks < len(config.ramp) and -(-unsent // count) > early_frames:
+            return 0  # the ramp goes on: the player has too little audio for these chunks
+        return count
 
     def take(self, stream_id: str, chunk: Chunk) -> None:
         """`chunk` (the one next_chunk last answered) went to a vocoder worker: planning

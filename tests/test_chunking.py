@@ -178,6 +178,33 @@ def test_a_split_cuts_the_last_segment_evenly_over_the_workers():
     assert cut_sizes(20, 2, segment_done=False, chunks=4) == [4, 4, 4, 4]
 
 
+def test_an_early_tail_cuts_the_last_segment_within_the_ramp_when_its_chunks_fit():
+    """next_chunk(split=2, early_tail_frames=n): within the ramp (never the first chunk)
+    the even cut is made at once when its chunks have at most n frames; larger, the ramp
+    goes on. 20 frames, ramp 2, 4, 8, steady 8: 18 left after the first chunk are 3
+    steady chunks, cut as 2 of 9."""
+    config = ChunkingConfig(chunk_frames=8, ramp=(2, 4, 8), right_context_frames=1)
+
+    def sizes(early: int, busy: int = 0) -> list[int]:
+        p = ChunkPlanner(config)
+        out = []
+        while (chunk := p.next_chunk("s", 20, True, True, 2, False, early, busy)) is not None:
+            p.take("s", chunk)
+            out.append(chunk.frames)
+            if chunk.final:
+                break
+        return out
+
+    assert sizes(9) == [2, 9, 9]
+    assert sizes(100) == [2, 9, 9]  # never more chunks than steady ones would be
+    assert sizes(8) == [2, 4, 7, 7]  # 9 > 8: the ramp goes on; 14 left fit as 2 of 7
+    assert sizes(0) == [2, 4, 8, 6]
+    # the other worker still holds 4 frames' work: the free one's chunk takes 4 more
+    assert sizes(12, busy=4) == [2, 11, 7]
+    assert sizes(9, busy=4) == [2, 9, 9]  # no larger than the player's audio covers
+    assert sizes(100, busy=40) == [2, 17, 1]  # at least a frame left for the other
+
+
 def test_empty_segment_terminal_does_not_advance_the_ramp():
     p = planner(chunk_frames=8, ramp=(2,))
     (empty,) = drain(p, "s", 0, True, False)

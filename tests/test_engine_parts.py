@@ -305,6 +305,68 @@ def test_a_lone_stream_all_talked_is_cut_evenly_over_the_workers(even_tail: bool
     assert chunk_sizes(1) == plain
 
 
+@pytest.mark.parametrize(("first_call_s", "others"), [(0.01, 0), (0.03, 0), (0.01, 1)])
+def test_a_lone_stream_all_talked_is_cut_evenly_within_the_ramp_when_its_player_can_wait(
+    first_call_s: float, others: int
+) -> None:
+    """alone.even_tail within the ramp: 37 frames of 80 ms all talked, ramp 2, 4, 8 and
+    steady chunks of 20. The first chunk (2 frames, 160 ms of audio) decodes alone, in
+    `first_call_s`; then the player holds 160 ms. At 10 ms a call (5 ms a frame) that
+    covers chunks of 32 frames: the 35 left go at once as two near-equal chunks (18, 17)
+    instead of the ramp's 4 and 8 and two more. At 30 ms (15 ms a frame: 10 frames) the
+    player could run dry during an 18-frame decode: the ramp goes on, and the even cut
+    comes past it (12, 11). With another stream waiting (not alone): plain chunks."""
+    backend = _sim(1000)  # a segment per step
+    voice = backend.voices()[0]
+    book = _fake_clock_book(
+        [100.0], ChunkingConfig(chunk_frames=20, ramp=(2, 4, 8)), vocoder_workers=2
+    )
+    stream, record = _submitted(book, voice, "one two three four five six seven eight nine")
+    for _ in range(others):
+        other = book.add_stream(voice, speed=1.0, now_s=100.0)
+        book.add_text(other.id, "Hello there.", final=True)
+    _talk(book, backend, 100.0)
+    now_s, sizes = 100.0, []
+    while (plan := book.vocoder.schedule(now_s)) is not None:
+        if plan.batch[0][0] is not record:
+            _vocode(book, backend, plan, now_s)  # the other stream's
+            continue
+        sizes.append(_one(plan, record))
+        now_s += first_call_s if len(sizes) == 1 else 0.0
+        _vocode(book, backend, plan, now_s)
+    assert book.record(stream.id) is None  # all its audio was sent
+    if others:
+        assert sizes == [2, 4, 8, 20, 3]
+    else:
+        assert sizes == ([2, 18, 17] if first_call_s == 0.01 else [2, 4, 8, 12, 11])
+
+
+@pytest.mark.parametrize("case", ["alone", "another", "vocoding", "vocoded", "prepares"])
+def test_a_segment_gets_every_core_only_when_nothing_else_runs(case: str) -> None:
+    """`TalkRequest.all_cores`: a segment opened for a stream alone, while no vocode call
+    runs and nothing is prepared beside it, may use every core (its first segment, or its
+    second once the first one's chunk was sent); not with another stream waiting, while
+    a vocode call runs (the first segment's chunk), or with the stream's next sentence
+    prepared on the helper thread at once."""
+    backend = _sim(1000)  # a segment per step
+    voice = backend.voices()[0]
+    book = _fake_clock_book([100.0], ChunkingConfig(chunk_frames=50), prepares=case == "prepares")
+    two = case in ("vocoding", "vocoded", "prepares")
+    _, record = _submitted(book, voice, "One two three. Four five six." if two else "One two.")
+    if case == "another":
+        waiting = book.add_stream(voice, speed=1.0, now_s=100.0)
+        book.add_text(waiting.id, "Hello there.", final=True)
+    if case in ("vocoding", "vocoded"):
+        first, _ = _talk(book, backend, 100.0)  # the first sentence, all of it
+        assert _opened(first, record).request.all_cores
+        vocode = book.vocoder.schedule(100.0)
+        assert _one(vocode, record) == 12  # its one chunk
+        if case == "vocoded":
+            _vocode(book, backend, vocode, 100.0)
+    plan = book.talker.schedule(100.0)
+    assert _opened(plan, record).request.all_cores == (case in ("alone", "vocoded"))
+
+
 class _PausingSim(SimBackend):
     """The sim backend at no cost whose next `pauses` steps make no frames (a step may
     hold none: `TalkStep.frames`)."""

@@ -323,6 +323,64 @@ def test_piper_sets_each_stages_onnx_runtime_threads(cache_dir: Path) -> None:
     )
 
 
+def test_a_segment_with_every_core_runs_its_first_step_on_the_wider_sessions(
+    backend: PiperBackend, cache_dir: Path
+) -> None:
+    """`TalkRequest.all_cores` (nothing else runs): the segment's first step (encoder
+    and first flow chunk) runs on the sessions of `piper.alone_intra_op_threads` (2),
+    its next steps on the talker's own (1 thread); the frames are the same up to
+    rounding. With the setting at 1 there are no such sessions."""
+    loaded = backend._voices[VOICE]
+    assert loaded.alone_encoder is not None and loaded.alone_flow is not None
+    assert loaded.alone_encoder.get_session_options().intra_op_num_threads == 2
+    assert loaded.alone_flow.get_session_options().intra_op_num_threads == 2
+    assert loaded.flow is not None
+    runs: list[str] = []
+    sessions = {
+        "alone_encoder": loaded.alone_encoder,
+        "alone_flow": loaded.alone_flow,
+        "encoder": loaded.encoder,
+        "flow": loaded.flow,
+    }
+    for name, session in sessions.items():
+
+        def counted(*args: object, _run=session.run, _name=name) -> object:
+            runs.append(_name)
+            return _run(*args)
+
+        session.run = counted  # type: ignore[method-assign]
+    text = "Before you leave the house this morning, please switch off the oven and lock the gate."
+    try:
+        steps = {}
+        for all_cores in (True, False):
+            runs.clear()
+            request = TalkRequest(text, VOICE, 1.0, 0, 0, 0, all_cores=all_cores)
+            segment = backend.open_segment(request)
+            frames = []
+            while True:
+                (step,) = backend.step([segment])
+                frames.append(step.frames)
+                if step.done:
+                    break
+            steps[all_cores] = (list(runs), np.concatenate(frames))
+    finally:
+        for session in sessions.values():
+            del session.run
+    wide_runs, wide_frames = steps[True]
+    plain_runs, plain_frames = steps[False]
+    assert len(wide_runs) == len(plain_runs) >= 3
+    assert wide_runs[:2] == ["alone_encoder", "alone_flow"]
+    assert set(wide_runs[2:]) == {"flow"}
+    assert plain_runs[0] == "encoder" and set(plain_runs[1:]) == {"flow"}
+    np.testing.assert_allclose(wide_frames, plain_frames, atol=1e-4)
+    narrow = PiperBackend(
+        PiperConfig(cache_dir=str(cache_dir), alone_intra_op_threads=1),
+        noise_scale=0.0,
+        noise_w=0.0,
+    )
+    assert narrow._voices[VOICE].alone_encoder is None
+
+
 def test_talker_and_vocoder_threads_run_at_once(backend: PiperBackend) -> None:
     texts = ["One small step.", "Two roads diverged in a wood.", "Three blind mice."]
     frames = talk(backend, TEXT)

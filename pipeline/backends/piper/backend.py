@@ -80,6 +80,7 @@ class PiperSegment:
     owners: list[int] = field(default_factory=list)
     durations: np.ndarray | None = None
     timed: bool = False  # its timing was returned
+    all_cores: bool = False  # its next step may use every core (TalkRequest.all_cores)
 
 
 def _non_negative_or_none(name: str, value: float | None) -> None:
@@ -182,6 +183,7 @@ class PiperBackend(Backend):
                 phonemes=prepared.phonemes,
                 owners=prepared.owners,
                 durations=prepared.durations,
+                all_cores=request.all_cores,
             )
         with self._phonemize_lock:
             ids, phonemes, owners = text_to_phoneme_ids(loaded.spec, request.text)
@@ -193,6 +195,7 @@ class PiperBackend(Backend):
             text=request.text,
             phonemes=phonemes,
             owners=owners,
+            all_cores=request.all_cores,
         )
 
     def prepare_segment(self, request: TalkRequest) -> Future[Prepared] | None:
@@ -239,16 +242,19 @@ class PiperBackend(Backend):
                 loaded, segment.phoneme_ids, segment.scales
             )
             return TalkStep(frames, done=True, timing=self._timing(segment))
+        # the first step of a segment that has the machine to itself: every core
+        wide = segment.all_cores and loaded.alone_encoder is not None
+        segment.all_cores = False
         if segment.prior is None:
             segment.prior, segment.mask, segment.durations = self._encode(
-                loaded, segment.phoneme_ids, segment.scales
+                loaded, segment.phoneme_ids, segment.scales, wide=wide
             )
         total = segment.prior.shape[2]
         start = segment.position
         stop = min(total, start + max(segment.next_chunk, 1))
         if total - stop < self._flow_context:  # no sliver of a last chunk
             stop = total
-        frames = self._flow(loaded, segment.prior, segment.mask, start, stop)
+        frames = self._flow(loaded, segment.prior, segment.mask, start, stop, wide=wide)
         segment.position = stop
         segment.next_chunk = min(FLOW_GROWTH * segment.next_chunk, self._flow_max_chunk)
         done = stop >= total
@@ -277,12 +283,16 @@ class PiperBackend(Backend):
         phoneme_ids: Sequence[int],
         scales: tuple[float, float, float],
         run_options: ort.RunOptions | None = None,
+        *,
+        wide: bool = False,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """The encoder over a whole segment: (z_p [1, channels, frames], mask [1, 1, frames],
         frames per phoneme id or None where the graph does not give them);
-        `run_options`: the call's (its terminate flag ends it early)."""
+        `run_options`: the call's (its terminate flag ends it early); `wide`: on the
+        session of `piper.alone_intra_op_threads` threads."""
         ids = np.asarray(phoneme_ids, dtype=np.int64)[np.newaxis, :]
-        prior, mask, frame_count, *timing = loaded.encoder.run(
+        encoder = loaded.alone_encoder if wide and loaded.alone_encoder else loaded.encoder
+        prior, mask, frame_count, *timing = encoder.run(
             None,
             {
                 "input": ids,
@@ -296,16 +306,25 @@ class PiperBackend(Backend):
         return prior[:, :, :frames], mask[:, :, :frames], durations
 
     def _flow(
-        self, loaded: LoadedVoice, prior: np.ndarray, mask: np.ndarray, start: int, stop: int
+        self,
+        loaded: LoadedVoice,
+        prior: np.ndarray,
+        mask: np.ndarray,
+        start: int,
+        stop: int,
+        *,
+        wide: bool = False,
     ) -> np.ndarray:
         """The flow's frames [start, stop), run with `flow_context_frames` of context on
-        each side (trimmed): float32 [frames, channels], C-contiguous."""
+        each side (trimmed): float32 [frames, channels], C-contiguous; `wide`: on the
+        session of `piper.alone_intra_op_threads` threads."""
         total = prior.shape[2]
         first = max(0, start - self._flow_context)
         last = min(total, stop + self._flow_context)
-        assert loaded.flow is not None
-        inputs = [i.name for i in loaded.flow.get_inputs()]
-        (latent,) = loaded.flow.run(
+        flow = loaded.alone_flow if wide and loaded.alone_flow else loaded.flow
+        assert flow is not None
+        inputs = [i.name for i in flow.get_inputs()]
+        (latent,) = flow.run(
             None, {inputs[0]: prior[:, :, first:last], inputs[1]: mask[:, :, first:last]}
         )
         return np.ascontiguousarray(latent[0, :, start - first : stop - first].T, dtype=np.float32)

@@ -32,6 +32,10 @@ class LoadedVoice:
     latent_name: str  # the vocoder's input
     channels: int
     trim: Trim | None  # the vocoder graph's trim inputs (None: an untrimmed graph)
+    # the encoder and flow again on `piper.alone_intra_op_threads` threads, for a
+    # segment's first step when nothing else runs (None: that setting is 1, or no flow)
+    alone_encoder: ort.InferenceSession | None = None
+    alone_flow: ort.InferenceSession | None = None
 
 
 class VocodeAbort:
@@ -66,7 +70,7 @@ def load_voice(spec: VoiceSpec, piper: PiperConfig) -> LoadedVoice:
         sessions = _voice_sessions(
             load_split(spec.model_path, cache_dir, spec.id, refresh=True), piper
         )
-    encoder, flow, vocoder_session = sessions
+    encoder, flow, vocoder_session, alone = sessions
     talker_outputs = (flow or encoder).get_outputs()
     latent = talker_outputs[0].name
     channels = talker_outputs[0].shape[1]
@@ -95,7 +99,9 @@ def load_voice(spec: VoiceSpec, piper: PiperConfig) -> LoadedVoice:
         sample_rate_hz=spec.sample_rate_hz,
         samples_per_frame=spec.samples_per_frame,
     )
-    return LoadedVoice(spec, voice, encoder, flow, vocoder_session, latent, channels, trim)
+    return LoadedVoice(
+        spec, voice, encoder, flow, vocoder_session, latent, channels, trim, *alone
+    )  # fmt: skip
 
 
 _OPTIMIZATION_LEVELS = {
@@ -107,10 +113,12 @@ _OPTIMIZATION_LEVELS = {
 
 
 def _session(
-    graph: Path | bytes, intra_op_threads: int, piper: PiperConfig
+    graph: Path | bytes, intra_op_threads: int, piper: PiperConfig, *, stop_spinning: bool = False
 ) -> ort.InferenceSession:
     """One graph's session: `intra_op_threads` threads, nodes run one after another (a
-    single inter-op thread: each stage is one worker thread), the `piper.ort_*` options."""
+    single inter-op thread: each stage is one worker thread), the `piper.ort_*` options.
+    `stop_spinning`: its pool's threads stop spinning when a run ends (they would take
+    the cores of the calls that follow it)."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = intra_op_threads
     options.inter_op_num_threads = 1
@@ -119,19 +127,34 @@ def _session(
     options.enable_cpu_mem_arena = piper.ort_cpu_arena
     if not piper.ort_spinning:  # idle pool threads sleep, not spin
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if stop_spinning:
+        options.add_session_config_entry("session.force_spinning_stop", "1")
     options.log_severity_level = 3  # errors only
     source = graph if isinstance(graph, bytes) else str(graph)
     return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 
 
+_Session = ort.InferenceSession
+
+
 def _voice_sessions(
     split: SplitGraphs, piper: PiperConfig
-) -> tuple[ort.InferenceSession, ort.InferenceSession | None, ort.InferenceSession]:
-    """(encoder, flow, vocoder) sessions of one voice: the talker's two with
-    `piper.talker_intra_op_threads`, the vocoder's with `piper.vocoder_intra_op_threads`."""
+) -> tuple[_Session, _Session | None, _Session, tuple[_Session, _Session] | tuple[()]]:
+    """(encoder, flow, vocoder, alone) sessions of one voice: the talker's two with
+    `piper.talker_intra_op_threads`, the vocoder's with `piper.vocoder_intra_op_threads`;
+    alone: the encoder and flow on `piper.alone_intra_op_threads` (none where that is 1
+    or the voice has no flow of its own)."""
     threads = piper.talker_intra_op_threads
+    alone_threads = piper.alone_intra_op_threads
+    alone: tuple[_Session, _Session] | tuple[()] = ()
+    if split.flow is not None and alone_threads > 1:
+        alone = (
+            _session(split.encoder, alone_threads, piper, stop_spinning=True),
+            _session(split.flow, alone_threads, piper, stop_spinning=True),
+        )
     return (
         _session(split.encoder, threads, piper),
         None if split.flow is None else _session(split.flow, threads, piper),
         _session(split.vocoder, piper.vocoder_intra_op_threads, piper),
+        alone,
     )
