@@ -291,8 +291,9 @@ class VocoderCore:
         if tail:
             split = self._max_in_flight
             if slack_s is not None and self._s_per_frame > 0.0:
-                # the chunks the player's audio covers, at the latest call's pace
-                early_frames = int(slack_s / self._s_per_frame)
+                # the chunks the player's audio covers, at the latest call's pace (a
+                # best-effort job's player never comes due: every frame there is)
+                early_frames = int(min(slack_s / self._s_per_frame, segment.available_frames))
                 busy_frames = self._busy_frames(record, now_s)
         urgent = self._cuts_short and (slack_s is None or slack_s < self._urgent.limit_s(load))
         return self.planner.next_chunk(

@@ -5,6 +5,7 @@ chunks ahead of a lone stream)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from functools import partial
@@ -339,6 +340,30 @@ def test_a_lone_stream_all_talked_is_cut_evenly_within_the_ramp_when_its_player_
         assert sizes == [2, 4, 8, 20, 3]
     else:
         assert sizes == ([2, 18, 17] if first_call_s == 0.01 else [2, 4, 8, 12, 11])
+
+
+def test_a_best_effort_job_alone_is_cut_evenly_at_once() -> None:
+    """A best-effort job's virtual player never comes due (horizon at infinity): alone and
+    all talked, the frames past its first chunk go at once as two near-equal chunks, and
+    the infinite slack is no chunk size (it raised OverflowError in the vocoder's loop, and
+    the engine failed every stream)."""
+    backend = _sim(1000)  # a segment per step
+    voice = backend.voices()[0]
+    book = _fake_clock_book(
+        [100.0], ChunkingConfig(chunk_frames=20, ramp=(2, 4, 8)), vocoder_workers=2
+    )
+    stream = book.add_stream(voice, speed=1.0, now_s=100.0, job_pace=(math.inf, 0.0))
+    book.add_text(stream.id, "one two three four five six seven eight nine", final=True)
+    record = book.record(stream.id)
+    assert record is not None
+    _talk(book, backend, 100.0)
+    now_s, sizes = 100.0, []
+    while (plan := book.vocoder.schedule(now_s)) is not None:
+        sizes.append(_one(plan, record))
+        now_s += 0.01
+        _vocode(book, backend, plan, now_s)
+    assert book.record(stream.id) is None  # all its audio was sent
+    assert sizes == [2, 18, 17]
 
 
 @pytest.mark.parametrize("case", ["alone", "another", "vocoding", "vocoded", "prepares"])
